@@ -1,0 +1,209 @@
+"""Every message between the gateway and the engine process, and their bytes.
+
+This is the only module that builds or parses gateway <-> engine bytes. A message is a frozen
+dataclass; on the wire it is a msgpack array ``[kind, field1, field2, ...]`` with ``kind`` an
+``int`` from :class:`Kind`. No pickle, no call-by-name.
+
+Streams are named by ``key``: an int the gateway allocates, unique across all connections (a
+client's stream id is only unique within its connection).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgpack
+
+__all__ = [
+    "Kind",
+    "Message",
+    "Open",
+    "Text",
+    "Flush",
+    "End",
+    "Cancel",
+    "Shutdown",
+    "Hello",
+    "Started",
+    "Audio",
+    "Done",
+    "Error",
+    "Stats",
+    "encode",
+    "decode",
+    "DecodeError",
+]
+
+
+class Kind(enum.IntEnum):
+    # gateway -> engine
+    OPEN = 1
+    TEXT = 2
+    FLUSH = 3
+    END = 4
+    CANCEL = 5
+    SHUTDOWN = 6
+    # engine -> gateway
+    HELLO = 20
+    STARTED = 21
+    AUDIO = 22
+    DONE = 23
+    ERROR = 24
+    STATS = 25
+
+
+class DecodeError(ValueError):
+    """Bytes that are not a valid engine message."""
+
+
+@dataclass(frozen=True)
+class Message:
+    KIND: ClassVar[Kind]
+
+
+# --- gateway -> engine -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Open(Message):
+    """Start a stream. The engine answers ``Started`` or ``Error``."""
+
+    KIND: ClassVar[Kind] = Kind.OPEN
+    key: int
+    voice: str | None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Text(Message):
+    KIND: ClassVar[Kind] = Kind.TEXT
+    key: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Flush(Message):
+    KIND: ClassVar[Kind] = Kind.FLUSH
+    key: int
+
+
+@dataclass(frozen=True)
+class End(Message):
+    KIND: ClassVar[Kind] = Kind.END
+    key: int
+
+
+@dataclass(frozen=True)
+class Cancel(Message):
+    KIND: ClassVar[Kind] = Kind.CANCEL
+    key: int
+
+
+@dataclass(frozen=True)
+class Shutdown(Message):
+    KIND: ClassVar[Kind] = Kind.SHUTDOWN
+
+
+# --- engine -> gateway -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """The engine's start-up handshake: the model is loaded and warm."""
+
+    KIND: ClassVar[Kind] = Kind.HELLO
+    model: str
+    voices: list[str]
+    default_voice: str
+    sample_rate: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Started(Message):
+    KIND: ClassVar[Kind] = Kind.STARTED
+    key: int
+    voice: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Audio(Message):
+    """A chunk of float32 little-endian mono PCM.
+
+    ``span`` is the [start, end) character range of the stream's text this segment speaks;
+    ``t_emit`` is ``time.monotonic()`` in the engine when the chunk left it (CLOCK_MONOTONIC is
+    system-wide on Linux, so the gateway can measure the hop).
+    """
+
+    KIND: ClassVar[Kind] = Kind.AUDIO
+    key: int
+    pcm: bytes
+    span: tuple[int, int] | None = None
+    t_emit: float = 0.0
+
+
+@dataclass(frozen=True)
+class Done(Message):
+    KIND: ClassVar[Kind] = Kind.DONE
+    key: int
+    reason: str  # "end" | "cancelled"
+    samples: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    """A failure of one stream (``key``) or of the engine as a whole (``key is None``)."""
+
+    KIND: ClassVar[Kind] = Kind.ERROR
+    key: int | None
+    code: str
+    message: str
+    retryable: bool
+
+
+@dataclass(frozen=True)
+class Stats(Message):
+    KIND: ClassVar[Kind] = Kind.STATS
+    num_streams: int
+    num_queued_jobs: int
+    num_running_jobs: int
+
+
+_BY_KIND: dict[int, type[Message]] = {
+    cls.KIND: cls
+    for cls in (Open, Text, Flush, End, Cancel, Shutdown, Hello, Started, Audio, Done, Error, Stats)
+}
+_FIELDS: dict[type[Message], tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _BY_KIND.values()
+}
+
+
+def encode(msg: Message) -> bytes:
+    cls = type(msg)
+    return msgpack.packb(
+        [int(cls.KIND), *(getattr(msg, name) for name in _FIELDS[cls])], use_bin_type=True
+    )
+
+
+def decode(data: bytes | memoryview) -> Message:
+    try:
+        items = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise DecodeError(f"not msgpack: {exc}") from None
+    if not isinstance(items, list) or not items or not isinstance(items[0], int):
+        raise DecodeError("expected [kind, ...]")
+    cls = _BY_KIND.get(items[0])
+    if cls is None:
+        raise DecodeError(f"unknown message kind {items[0]}")
+    names = _FIELDS[cls]
+    if len(items) - 1 != len(names):
+        raise DecodeError(f"{cls.__name__}: expected {len(names)} fields, got {len(items) - 1}")
+    values = dict(zip(names, items[1:]))
+    if cls is Audio and values["span"] is not None:
+        values["span"] = tuple(values["span"])
+    return cls(**values)
