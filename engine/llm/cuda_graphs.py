@@ -1,0 +1,264 @@
+"""CUDA graphs for decode steps and for the codec, captured at batch-size buckets at start-up.
+
+A decode step of the LM is ~200 small kernels; launched one by one from Python it costs more
+than the GPU work itself at small batches. ``DecodeGraphs`` captures a whole decode step
+(embedding, layers, head, and whatever else the step function does, e.g. sampling) once per
+bucket; a step with ``n`` rows replays the smallest bucket ``>= n`` with the extra rows padded:
+they read and write one reserved scratch page of the KV cache and their outputs are dropped.
+
+``BatchGraphs`` does the same for any function of batched tensors with fixed trailing shapes
+(the SNAC decoder over a batch of code windows).
+
+Outputs of ``run`` are views of the graph's static output buffers: consume or copy them before
+the next replay of the same bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = [
+    "DEFAULT_DECODE_BUCKETS",
+    "DEFAULT_CODEC_BUCKETS",
+    "bucket_for",
+    "pad_decode_metadata",
+    "DecodeGraphs",
+    "BatchGraphs",
+]
+
+DEFAULT_DECODE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+DEFAULT_CODEC_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+TensorSpec = tuple[tuple[int, ...], torch.dtype]  # trailing shape (after the batch dim), dtype
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int | None:
+    """The smallest bucket that holds ``n`` rows, or None when ``n`` exceeds the largest."""
+    if n < 1:
+        raise ValueError(f"batch size must be >= 1, got {n}")
+    for b in sorted(buckets):
+        if b >= n:
+            return b
+    return None
+
+
+def pad_decode_metadata(meta: Any, batch_size: int, *, scratch_page: int, page_size: int) -> Any:
+    """Pad a decode-only ``AttentionMetadata`` to ``batch_size`` rows.
+
+    Each padding row is a one-token sequence living in ``scratch_page``: it writes its K/V
+    there and attends to that one token only, so it never touches a real sequence's pages.
+    Returns a new metadata object (same class, via ``dataclasses.replace``), tensors on the CPU.
+    """
+    n = int(meta.kv_last_page_len.numel())
+    if int(meta.num_decode_seqs) != n:
+        raise ValueError("only decode-only steps can be padded for a CUDA graph")
+    if batch_size < n:
+        raise ValueError(f"cannot pad {n} rows down to {batch_size}")
+    pad = batch_size - n
+    cpu = torch.device("cpu")
+    kv_indptr = meta.kv_indptr.to(cpu, torch.int32)
+    last = int(kv_indptr[-1])
+    i32 = dict(dtype=torch.int32)
+    return dataclasses.replace(
+        meta,
+        qo_indptr=torch.arange(batch_size + 1, **i32),
+        kv_indptr=torch.cat([kv_indptr, last + torch.arange(1, pad + 1, **i32)]),
+        kv_indices=torch.cat([meta.kv_indices.to(cpu, torch.int32), torch.full((pad,), scratch_page, **i32)]),
+        kv_last_page_len=torch.cat([meta.kv_last_page_len.to(cpu, torch.int32), torch.ones(pad, **i32)]),
+        slot_mapping=torch.cat(
+            [meta.slot_mapping.to(cpu, torch.int64), torch.full((pad,), scratch_page * page_size, dtype=torch.int64)]
+        ),
+        positions=torch.cat([meta.positions.to(cpu, torch.int64), torch.zeros(pad, dtype=torch.int64)]),
+        num_decode_seqs=batch_size,
+    )
+
+
+def _progress(items: Sequence[int], desc: str, enabled: bool):
+    if not enabled:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="graph")
+
+
+def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
+    return out if isinstance(out, tuple) else (out,)
+
+
+class BatchGraphs:
+    """``fn(*inputs) -> Tensor | tuple[Tensor, ...]`` captured per batch bucket.
+
+    ``input_specs`` give each input's trailing shape and dtype; rows beyond ``n`` are zeros.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        input_specs: Sequence[TensorSpec],
+        *,
+        buckets: Sequence[int] = DEFAULT_CODEC_BUCKETS,
+        device: torch.device | str = "cuda",
+    ) -> None:
+        if not buckets:
+            raise ValueError("no buckets")
+        self.fn = fn
+        self.input_specs = list(input_specs)
+        self.buckets = tuple(sorted(set(buckets)))
+        self.device = torch.device(device)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.buckets[-1]
+
+    def capture(self, *, progress: bool = True, desc: str = "codec graphs") -> None:
+        """Capture every bucket (largest first, so the smaller ones reuse its memory pool)."""
+        pool = torch.cuda.graph_pool_handle()
+        for b in _progress(sorted(self.buckets, reverse=True), desc, progress):
+            inputs = [torch.zeros((b, *shape), dtype=dt, device=self.device) for shape, dt in self.input_specs]
+            with torch.inference_mode():
+                self.fn(*inputs)  # warm-up: lazy init and autotuning stay out of the graph
+                torch.cuda.synchronize(self.device)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    outs = _as_tuple(self.fn(*inputs))
+            self._graphs[b] = (g, inputs, outs)
+        torch.cuda.synchronize(self.device)
+
+    def run(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Replay the smallest bucket holding ``inputs``' rows; outputs sliced to those rows."""
+        n = inputs[0].shape[0]
+        b = bucket_for(n, self.buckets)
+        if b is None or b not in self._graphs:
+            raise ValueError(f"no captured graph for batch {n} (buckets {self.buckets})")
+        g, static_in, static_out = self._graphs[b]
+        for dst, src in zip(static_in, inputs):
+            dst[:n].copy_(src, non_blocking=True)
+            if n < b:
+                dst[n:].zero_()
+        g.replay()
+        return tuple(o[:n] for o in static_out)
+
+
+class DecodeGraphs:
+    """Decode steps captured per batch bucket.
+
+    ``step_fn(input_ids[B], positions[B], attn, *extras) -> Tensor | tuple`` is the whole step
+    (e.g. forward, logits and sampling). ``extra_specs`` declare per-row extra inputs
+    (seeds, temperatures, ...) by trailing shape and dtype; padding rows get zeros.
+    ``scratch_page`` is a KV page no sequence ever owns; ``max_pages_per_seq`` bounds the page
+    indices each row may bring.
+    """
+
+    def __init__(
+        self,
+        step_fn: Callable[..., Any],
+        kv_caches: list[torch.Tensor],
+        *,
+        num_q_heads: int,
+        scratch_page: int,
+        max_pages_per_seq: int,
+        buckets: Sequence[int] = DEFAULT_DECODE_BUCKETS,
+        extra_specs: Sequence[TensorSpec] = (),
+    ) -> None:
+        if not buckets:
+            raise ValueError("no buckets")
+        num_pages = kv_caches[0].shape[0]
+        if not 0 <= scratch_page < num_pages:
+            raise ValueError(f"scratch_page {scratch_page} outside the cache's {num_pages} pages")
+        self.step_fn = step_fn
+        self.kv_caches = kv_caches
+        self.num_q_heads = num_q_heads
+        self.scratch_page = scratch_page
+        self.page_size = int(kv_caches[0].shape[2])
+        self.max_pages_per_seq = max_pages_per_seq
+        self.buckets = tuple(sorted(set(buckets)))
+        self.extra_specs = list(extra_specs)
+        self.device = kv_caches[0].device
+        self._graphs: dict[int, _DecodeGraph] = {}
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.buckets[-1]
+
+    def can_run(self, meta: Any) -> bool:
+        """True for a decode-only step that fits a captured bucket."""
+        n = int(meta.kv_last_page_len.numel())
+        return (
+            int(meta.num_decode_seqs) == n
+            and n <= self.max_batch_size
+            and int(meta.kv_indices.numel()) <= n * self.max_pages_per_seq
+        )
+
+    def capture(self, *, progress: bool = True) -> None:
+        """Capture one graph per bucket, largest first, sharing one memory pool."""
+        from engine.llm.flashinfer_attention import GraphDecodeAttention
+
+        pool = torch.cuda.graph_pool_handle()
+        workspace = torch.zeros(128 * 1024 * 1024, dtype=torch.uint8, device=self.device)
+        for b in _progress(sorted(self.buckets, reverse=True), "decode graphs", progress):
+            attn = GraphDecodeAttention(
+                self.kv_caches, num_q_heads=self.num_q_heads, batch_size=b,
+                max_num_pages=b * self.max_pages_per_seq, workspace=workspace,
+            )
+            ids = torch.zeros(b, dtype=torch.int64, device=self.device)
+            pos = torch.zeros(b, dtype=torch.int64, device=self.device)
+            extras = [torch.zeros((b, *s), dtype=dt, device=self.device) for s, dt in self.extra_specs]
+            attn.begin_step(self._scratch_metadata(b))
+            with torch.inference_mode():
+                self.step_fn(ids, pos, attn, *extras)  # warm-up outside the graph
+                torch.cuda.synchronize(self.device)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    outs = _as_tuple(self.step_fn(ids, pos, attn, *extras))
+            self._graphs[b] = _DecodeGraph(g, attn, ids, pos, extras, outs)
+        torch.cuda.synchronize(self.device)
+
+    def run(self, input_ids: torch.Tensor, meta: Any, *extras: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Replay one decode step for ``n`` rows (``input_ids[n]``, decode-only ``meta``)."""
+        n = int(input_ids.shape[0])
+        b = bucket_for(n, self.buckets)
+        if b is None or b not in self._graphs or not self.can_run(meta):
+            raise ValueError(f"no captured graph for this step (batch {n}, buckets {self.buckets})")
+        gr = self._graphs[b]
+        padded = pad_decode_metadata(meta, b, scratch_page=self.scratch_page, page_size=self.page_size)
+        gr.attn.begin_step(padded)
+        gr.ids[:n].copy_(input_ids, non_blocking=True)
+        gr.pos.copy_(padded.positions, non_blocking=True)
+        if n < b:
+            gr.ids[n:].zero_()
+        for dst, src in zip(gr.extras, extras):
+            dst[:n].copy_(src, non_blocking=True)
+            if n < b:
+                dst[n:].zero_()
+        gr.graph.replay()
+        return tuple(o[:n] for o in gr.outs)
+
+    def _scratch_metadata(self, b: int) -> Any:
+        """Metadata for ``b`` padding rows only (used to plan the capture)."""
+        from engine.llm.attention import AttentionMetadata
+
+        empty = AttentionMetadata(
+            qo_indptr=torch.zeros(1, dtype=torch.int32),
+            kv_indptr=torch.zeros(1, dtype=torch.int32),
+            kv_indices=torch.zeros(0, dtype=torch.int32),
+            kv_last_page_len=torch.zeros(0, dtype=torch.int32),
+            slot_mapping=torch.zeros(0, dtype=torch.int64),
+            positions=torch.zeros(0, dtype=torch.int64),
+            num_decode_seqs=0,
+        )
+        return pad_decode_metadata(empty, b, scratch_page=self.scratch_page, page_size=self.page_size)
+
+
+@dataclasses.dataclass
+class _DecodeGraph:
+    graph: torch.cuda.CUDAGraph
+    attn: Any
+    ids: torch.Tensor
+    pos: torch.Tensor
+    extras: list[torch.Tensor]
+    outs: tuple[torch.Tensor, ...]

@@ -1,0 +1,204 @@
+"""FlashInfer paged attention behind the engine's ``AttentionBackend`` protocol (GPU only).
+
+One step = ``begin_step(meta)`` once (plans the FlashInfer wrappers and computes where this
+step's K/V go), then ``attn(layer, q, k, v)`` per layer (writes K/V into the layer's paged cache,
+then runs decode and/or prefill attention).
+
+Token order inside a step follows ``AttentionMetadata``: the ``num_decode_seqs`` decode rows
+first (one query token each), then the prefill sequences. Decode rows use
+``BatchDecodeWithPagedKVCacheWrapper``; prefill rows ``BatchPrefillWithPagedKVCacheWrapper``
+with a causal mask aligned to the end of each sequence's KV (FlashInfer's convention), so a
+prefill chunk may continue an existing context.
+
+``GraphDecodeAttention`` is the CUDA-graph variant for decode-only steps at one fixed batch size:
+its wrapper works on fixed device buffers, so the captured kernels read whatever the last
+``begin_step`` planned. Planning happens outside the graph, before each replay.
+
+KV cache layout per layer: ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` (NHD).
+``flashinfer`` is imported lazily, so importing this module needs no GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["FlashInferAttention", "GraphDecodeAttention", "slot_to_page_offset"]
+
+_WORKSPACE_BYTES = 128 * 1024 * 1024
+
+
+def slot_to_page_offset(slot_mapping: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split flat slots (``page * page_size + offset``) into page and in-page offset tensors."""
+    return slot_mapping // page_size, slot_mapping % page_size
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """The tensor on the CPU; FlashInfer's ``plan`` needs host copies of the index arrays."""
+    return t if t.device.type == "cpu" else t.cpu()
+
+
+def _write_kv(
+    cache: torch.Tensor,  # [N, 2, P, Hkv, Dh]
+    page: torch.Tensor,  # [T] int64
+    offset: torch.Tensor,  # [T] int64
+    k: torch.Tensor,  # [T, Hkv, Dh]
+    v: torch.Tensor,  # [T, Hkv, Dh]
+) -> None:
+    # index_put on the K and V views: no host sync, capturable in a CUDA graph.
+    cache[:, 0][page, offset] = k.to(cache.dtype)
+    cache[:, 1][page, offset] = v.to(cache.dtype)
+
+
+class _Shape:
+    def __init__(self, kv_caches: list[torch.Tensor], num_q_heads: int) -> None:
+        if not kv_caches:
+            raise ValueError("kv_caches is empty")
+        first = kv_caches[0]
+        if first.dim() != 5 or first.shape[1] != 2:
+            raise ValueError(f"KV cache must be [num_pages, 2, page_size, heads, dim], got {tuple(first.shape)}")
+        self.num_pages, _, self.page_size, self.num_kv_heads, self.head_dim = first.shape
+        if num_q_heads % self.num_kv_heads:
+            raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        self.num_q_heads = num_q_heads
+        self.dtype = first.dtype
+        self.device = first.device
+
+
+class FlashInferAttention:
+    """Eager FlashInfer attention for any step: decode rows, prefill rows, or both mixed."""
+
+    def __init__(
+        self,
+        kv_caches: list[torch.Tensor],
+        *,
+        num_q_heads: int,
+        workspace_bytes: int = _WORKSPACE_BYTES,
+    ) -> None:
+        import flashinfer
+
+        self.kv_caches = kv_caches
+        self.shape = _Shape(kv_caches, num_q_heads)
+        dev = self.shape.device
+        # Separate workspaces: decode and prefill run one after the other in every layer.
+        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            torch.zeros(workspace_bytes, dtype=torch.uint8, device=dev), "NHD"
+        )
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            torch.zeros(workspace_bytes, dtype=torch.uint8, device=dev), "NHD"
+        )
+        self._num_decode = 0
+        self._num_tokens = 0
+        self._page: torch.Tensor | None = None
+        self._offset: torch.Tensor | None = None
+
+    def begin_step(self, meta: Any) -> None:
+        """Plan this step's kernels; call once per step, before the model's forward."""
+        s = self.shape
+        qo_indptr = _host(meta.qo_indptr).to(torch.int32)
+        kv_indptr = _host(meta.kv_indptr).to(torch.int32)
+        kv_indices = _host(meta.kv_indices).to(torch.int32)
+        last_len = _host(meta.kv_last_page_len).to(torch.int32)
+        nd = int(meta.num_decode_seqs)
+        batch = last_len.numel()
+        if not 0 <= nd <= batch:
+            raise ValueError(f"num_decode_seqs {nd} outside [0, {batch}]")
+        self._num_decode = nd
+        self._num_tokens = int(qo_indptr[-1])
+        if int(qo_indptr[nd]) != nd:
+            raise ValueError("decode rows must come first with one query token each")
+        slots = meta.slot_mapping.to(s.device, dtype=torch.int64, non_blocking=True)
+        self._page, self._offset = slot_to_page_offset(slots, s.page_size)
+        common = dict(q_data_type=s.dtype, kv_data_type=s.dtype)
+        if nd > 0:
+            n_idx = int(kv_indptr[nd])
+            self._decode.plan(
+                kv_indptr[: nd + 1], kv_indices[:n_idx], last_len[:nd],
+                s.num_q_heads, s.num_kv_heads, s.head_dim, s.page_size, **common,
+            )
+        if nd < batch:
+            kv0 = int(kv_indptr[nd])
+            self._prefill.plan(
+                qo_indptr[nd:] - nd, kv_indptr[nd:] - kv0, kv_indices[kv0 : int(kv_indptr[-1])], last_len[nd:],
+                s.num_q_heads, s.num_kv_heads, s.head_dim, s.page_size, causal=True, **common,
+            )
+
+    def __call__(
+        self,
+        layer: int,
+        q: torch.Tensor,  # [T, Hq, Dh]
+        k: torch.Tensor,  # [T, Hkv, Dh]
+        v: torch.Tensor,  # [T, Hkv, Dh]
+    ) -> torch.Tensor:  # [T, Hq, Dh]
+        cache = self.kv_caches[layer]
+        _write_kv(cache, self._page, self._offset, k, v)
+        q = q.to(self.shape.dtype)
+        nd, t = self._num_decode, q.shape[0]
+        out = torch.empty_like(q)
+        if nd > 0:
+            self._decode.run(q[:nd].contiguous(), cache, out=out[:nd])
+        if nd < t:
+            self._prefill.run(q[nd:].contiguous(), cache, out=out[nd:])
+        return out
+
+
+class GraphDecodeAttention:
+    """Decode-only attention at a fixed batch size, for CUDA-graph capture and replay.
+
+    The metadata given to ``begin_step`` must have exactly ``batch_size`` decode rows (pad
+    first) and at most ``max_num_pages`` page indices in all.
+    """
+
+    def __init__(
+        self,
+        kv_caches: list[torch.Tensor],
+        *,
+        num_q_heads: int,
+        batch_size: int,
+        max_num_pages: int,
+        workspace: torch.Tensor,
+    ) -> None:
+        import flashinfer
+
+        self.kv_caches = kv_caches
+        self.shape = _Shape(kv_caches, num_q_heads)
+        self.batch_size = batch_size
+        dev = self.shape.device
+        self._page = torch.zeros(batch_size, dtype=torch.int64, device=dev)
+        self._offset = torch.zeros(batch_size, dtype=torch.int64, device=dev)
+        self._wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace,
+            "NHD",
+            use_cuda_graph=True,
+            paged_kv_indptr_buffer=torch.zeros(batch_size + 1, dtype=torch.int32, device=dev),
+            paged_kv_indices_buffer=torch.zeros(max_num_pages, dtype=torch.int32, device=dev),
+            paged_kv_last_page_len_buffer=torch.zeros(batch_size, dtype=torch.int32, device=dev),
+        )
+
+    def begin_step(self, meta: Any) -> None:
+        """Plan for this replay and stage the K/V slots in the fixed buffers (outside the graph)."""
+        s = self.shape
+        last_len = _host(meta.kv_last_page_len).to(torch.int32)
+        if last_len.numel() != self.batch_size or int(meta.num_decode_seqs) != self.batch_size:
+            raise ValueError(f"graph for batch {self.batch_size} got {last_len.numel()} rows")
+        slots = meta.slot_mapping.to(s.device, dtype=torch.int64, non_blocking=True)
+        page, offset = slot_to_page_offset(slots, s.page_size)
+        self._page.copy_(page)
+        self._offset.copy_(offset)
+        self._wrapper.plan(
+            _host(meta.kv_indptr).to(torch.int32), _host(meta.kv_indices).to(torch.int32), last_len,
+            s.num_q_heads, s.num_kv_heads, s.head_dim, s.page_size,
+            q_data_type=s.dtype, kv_data_type=s.dtype,
+        )
+
+    def __call__(
+        self,
+        layer: int,
+        q: torch.Tensor,  # [B, Hq, Dh]
+        k: torch.Tensor,  # [B, Hkv, Dh]
+        v: torch.Tensor,  # [B, Hkv, Dh]
+    ) -> torch.Tensor:  # [B, Hq, Dh]
+        cache = self.kv_caches[layer]
+        _write_kv(cache, self._page, self._offset, k, v)
+        return self._wrapper.run(q.to(self.shape.dtype).contiguous(), cache)
