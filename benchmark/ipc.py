@@ -1,0 +1,233 @@
+"""Round-trip latency between two processes: ShmQueue vs multiprocessing.Queue vs ZeroMQ ipc.
+
+Run: ``python -m benchmark.ipc [--iterations N] [--warmup N] [--no-pin]``.
+
+The parent sends a message, a spawned child echoes it back on a second channel, and the parent
+times each round trip with ``perf_counter_ns``. All transports run in one invocation, on the
+same machine, with the same message sizes (a ~32 B control message and an 8 KiB audio chunk).
+Rows:
+
+- ``shm``: both ends use the blocking API (the engine's side), which spins briefly before sleeping.
+- ``shm-async``: the parent awaits ``get_async()`` on a uvloop loop (the gateway's side), which
+  never spins: every reply wakes it through the eventfd doorbell.
+- ``mp.Queue``: ``multiprocessing.Queue`` pair (pipe + feeder thread + pickle).
+- ``zmq``: a ZeroMQ ``PAIR`` socket over ``ipc://``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.shm_ring import ShmQueue
+
+__all__ = ["Result", "main", "run_all"]
+
+SIZES_BYTES = (32, 8192)
+
+
+@dataclass(frozen=True)
+class Result:
+    transport: str
+    size_bytes: int
+    samples_ns: list[int]
+
+    def percentile_us(self, q: float) -> float:
+        ordered = sorted(self.samples_ns)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000
+
+    @property
+    def mean_us(self) -> float:
+        return statistics.fmean(self.samples_ns) / 1000
+
+
+def _pin(cpu: int | None) -> None:
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu % (os.cpu_count() or 1)})
+
+
+# -- children (module level so that spawn can import them) ----------------------------------
+
+
+def _echo_shm(q_in: ShmQueue, q_out: ShmQueue, total: int, cpu: int | None) -> None:
+    _pin(cpu)
+    get, put = q_in.get, q_out.put
+    for _ in range(total):
+        put(get())
+    q_in.close()
+    q_out.close()
+
+
+def _echo_mp(q_in: mp.Queue, q_out: mp.Queue, total: int, cpu: int | None) -> None:
+    _pin(cpu)
+    get, put = q_in.get, q_out.put
+    for _ in range(total):
+        put(get())
+
+
+def _echo_zmq(address: str, total: int, cpu: int | None) -> None:
+    import zmq
+
+    _pin(cpu)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PAIR)
+    sock.connect(address)
+    recv, send = sock.recv, sock.send
+    for _ in range(total):
+        send(recv())
+    sock.close(linger=1000)
+    ctx.term()
+
+
+# -- parents ---------------------------------------------------------------------------------
+
+
+def _time_loop(send: Callable[[bytes], object], recv: Callable[[], object], payload: bytes, iterations: int, warmup: int) -> list[int]:
+    clock = time.perf_counter_ns
+    for _ in range(warmup):
+        send(payload)
+        recv()
+    samples = [0] * iterations
+    for i in range(iterations):
+        t0 = clock()
+        send(payload)
+        recv()
+        samples[i] = clock() - t0
+    return samples
+
+
+def bench_shm(size_bytes: int, iterations: int, warmup: int, pin: bool, *, use_async: bool = False) -> Result:
+    ctx = mp.get_context("spawn")
+    to_child = ShmQueue.create(capacity_bytes=1 << 20, max_message_bytes=64 << 10)
+    to_parent = ShmQueue.create(capacity_bytes=1 << 20, max_message_bytes=64 << 10)
+    child = ctx.Process(target=_echo_shm, args=(to_child, to_parent, iterations + warmup, 1 if pin else None))
+    child.start()
+    payload = os.urandom(size_bytes)
+    try:
+        if use_async:
+            import uvloop
+
+            async def run() -> list[int]:
+                clock = time.perf_counter_ns
+                put, get = to_child.put_nowait, to_parent.get_async
+                samples = [0] * iterations
+                for i in range(-warmup, iterations):
+                    t0 = clock()
+                    put(payload)
+                    await get()
+                    if i >= 0:
+                        samples[i] = clock() - t0
+                return samples
+
+            loop = uvloop.new_event_loop()
+            try:
+                samples = loop.run_until_complete(run())
+            finally:
+                loop.close()
+        else:
+            samples = _time_loop(to_child.put, to_parent.get, payload, iterations, warmup)
+        child.join(30)
+    finally:
+        if child.is_alive():
+            child.kill()
+        to_child.close()
+        to_parent.close()
+    return Result("shm-async" if use_async else "shm", size_bytes, samples)
+
+
+def bench_mp_queue(size_bytes: int, iterations: int, warmup: int, pin: bool) -> Result:
+    ctx = mp.get_context("spawn")
+    to_child, to_parent = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_echo_mp, args=(to_child, to_parent, iterations + warmup, 1 if pin else None))
+    child.start()
+    try:
+        samples = _time_loop(to_child.put, to_parent.get, os.urandom(size_bytes), iterations, warmup)
+        child.join(30)
+    finally:
+        if child.is_alive():
+            child.kill()
+    return Result("mp.Queue", size_bytes, samples)
+
+
+def bench_zmq(size_bytes: int, iterations: int, warmup: int, pin: bool) -> Result:
+    import zmq
+
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        address = f"ipc://{tmp}/pair"
+        zctx = zmq.Context()
+        sock = zctx.socket(zmq.PAIR)
+        sock.bind(address)
+        child = ctx.Process(target=_echo_zmq, args=(address, iterations + warmup, 1 if pin else None))
+        child.start()
+        try:
+            samples = _time_loop(sock.send, sock.recv, os.urandom(size_bytes), iterations, warmup)
+            child.join(30)
+        finally:
+            if child.is_alive():
+                child.kill()
+            sock.close(linger=0)
+            zctx.term()
+    return Result("zmq", size_bytes, samples)
+
+
+def run_all(iterations: int, warmup: int, pin: bool) -> list[Result]:
+    """Every transport at every size, in one run, side by side."""
+    if pin:
+        _pin(0)
+    results = []
+    for size in SIZES_BYTES:
+        results.append(bench_shm(size, iterations, warmup, pin))
+        results.append(bench_shm(size, iterations, warmup, pin, use_async=True))
+        results.append(bench_mp_queue(size, iterations, warmup, pin))
+        results.append(bench_zmq(size, iterations, warmup, pin))
+    return results
+
+
+def machine_description() -> str:
+    model = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+
+
+def format_table(results: list[Result]) -> str:
+    base = {r.size_bytes: r.percentile_us(0.5) for r in results if r.transport == "shm"}
+    lines = [
+        "| transport | message | p50 µs | p99 µs | mean µs | p50 / shm p50 |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        p50 = r.percentile_us(0.5)
+        lines.append(
+            f"| {r.transport} | {r.size_bytes} B | {p50:.1f} | {r.percentile_us(0.99):.1f} | {r.mean_us:.1f} | {p50 / base[r.size_bytes]:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=20000, help="timed round trips per row")
+    parser.add_argument("--warmup", type=int, default=2000, help="untimed round trips first")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin parent and child to different CPUs")
+    args = parser.parse_args(argv)
+    if args.iterations <= 0 or args.warmup < 0:
+        raise ValueError("--iterations must be > 0 and --warmup >= 0")
+    print(f"machine: {machine_description()}")
+    print(f"round trips: {args.iterations} timed after {args.warmup} warm-up, pinned: {not args.no_pin}")
+    print(format_table(run_all(args.iterations, args.warmup, not args.no_pin)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,498 @@
+"""Single-producer single-consumer byte-message queue in shared memory (one per direction).
+
+Layout: a header of cache-line-separated counters, then a byte ring of ``capacity_bytes``.
+Each message is one variable-length record, ``[u64 length][payload][pad to 8]``, copied in two
+pieces when it crosses the end of the ring, so a message of any size up to
+``max_message_bytes`` fits (there are no fixed slots). Indices are monotonic u64 byte counts;
+``write - read`` is the number of bytes in use.
+
+Commit rule: the producer writes the whole record, then stores the new write index. The
+consumer reads only below the write index it loaded, so a producer that dies mid-message
+leaves an uncommitted tail that is never seen; a new producer attached to the same queue
+overwrites it. Both rules rely on x86-64 total store order (stores are not reordered with
+stores, loads not with loads): CPython offers no atomics, and ``struct.pack_into`` of an
+aligned u64 is one store.
+
+Wake-up: a sleeper sets its ``*_waiting`` flag, re-checks the ring, then sleeps on an eventfd
+("data" bell for the consumer, "space" bell for the producer). The other side rings only if it
+sees the flag after publishing, so the hot path makes no syscall. That flag/index pair is a
+Dekker handshake and needs a store->load fence on both sides; acquiring and releasing a
+``threading.Lock`` executes a locked instruction, which is a full fence on x86. Sleeps are also
+capped at ``_MAX_SLEEP_S`` as a backstop, so a broken assumption costs latency, never a hang.
+
+Peer death: each side records its pid in the header on first use. A sleeper also waits on a
+pidfd of the peer, so a killed peer wakes it at once: it gets the committed messages, then
+:class:`PeerDead`. Linux only (eventfd, pidfd).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+import select
+import struct
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing import reduction, shared_memory
+
+import _posixshmem
+
+__all__ = ["ShmQueue", "QueueFull", "QueueClosed", "PeerDead"]
+
+
+class QueueFull(Exception):
+    """No room for the message (``put_nowait``, or ``put`` after its timeout)."""
+
+
+class QueueClosed(Exception):
+    """The peer closed its end (after the committed messages were delivered), or this handle is closed."""
+
+
+class PeerDead(QueueClosed):
+    """The peer process exited without closing its end."""
+
+
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_META = struct.Struct("<IIQQ")  # magic, version, capacity_bytes, max_message_bytes
+_MAGIC, _VERSION = 0x56585152, 1  # "VXQR"
+
+# Header offsets; each side's hot fields on its own cache line to avoid false sharing.
+_OFF_WRITE = 0  # u64, producer stores
+_OFF_READ = 64  # u64, consumer stores
+_OFF_CONSUMER_WAITING = 128  # u32, consumer stores
+_OFF_PRODUCER_WAITING = 192  # u32, producer stores
+_OFF_META = 256
+_OFF_PRODUCER_PID, _OFF_CONSUMER_PID = 288, 292  # u32 each
+_OFF_PRODUCER_CLOSED, _OFF_CONSUMER_CLOSED = 296, 300  # u32 each
+_DATA = 320
+_RECORD_HEADER = 8
+_MAX_SLEEP_S = 0.25
+
+
+def _record_bytes(num_payload_bytes: int) -> int:
+    return (num_payload_bytes + _RECORD_HEADER + 7) & ~7
+
+
+def _attach_segment(name: str, size: int) -> mmap.mmap:
+    # Map by name ourselves: on Python < 3.13 SharedMemory(name) registers the segment with
+    # the resource tracker of the attaching process, which then unlinks it (with a warning)
+    # when that process exits. Only the creator's SharedMemory is tracked.
+    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _is_readable(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _drain_bell(fd: int) -> None:
+    try:
+        os.eventfd_read(fd)
+    except BlockingIOError:
+        pass
+
+
+class ShmQueue:
+    """A bounded SPSC queue of byte messages in shared memory, usable across spawned processes.
+
+    One process puts, one process gets (at most one producer handle and one consumer handle
+    at a time). Messages keep their order; each is delivered exactly once. The queue pickles
+    for ``multiprocessing`` (spawn): the child re-attaches the memory by name and receives
+    duplicates of the doorbell file descriptors.
+
+    Full queue: ``put_nowait`` raises :class:`QueueFull` at once; ``put`` and ``put_async``
+    sleep until the consumer frees room, then raise :class:`QueueFull` after ``timeout_s``.
+    Empty queue: ``get_nowait`` returns ``None``; ``get``/``get_async`` sleep and return
+    ``None`` after ``timeout_s``. Once the peer has closed (or died) and the committed
+    messages are drained, the blocking and async calls raise :class:`QueueClosed`
+    (:class:`PeerDead`).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        buf: mmap.mmap,
+        data_bell: int,
+        space_bell: int,
+        shm: shared_memory.SharedMemory | None,
+        spin_s: float,
+    ) -> None:
+        magic, version, capacity, max_message = _META.unpack_from(buf, _OFF_META)
+        if magic != _MAGIC or version != _VERSION:
+            raise ValueError(f"shared memory {name!r} is not a version-{_VERSION} ShmQueue")
+        self.name = name
+        self.capacity_bytes: int = capacity
+        self.max_message_bytes: int = max_message
+        self.spin_s = spin_s
+        self._buf = buf
+        self._shm = shm  # set only in the creator, which owns unlinking
+        self._data_bell = data_bell
+        self._space_bell = space_bell
+        lock = threading.Lock()
+        self._lock_acquire, self._lock_release = lock.acquire, lock.release
+        # Local copies of the counters: each side owns one and caches the other's last value.
+        self._write_idx = _U64.unpack_from(buf, _OFF_WRITE)[0]
+        self._read_idx = _U64.unpack_from(buf, _OFF_READ)[0]
+        self._is_producer = False
+        self._is_consumer = False
+        self._is_closed = False
+        self._peer_pid, self._peer_pidfd_cached = 0, -1  # pidfd of the last peer we watched
+        self._async_waiters: set[str] = set()
+
+    @classmethod
+    def create(
+        cls, *, capacity_bytes: int = 16 << 20, max_message_bytes: int = 4 << 20, spin_s: float = 100e-6
+    ) -> ShmQueue:
+        """Create a new queue; this handle owns the shared memory and unlinks it on ``close()``.
+
+        ``capacity_bytes`` (a multiple of 8) bounds the bytes in flight, record headers
+        included; every message up to ``max_message_bytes`` must fit in an empty ring.
+        ``spin_s``: how long a blocking ``get``/``put`` polls the ring before it sleeps.
+        """
+        if capacity_bytes <= 0 or capacity_bytes % 8:
+            raise ValueError(f"capacity_bytes must be a positive multiple of 8, got {capacity_bytes}")
+        if max_message_bytes <= 0 or _record_bytes(max_message_bytes) > capacity_bytes:
+            raise ValueError(
+                f"max_message_bytes={max_message_bytes} must be positive and fit in "
+                f"capacity_bytes={capacity_bytes} with its {_RECORD_HEADER}-byte header"
+            )
+        if spin_s < 0:
+            raise ValueError(f"spin_s must be >= 0, got {spin_s}")
+        shm = shared_memory.SharedMemory(create=True, size=_DATA + capacity_bytes)
+        try:
+            buf = _attach_segment(shm.name, _DATA + capacity_bytes)
+            shm.close()  # keep the object only to unlink; we use our own mapping
+            _META.pack_into(buf, _OFF_META, _MAGIC, _VERSION, capacity_bytes, max_message_bytes)
+            flags = os.EFD_NONBLOCK | os.EFD_CLOEXEC
+            data_bell, space_bell = os.eventfd(0, flags), os.eventfd(0, flags)
+        except BaseException:
+            shm.unlink()
+            raise
+        return cls(name=shm.name, buf=buf, data_bell=data_bell, space_bell=space_bell, shm=shm, spin_s=spin_s)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        if self._is_closed:
+            raise QueueClosed("cannot pickle a closed ShmQueue")
+        args = (self.name, self.capacity_bytes, reduction.DupFd(self._data_bell), reduction.DupFd(self._space_bell), self.spin_s)
+        return (_rebuild, args)
+
+    # -- producer -------------------------------------------------------------------------
+
+    def put_nowait(self, data: bytes | bytearray | memoryview) -> None:
+        """Append one message, or raise :class:`QueueFull` at once if there is no room."""
+        num_bytes = len(data)
+        if num_bytes > self.max_message_bytes:
+            raise ValueError(f"message of {num_bytes} bytes exceeds max_message_bytes={self.max_message_bytes}")
+        size = (num_bytes + 15) & ~7
+        w = self._write_idx
+        if not self._is_producer:
+            self._become(_OFF_PRODUCER_PID)
+        buf = self._buf
+        try:
+            if self.capacity_bytes - (w - self._read_idx) < size:
+                self._read_idx = _U64.unpack_from(buf, _OFF_READ)[0]
+                if self.capacity_bytes - (w - self._read_idx) < size:
+                    if _U32.unpack_from(buf, _OFF_CONSUMER_CLOSED)[0]:
+                        raise QueueClosed("the consumer closed the queue")
+                    raise QueueFull(f"no room for {num_bytes} bytes")
+            pos = w % self.capacity_bytes
+            _U64.pack_into(buf, _DATA + pos, num_bytes)
+            start = pos + _RECORD_HEADER
+            first = self.capacity_bytes - start  # bytes before the ring's end
+            if num_bytes <= first:
+                buf[_DATA + start : _DATA + start + num_bytes] = data
+            else:  # the record wraps: copy in two pieces
+                view = memoryview(data)
+                buf[_DATA + start : _DATA + self.capacity_bytes] = view[:first]
+                buf[_DATA : _DATA + num_bytes - first] = view[first:]
+            w += size
+            _U64.pack_into(buf, _OFF_WRITE, w)  # commit: the record becomes visible here
+            self._write_idx = w
+            self._lock_acquire()  # full fence: the store above before the flag load below
+            self._lock_release()
+            if _U32.unpack_from(buf, _OFF_CONSUMER_WAITING)[0]:
+                os.eventfd_write(self._data_bell, 1)
+        except ValueError:
+            self._raise_if_closed()
+            raise
+
+    def put(self, data: bytes | bytearray | memoryview, timeout_s: float | None = None) -> None:
+        """Append one message, sleeping while the queue is full; :class:`QueueFull` after ``timeout_s``."""
+        try:
+            return self.put_nowait(data)
+        except QueueFull:
+            if timeout_s is not None and timeout_s <= 0:
+                raise
+        ready = self._room_check(len(data))
+        if not self._wait(ready, _OFF_PRODUCER_WAITING, self._space_bell, _OFF_CONSUMER_PID, _OFF_CONSUMER_CLOSED, timeout_s):
+            raise QueueFull(f"no room for {len(data)} bytes within {timeout_s} s")
+        self.put_nowait(data)
+
+    async def put_async(self, data: bytes | bytearray | memoryview, timeout_s: float | None = None) -> None:
+        """Like :meth:`put`, but waits for room on the running event loop; never blocks it."""
+        try:
+            return self.put_nowait(data)
+        except QueueFull:
+            if timeout_s is not None and timeout_s <= 0:
+                raise
+        ready = self._room_check(len(data))
+        ok = await self._wait_async(ready, "put", _OFF_PRODUCER_WAITING, self._space_bell, _OFF_CONSUMER_PID, _OFF_CONSUMER_CLOSED, timeout_s)
+        if not ok:
+            raise QueueFull(f"no room for {len(data)} bytes within {timeout_s} s")
+        self.put_nowait(data)
+
+    def _room_check(self, num_bytes: int) -> Callable[[], bool]:
+        size = _record_bytes(num_bytes)
+        buf = self._buf
+
+        def has_room() -> bool:
+            return self.capacity_bytes - (self._write_idx - _U64.unpack_from(buf, _OFF_READ)[0]) >= size
+
+        return has_room
+
+    # -- consumer -------------------------------------------------------------------------
+
+    def get_nowait(self) -> bytes | None:
+        """Take the oldest committed message, or return ``None`` if there is none."""
+        batch = self.get_many_nowait(1)
+        return batch[0] if batch else None
+
+    def get_many_nowait(self, max_messages: int = 1 << 30) -> list[bytes]:
+        """Take up to ``max_messages`` committed messages at once (empty list if none)."""
+        if not self._is_consumer:
+            self._become(_OFF_CONSUMER_PID)
+        buf = self._buf
+        cap = self.capacity_bytes
+        r = self._read_idx
+        out: list[bytes] = []
+        try:
+            w = _U64.unpack_from(buf, _OFF_WRITE)[0]
+            while r != w and len(out) < max_messages:
+                pos = r % cap
+                num_bytes = _U64.unpack_from(buf, _DATA + pos)[0]
+                if num_bytes > self.max_message_bytes or _record_bytes(num_bytes) > w - r:
+                    raise RuntimeError(f"corrupt record of {num_bytes} bytes at index {r} in {self.name!r}")
+                start = _DATA + pos + _RECORD_HEADER
+                end = start + num_bytes
+                if end <= _DATA + cap:
+                    out.append(buf[start:end])
+                else:  # wrapped record
+                    out.append(buf[start : _DATA + cap] + buf[_DATA : end - cap])
+                r += (num_bytes + 15) & ~7
+            if out:
+                _U64.pack_into(buf, _OFF_READ, r)  # frees the space for the producer
+                self._read_idx = r
+                self._lock_acquire()  # full fence: the store above before the flag load below
+                self._lock_release()
+                if _U32.unpack_from(buf, _OFF_PRODUCER_WAITING)[0]:
+                    os.eventfd_write(self._space_bell, 1)
+        except ValueError:
+            self._raise_if_closed()
+            raise
+        return out
+
+    def get(self, timeout_s: float | None = None) -> bytes | None:
+        """Take the oldest message, sleeping until one is committed; ``None`` after ``timeout_s``."""
+        msg = self.get_nowait()
+        if msg is not None or (timeout_s is not None and timeout_s <= 0):
+            return msg
+        if not self._wait(self._has_data, _OFF_CONSUMER_WAITING, self._data_bell, _OFF_PRODUCER_PID, _OFF_PRODUCER_CLOSED, timeout_s):
+            return None
+        return self.get_nowait()
+
+    async def get_async(self, timeout_s: float | None = None) -> bytes | None:
+        """Like :meth:`get`, but sleeps on the running event loop (``add_reader``); never blocks it."""
+        batch = await self.get_many_async(1, timeout_s=timeout_s)
+        return batch[0] if batch else None
+
+    async def get_many_async(self, max_messages: int = 1 << 30, timeout_s: float | None = None) -> list[bytes]:
+        """Wait for at least one message, then take up to ``max_messages``; ``[]`` after ``timeout_s``."""
+        batch = self.get_many_nowait(max_messages)
+        if batch or (timeout_s is not None and timeout_s <= 0):
+            return batch
+        ok = await self._wait_async(self._has_data, "get", _OFF_CONSUMER_WAITING, self._data_bell, _OFF_PRODUCER_PID, _OFF_PRODUCER_CLOSED, timeout_s)
+        return self.get_many_nowait(max_messages) if ok else []
+
+    def _has_data(self) -> bool:
+        return _U64.unpack_from(self._buf, _OFF_WRITE)[0] != self._read_idx
+
+    # -- sleeping -------------------------------------------------------------------------
+
+    def _wait(
+        self, is_ready: Callable[[], bool], waiting_off: int, bell: int, peer_pid_off: int, peer_closed_off: int, timeout_s: float | None
+    ) -> bool:
+        """Block until ``is_ready()`` (True) or the timeout (False); raise if the peer is gone."""
+        now = time.monotonic()
+        deadline = None if timeout_s is None else now + timeout_s
+        spin_end = now + self.spin_s
+        while time.monotonic() < spin_end:  # cheap when the peer answers within microseconds
+            if is_ready():
+                return True
+        buf = self._buf
+        poller = select.poll()
+        poller.register(bell, select.POLLIN)
+        pidfd = self._peer_pidfd(peer_pid_off)
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
+        while True:
+            _U32.pack_into(buf, waiting_off, 1)
+            self._lock_acquire()  # full fence: the flag store before the re-check's loads
+            self._lock_release()
+            try:
+                if is_ready():
+                    return True
+                self._raise_if_peer_gone(peer_closed_off, pidfd)
+                remaining = _MAX_SLEEP_S if deadline is None else min(_MAX_SLEEP_S, deadline - time.monotonic())
+                if remaining <= 0:
+                    return False
+                poller.poll(remaining * 1000)
+            finally:
+                _U32.pack_into(buf, waiting_off, 0)
+            _drain_bell(bell)
+
+    async def _wait_async(
+        self, is_ready: Callable[[], bool], role: str, waiting_off: int, bell: int, peer_pid_off: int, peer_closed_off: int, timeout_s: float | None
+    ) -> bool:
+        """Like :meth:`_wait`, but sleeps on the running loop's selector instead of blocking."""
+        if role in self._async_waiters:
+            raise RuntimeError(f"another task is already waiting to {role} on this ShmQueue")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        pidfd = self._peer_pidfd(peer_pid_off)
+        buf = self._buf
+        self._async_waiters.add(role)
+        try:
+            while True:
+                _U32.pack_into(buf, waiting_off, 1)
+                self._lock_acquire()  # full fence, as in _wait
+                self._lock_release()
+                try:
+                    if is_ready():
+                        return True
+                    self._raise_if_peer_gone(peer_closed_off, pidfd)
+                    remaining = _MAX_SLEEP_S if deadline is None else min(_MAX_SLEEP_S, deadline - loop.time())
+                    if remaining <= 0:
+                        return False
+                    woken = loop.create_future()
+
+                    def wake() -> None:
+                        if not woken.done():
+                            woken.set_result(None)
+
+                    fds = [bell] if pidfd is None else [bell, pidfd]
+                    for fd in fds:
+                        loop.add_reader(fd, wake)
+                    timer = loop.call_later(remaining, wake)
+                    try:
+                        await woken
+                    finally:
+                        timer.cancel()
+                        for fd in fds:
+                            loop.remove_reader(fd)
+                finally:
+                    _U32.pack_into(buf, waiting_off, 0)
+                _drain_bell(bell)
+        finally:
+            self._async_waiters.discard(role)
+
+    def _become(self, pid_off: int) -> None:
+        """Record this process as the producer or consumer (first use), so the peer can watch it."""
+        if self._is_closed:
+            raise QueueClosed("this ShmQueue handle is closed")
+        _U32.pack_into(self._buf, pid_off, os.getpid())
+        if pid_off == _OFF_PRODUCER_PID:
+            self._is_producer = True
+        else:
+            self._is_consumer = True
+
+    def _peer_pidfd(self, peer_pid_off: int) -> int | None:
+        """A pidfd of the peer recorded in the header (-1: already gone; None: unknown)."""
+        pid = _U32.unpack_from(self._buf, peer_pid_off)[0]
+        if pid == 0 or pid == os.getpid():
+            return None
+        if pid != self._peer_pid:
+            self._close_pidfd()
+            try:
+                self._peer_pidfd_cached = os.pidfd_open(pid)
+            except ProcessLookupError:  # already reaped: dead
+                self._peer_pidfd_cached = -1
+            except OSError:  # pidfd unsupported: rely on the close flag and timeouts
+                return None
+            self._peer_pid = pid
+        return self._peer_pidfd_cached
+
+    def _close_pidfd(self) -> None:
+        if self._peer_pidfd_cached >= 0:
+            os.close(self._peer_pidfd_cached)
+        self._peer_pid, self._peer_pidfd_cached = 0, -1
+
+    def _raise_if_peer_gone(self, peer_closed_off: int, pidfd: int | None) -> None:
+        if _U32.unpack_from(self._buf, peer_closed_off)[0]:
+            raise QueueClosed("the peer closed the queue")
+        if pidfd is not None and (pidfd < 0 or _is_readable(pidfd)):
+            raise PeerDead("the peer process exited")
+
+    def _raise_if_closed(self) -> None:
+        if self._is_closed:
+            raise QueueClosed("this ShmQueue handle is closed")
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def qsize_bytes(self) -> int:
+        """Bytes committed and not yet consumed, record headers included (a snapshot)."""
+        return _U64.unpack_from(self._buf, _OFF_WRITE)[0] - _U64.unpack_from(self._buf, _OFF_READ)[0]
+
+    def close(self) -> None:
+        """Detach this handle; tell the peer we are gone; the creator also unlinks. Idempotent."""
+        if self._is_closed:
+            return
+        self._is_closed = True
+        buf = self._buf
+        if self._is_producer:
+            _U32.pack_into(buf, _OFF_PRODUCER_CLOSED, 1)
+        if self._is_consumer:
+            _U32.pack_into(buf, _OFF_CONSUMER_CLOSED, 1)
+        self._lock_acquire()
+        self._lock_release()
+        # Wake whichever peer sleeps so that it sees the close flag now, not at its backstop.
+        for bell, flagged in ((self._data_bell, self._is_producer), (self._space_bell, self._is_consumer)):
+            if flagged:
+                os.eventfd_write(bell, 1)
+        self._release()
+        if self._shm is not None:
+            self._shm.unlink()
+
+    def __enter__(self) -> ShmQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Only free the mapping and fds; never unlink or flag "closed" from a finaliser.
+        if not getattr(self, "_is_closed", True):
+            self._is_closed = True
+            self._release()
+
+    def _release(self) -> None:
+        os.close(self._data_bell)
+        os.close(self._space_bell)
+        self._close_pidfd()
+        self._buf.close()
+
+
+def _rebuild(name: str, capacity_bytes: int, data_bell: object, space_bell: object, spin_s: float) -> ShmQueue:
+    data_fd, space_fd = data_bell.detach(), space_bell.detach()  # type: ignore[attr-defined]
+    for fd in (data_fd, space_fd):
+        os.set_inheritable(fd, False)
+    buf = _attach_segment(name, _DATA + capacity_bytes)
+    return ShmQueue(name=name, buf=buf, data_bell=data_fd, space_bell=space_fd, shm=None, spin_s=spin_s)
