@@ -1,0 +1,216 @@
+"""A deterministic tone/noise generator implementing the Backend contract (``engine.backend``).
+
+For tests and the gateway-overhead benchmark: no model, negligible CPU, audio whose length is
+proportional to the text (``ms_per_char``), cut into chunks of ``chunk_ms``.
+
+Pacing:
+- ``realtime=False``: every ``step`` emits the next chunk of every running job (like one decode
+  step of a batched model), as fast as the loop calls it.
+- ``realtime=True``: a job's chunk ``k`` is released once ``clock() - t_added >= k * chunk_s``,
+  so audio leaves at real-time pace from the moment the job was added. ``step`` returns only
+  the chunks that are due and never sleeps; ``next_due_s`` tells the loop how long it may wait.
+  (Each job is paced on its own: a stream's look-ahead job generates concurrently with the one
+  being spoken, as a real model faster than real time would.)
+
+Failure injection: a job whose text matches ``fail_on`` (a marker substring, by default
+``"[[fail]]"``, or a predicate) fails when ``step`` reaches it: with ``fail_mode="raise"``
+``step`` raises ``RuntimeError`` (the job is dropped first, so the next step goes on); with
+``fail_mode="error"`` the job ends with a ``JobOutput`` carrying a ``model_error``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+import numpy as np
+
+from engine.backend import BackendInfo, JobError, JobOutput, OptionError
+
+__all__ = ["SyntheticBackend", "VOICES"]
+
+VOICES = ("tone", "noise")
+SPEED_RANGE = (0.5, 2.0)
+SEED_RANGE = (0, 2**63 - 1)
+_AMPLITUDE = 0.25
+
+
+@dataclass
+class _Job:
+    job_id: int
+    voice: str
+    seed: int
+    num_samples: int  # total audio this job makes
+    t_added: float
+    is_failing: bool
+    rng: np.random.Generator
+    frequency_hz: float
+    num_emitted: int = 0
+
+
+class SyntheticBackend:
+    """Tones ("tone") or seeded noise ("noise"), ``ms_per_char`` of audio per text character."""
+
+    def __init__(
+        self,
+        *,
+        sample_rate: int = 24_000,
+        ms_per_char: float = 60.0,
+        chunk_ms: float = 40.0,
+        realtime: bool = False,
+        fail_on: str | Callable[[str], bool] | None = "[[fail]]",
+        fail_mode: Literal["raise", "error"] = "raise",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not isinstance(sample_rate, int) or sample_rate < 1000:
+            raise ValueError(f"sample_rate must be an integer >= 1000, got {sample_rate!r}")
+        if not ms_per_char > 0:
+            raise ValueError(f"ms_per_char must be > 0, got {ms_per_char!r}")
+        if not 1.0 <= chunk_ms <= 1000.0:
+            raise ValueError(f"chunk_ms must be in [1, 1000], got {chunk_ms!r}")
+        if fail_mode not in ("raise", "error"):
+            raise ValueError(f"fail_mode must be 'raise' or 'error', got {fail_mode!r}")
+        self.info = BackendInfo(
+            model="synthetic",
+            voices=VOICES,
+            default_voice=VOICES[0],
+            sample_rate=sample_rate,
+            options={
+                "speed": {"type": "float", "min": SPEED_RANGE[0], "max": SPEED_RANGE[1], "default": 1.0},
+                "seed": {"type": "int", "min": SEED_RANGE[0], "max": SEED_RANGE[1], "default": 0},
+            },
+        )
+        self.ms_per_char = float(ms_per_char)
+        self.chunk_samples = max(1, round(sample_rate * chunk_ms / 1000.0))
+        self.is_realtime = realtime
+        if isinstance(fail_on, str):
+            marker = fail_on
+            self._fail_on: Callable[[str], bool] | None = lambda text: marker in text
+        else:
+            self._fail_on = fail_on
+        self.fail_mode = fail_mode
+        self._clock = clock
+        self._jobs: OrderedDict[int, _Job] = OrderedDict()  # insertion order = FIFO
+
+    # -- Backend ------------------------------------------------------------------------------
+
+    def validate(self, voice: str | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        return _validate(self.info, voice, options)
+
+    def add_job(self, job_id: int, text: str, voice: str, options: dict[str, Any]) -> None:
+        if job_id in self._jobs:
+            raise ValueError(f"job {job_id} already exists")
+        speed = float(options.get("speed", 1.0))
+        seed = int(options.get("seed", 0))
+        seconds = len(text.strip()) * self.ms_per_char / 1000.0 / speed
+        # A per-text pitch makes segments distinguishable in a recording; stable across runs.
+        pitch = 180.0 + (sum(map(ord, text)) % 120)
+        self._jobs[job_id] = _Job(
+            job_id=job_id,
+            voice=voice,
+            seed=seed,
+            num_samples=round(seconds * self.info.sample_rate),
+            t_added=self._clock(),
+            is_failing=self._fail_on is not None and self._fail_on(text),
+            rng=np.random.default_rng([seed, job_id & 0xFFFFFFFF]),
+            frequency_hz=pitch,
+        )
+
+    def abort_job(self, job_id: int) -> None:
+        self._jobs.pop(job_id, None)
+
+    def has_work(self) -> bool:
+        return bool(self._jobs)
+
+    def num_queued(self) -> int:
+        return 0  # every job runs at once: nothing waits for admission
+
+    def close(self) -> None:
+        self._jobs.clear()
+
+    def step(self) -> list[JobOutput]:
+        """Emit the due chunks of every running job (one chunk each when not paced)."""
+        now = self._clock()
+        out: list[JobOutput] = []
+        # Failures first, so that a raising step has advanced no other job (no audio is lost).
+        for job in [j for j in self._jobs.values() if j.is_failing]:
+            del self._jobs[job.job_id]
+            if self.fail_mode == "raise":
+                raise RuntimeError(f"synthetic failure injected for job {job.job_id}")
+            out.append(JobOutput(job.job_id, error=JobError("model_error", "synthetic failure", False)))
+        for job in list(self._jobs.values()):
+            out.extend(self._emit_due(job, now))
+        return out
+
+    def next_due_s(self) -> float:
+        """Seconds until the next chunk is due (0.0 if one is due now; ``inf`` with no jobs)."""
+        if not self._jobs:
+            return math.inf
+        if not self.is_realtime:
+            return 0.0
+        now = self._clock()
+        due = min(self._due_time(job) for job in self._jobs.values())
+        return max(0.0, due - now)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _due_time(self, job: _Job) -> float:
+        if job.is_failing or job.num_emitted >= job.num_samples:
+            return job.t_added  # fails / finishes at the next step
+        return job.t_added + job.num_emitted / self.info.sample_rate
+
+    def _emit_due(self, job: _Job, now: float) -> list[JobOutput]:
+        out: list[JobOutput] = []
+        while True:
+            if job.num_emitted >= job.num_samples:
+                # Finished: the last chunk carried the flag, or the job had no audio at all.
+                if not out:
+                    out.append(JobOutput(job.job_id, is_finished=True))
+                del self._jobs[job.job_id]
+                return out
+            if self.is_realtime and now < self._due_time(job):
+                return out
+            n = min(self.chunk_samples, job.num_samples - job.num_emitted)
+            pcm = self._render(job, n)
+            job.num_emitted += n
+            is_last = job.num_emitted >= job.num_samples
+            out.append(JobOutput(job.job_id, pcm=pcm, is_finished=is_last))
+            if is_last:
+                del self._jobs[job.job_id]
+                return out
+            if not self.is_realtime:
+                return out
+
+    def _render(self, job: _Job, n: int) -> np.ndarray:
+        if job.voice == "noise":
+            return (job.rng.uniform(-_AMPLITUDE, _AMPLITUDE, n)).astype(np.float32)  # [n]
+        t = (job.num_emitted + np.arange(n)) / self.info.sample_rate  # [n] seconds
+        return (_AMPLITUDE * np.sin(2.0 * np.pi * job.frequency_hz * t)).astype(np.float32)
+
+
+def _validate(
+    info: BackendInfo, voice: str | None, options: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """Check the voice and the speed/seed options; fill in defaults."""
+    voice = info.default_voice if voice is None else voice
+    if voice not in info.voices:
+        raise OptionError("unknown_voice", f"unknown voice {voice!r}; voices: {', '.join(info.voices)}")
+    unknown = sorted(set(options) - set(info.options))
+    if unknown:
+        raise OptionError(
+            "invalid_option", f"unknown option {unknown[0]!r}; options: {', '.join(info.options)}"
+        )
+    speed = options.get("speed", 1.0)
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not (
+        SPEED_RANGE[0] <= speed <= SPEED_RANGE[1]
+    ):
+        raise OptionError(
+            "invalid_option", f"speed must be a number in [{SPEED_RANGE[0]}, {SPEED_RANGE[1]}], got {speed!r}"
+        )
+    seed = options.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise OptionError("invalid_option", f"seed must be an integer in [0, 2^63 - 1], got {seed!r}")
+    return voice, {"speed": float(speed), "seed": seed}
