@@ -1,0 +1,170 @@
+"""Model runner: turns a ``ScheduledBatch`` into tensors, runs the model, samples.
+
+It owns the device buffers: the paged KV cache, the attention backend (plain torch here;
+FlashInfer and CUDA graphs plug in through ``attention_backend_factory`` and by overriding
+the ``_forward`` / ``_sample`` seams) and the per-slot repetition-penalty masks.
+``execute`` has exactly one host synchronisation: reading the sampled tokens at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from engine.llm.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    KVCacheSpec,
+    allocate_kv_caches,
+    build_attention_metadata,
+    torch_paged_attention_factory,
+)
+from engine.llm.sampler import Sampler
+from engine.llm.scheduler import ScheduledBatch
+
+__all__ = ["AttentionBackendFactory", "ModelRunner", "kv_bytes_per_page", "num_pages_for_memory"]
+
+AttentionBackendFactory = Callable[[KVCacheSpec, list[torch.Tensor]], AttentionBackend]
+
+
+def kv_bytes_per_page(config: Any, page_size: int, dtype: torch.dtype) -> int:
+    """Bytes one page takes across all layers (K and V)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return config.num_hidden_layers * 2 * page_size * config.num_key_value_heads * config.head_dim * elem
+
+
+def num_pages_for_memory(
+    config: Any,
+    *,
+    page_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    gpu_memory_utilization: float,
+    reserve_bytes: int = 0,
+) -> int:
+    """KV pages that fit in ``total * utilization`` minus what is already in use on the GPU.
+
+    Call after the weights are loaded; ``reserve_bytes`` keeps room for activations, the
+    sampler's buffers and CUDA graphs.
+    """
+    if not 0 < gpu_memory_utilization < 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1), got {gpu_memory_utilization}")
+    free, total = torch.cuda.mem_get_info(device)
+    budget = int(total * gpu_memory_utilization) - (total - free) - reserve_bytes
+    num_pages = budget // kv_bytes_per_page(config, page_size, dtype)
+    if num_pages < 1:
+        raise ValueError(
+            f"no GPU memory left for the KV cache: {free / 2**30:.1f} GiB free of "
+            f"{total / 2**30:.1f} GiB at gpu_memory_utilization={gpu_memory_utilization}"
+        )
+    return int(num_pages)
+
+
+class ModelRunner:
+    """Runs one engine step on ``model`` (``forward(ids, positions, attn)`` + ``compute_logits``).
+
+    ``vocab_ids`` restricts the head (and sampling) to a subset of the vocabulary; sampled
+    indices are mapped back to token ids. ``allowed_table`` (bool [R, K]) masks columns per
+    row: each sequence's ``allowed_row`` picks one row.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: Any,
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        num_pages: int,
+        page_size: int = 16,
+        attention_backend_factory: AttentionBackendFactory = torch_paged_attention_factory,
+        max_num_seqs: int = 64,
+        vocab_ids: list[int] | torch.Tensor | None = None,
+        allowed_table: torch.Tensor | None = None,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.page_size = page_size
+        self.max_num_seqs = max_num_seqs
+        self.spec = KVCacheSpec(
+            num_layers=config.num_hidden_layers,
+            num_pages=num_pages,
+            page_size=page_size,
+            num_qo_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            dtype=dtype,
+            device=self.device,
+            max_num_seqs=max_num_seqs,
+        )
+        self.kv_caches = allocate_kv_caches(self.spec)
+        self.attn = attention_backend_factory(self.spec, self.kv_caches)
+        self.sampler = Sampler()
+        self.vocab_ids: torch.Tensor | None = None
+        if vocab_ids is not None:
+            self.vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.int64).to(self.device)  # [K]
+        num_cols = config.vocab_size if self.vocab_ids is None else int(self.vocab_ids.numel())
+        if allowed_table is not None and allowed_table.shape[-1] != num_cols:
+            raise ValueError(f"allowed_table has {allowed_table.shape[-1]} columns, logits have {num_cols}")
+        self.allowed_table = None if allowed_table is None else allowed_table.to(self.device, torch.bool)
+        # Tokens each slot's sequence generated so far (repetition penalty), in column space.
+        self.seen = torch.zeros(max_num_seqs, num_cols, dtype=torch.bool, device=self.device)
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Run one step; returns the sampled token ids, int64 [B] on the CPU.
+
+        Rows whose chunk does not reach the end of their sequence (``is_sampled`` false) get a
+        token too; it is meaningless and the caller drops it.
+        """
+        meta = build_attention_metadata(batch, self.page_size)
+        input_ids = torch.tensor(
+            [t for s, n in zip(batch.seqs, batch.num_new_tokens)
+             for t in s.token_slice(s.num_computed_tokens, s.num_computed_tokens + n)],
+            dtype=torch.int64,
+        )  # [T]
+        logits = self._forward(input_ids, meta)  # [B, K] float32
+        cols = self._sample(logits, batch)  # [B]
+        tokens = cols if self.vocab_ids is None else self.vocab_ids.index_select(0, cols)
+        return tokens.cpu()  # the step's only host sync
+
+    def _forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Host input_ids [T] + host metadata -> float32 logits [B, K] of each row's last token."""
+        self.attn.begin_step(meta)
+        ids = input_ids.to(self.device, non_blocking=True)
+        positions = meta.positions.to(self.device, non_blocking=True)
+        hidden = self.model(ids, positions, self.attn)  # [T, hidden]
+        last = (meta.qo_indptr[1:].to(torch.int64) - 1).to(self.device, non_blocking=True)  # [B]
+        return self.model.compute_logits(hidden.index_select(0, last), self.vocab_ids)
+
+    def _sample(self, logits: torch.Tensor, batch: ScheduledBatch) -> torch.Tensor:
+        """float32 logits [B, K] -> sampled column indices [B]; updates the penalty masks."""
+        dev = self.device
+        seqs = batch.seqs
+        fresh = [s.slot for s in seqs if s.num_computed_tokens == 0]
+        if fresh:  # a new sequence took this slot: forget its predecessor's tokens
+            self.seen[torch.tensor(fresh, dtype=torch.int64).to(dev)] = False
+        slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64).to(dev)  # [B]
+        f32 = torch.float32
+        params = [s.params for s in seqs]
+        allowed = None
+        if self.allowed_table is not None:
+            rows = torch.tensor([s.allowed_row for s in seqs], dtype=torch.int64).to(dev)
+            allowed = self.allowed_table.index_select(0, rows)  # [B, K]
+        cols = self.sampler(
+            logits,
+            temperature=torch.tensor([p.temperature for p in params], dtype=f32).to(dev),
+            top_p=torch.tensor([p.top_p for p in params], dtype=f32).to(dev),
+            repetition_penalty=torch.tensor([p.repetition_penalty for p in params], dtype=f32).to(dev),
+            seeds=torch.tensor([p.seed for p in params], dtype=torch.int64).to(dev),
+            steps=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64).to(dev),
+            seen=self.seen.index_select(0, slots),
+            allowed=allowed,
+        )  # [B]
+        keep = torch.tensor(batch.is_sampled, dtype=torch.bool).to(dev)  # [B]
+        self.seen[slots, cols] = self.seen[slots, cols] | keep
+        return cols

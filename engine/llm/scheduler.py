@@ -1,0 +1,206 @@
+"""Continuous-batching scheduler: moves sequences between queues; holds no tensors.
+
+Policy (written down because callers depend on it):
+- Admission reserves every page a sequence can ever need (prompt + max_tokens) when it moves
+  from waiting to running, so a running sequence never runs out of KV cache and nothing is
+  ever preempted: no out-of-memory crash by construction. The price is capacity held for
+  tokens that may never be generated (a stream that stops early frees its pages then).
+- Waiting jobs are admitted first-come first-served (no overtaking, so no starvation) while a
+  batch slot and enough pages are free. ``add`` refuses a job with a retryable
+  ``capacity`` error when ``max_waiting`` jobs already wait.
+- A prompt of ``max_model_len`` tokens or more is refused (``too_long``, not retryable): the
+  engine core's segmenter must split text before it gets here. If prompt + max_tokens exceeds
+  ``max_model_len``, ``max_tokens`` is capped to fit (the job still ends normally, at the cap).
+- Every step, each running sequence with exactly one uncomputed token (a decode) is scheduled
+  first; the remaining token budget goes to prefill chunks in admission order. Decodes are
+  never skipped for a prefill, so running streams never stall behind a long prompt.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+
+from engine.backend import JobError
+from engine.llm.page_allocator import PageAllocator, num_pages_for
+from engine.llm.sequence import Sequence, SequenceStatus
+
+__all__ = ["RequestError", "ScheduledBatch", "Scheduler", "SchedulerConfig"]
+
+
+class RequestError(Exception):
+    """A job cannot be accepted; ``error`` is what the job's stream is told."""
+
+    def __init__(self, error: JobError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 4096
+    max_waiting: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                "max_num_batched_tokens must be >= max_num_seqs (every running sequence decodes "
+                f"each step), got {self.max_num_batched_tokens} < {self.max_num_seqs}"
+            )
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work: decodes first (one new token each), then prefill chunks.
+
+    ``is_sampled[i]`` is true when row i's chunk reaches its last token, so its sample is kept.
+    """
+
+    seqs: list[Sequence]
+    num_new_tokens: list[int]
+    is_sampled: list[bool]
+    num_decode_seqs: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, allocator: PageAllocator) -> None:
+        capacity = allocator.num_pages * allocator.page_size
+        if capacity < config.max_model_len:
+            raise ValueError(
+                f"KV cache holds {capacity} tokens, fewer than max_model_len={config.max_model_len}"
+            )
+        self.config = config
+        self.allocator = allocator
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
+
+    # -- queues ---------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence (capping max_tokens to the context); raises ``RequestError``."""
+        limit = self.config.max_model_len
+        if seq.num_prompt_tokens >= limit:
+            raise RequestError(
+                JobError(
+                    "too_long",
+                    f"prompt of {seq.num_prompt_tokens} tokens does not fit the model context "
+                    f"of {limit} tokens; split the text into shorter segments",
+                    retryable=False,
+                )
+            )
+        if seq.max_num_tokens > limit:
+            seq.params = replace(seq.params, max_tokens=limit - seq.num_prompt_tokens)
+        self._admit()
+        admits_now = not self.waiting and self._can_admit(seq)
+        if len(self.waiting) >= self.config.max_waiting and not admits_now:
+            raise RequestError(
+                JobError(
+                    "capacity",
+                    f"engine at capacity: {len(self.running)} running, "
+                    f"{len(self.waiting)} waiting (max_waiting={self.config.max_waiting})",
+                    retryable=True,
+                )
+            )
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+        self._admit()
+
+    def abort(self, seq_id: int) -> Sequence | None:
+        """Remove a sequence wherever it is and free its pages; None if unknown (idempotent)."""
+        for seq in self.waiting:
+            if seq.seq_id == seq_id:
+                self.waiting.remove(seq)
+                seq.status = SequenceStatus.FINISHED
+                return seq
+        for seq in self.running:
+            if seq.seq_id == seq_id:
+                self.finish(seq)
+                return seq
+        return None
+
+    def finish(self, seq: Sequence) -> None:
+        """A running sequence is done: free its pages and slot."""
+        self.running.remove(seq)
+        self.allocator.deallocate(seq.pages)
+        seq.pages = []
+        self._free_slots.append(seq.slot)
+        seq.slot = -1
+        seq.status = SequenceStatus.FINISHED
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # -- admission ------------------------------------------------------------------------
+
+    def _can_admit(self, seq: Sequence) -> bool:
+        if not self._free_slots:
+            return False
+        return self.allocator.can_allocate(num_pages_for(seq.max_num_tokens, self.allocator.page_size))
+
+    def _admit(self) -> None:
+        while self.waiting and self._can_admit(self.waiting[0]):
+            seq = self.waiting.popleft()
+            seq.pages = self.allocator.allocate(
+                num_pages_for(seq.max_num_tokens, self.allocator.page_size)
+            )
+            seq.slot = self._free_slots.pop()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch | None:
+        """Pick this step's rows (decodes first); None when nothing is running."""
+        self._admit()
+        if not self.running:
+            return None
+        budget = self.config.max_num_batched_tokens
+        decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        prefills = [s for s in self.running if s.num_uncomputed_tokens > 1]
+        seqs: list[Sequence] = list(decodes)
+        counts = [1] * len(decodes)
+        budget -= len(decodes)
+        for seq in prefills:
+            if budget <= 0:
+                break
+            n = min(seq.num_uncomputed_tokens, budget)
+            seqs.append(seq)
+            counts.append(n)
+            budget -= n
+        sampled = [s.num_computed_tokens + n == s.num_tokens for s, n in zip(seqs, counts)]
+        return ScheduledBatch(seqs, counts, sampled, num_decode_seqs=len(decodes))
+
+    def update(self, batch: ScheduledBatch, tokens: list[int]) -> list[tuple[Sequence, int]]:
+        """Record a step's results; returns (sequence, new token) for every sampled row."""
+        new: list[tuple[Sequence, int]] = []
+        for seq, n, is_sampled, tok in zip(batch.seqs, batch.num_new_tokens, batch.is_sampled, tokens):
+            seq.num_computed_tokens += n
+            if is_sampled:
+                seq.output_ids.append(int(tok))
+                new.append((seq, int(tok)))
+        return new
