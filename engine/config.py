@@ -1,0 +1,55 @@
+"""The engine process's configuration: one dataclass, validated, mapped from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core import CoreConfig
+
+__all__ = ["EngineConfig", "BUILTIN_MODELS"]
+
+BUILTIN_MODELS = ("hibari", "synthetic", "orpheus")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # "hibari" (embedded CPU voice), "synthetic" (tones paced at real time, for tests and
+    # benchmarks), "orpheus" (canopylabs/orpheus-3b-0.1-ft), or a local path / hub id of an
+    # Orpheus-family checkpoint.
+    model: str = "hibari"
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+    load_format: str = "auto"  # "auto" | "dummy" (random weights from the known config)
+    dtype: str = "auto"  # "auto" (bf16 on CUDA, fp32 on CPU) | "bfloat16" | "float32"
+    codec_path: str | None = None  # local SNAC dir or hub id; default hubertsiuzdak/snac_24khz
+    gpu_memory_utilization: float = 0.85
+    max_num_seqs: int = 256
+    max_model_len: int = 2048
+    enable_cuda_graphs: bool = True
+    synthetic_realtime: bool = True  # synthetic model: pace chunks at real time
+    hibari_threads: int = 1
+    core: CoreConfig = field(default_factory=CoreConfig)
+    queue_capacity_bytes: int = 32 * 1024 * 1024
+    max_message_bytes: int = 4 * 1024 * 1024
+    stats_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must be a name, a path or a hub id")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
+        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
+        if not 0.05 <= self.gpu_memory_utilization <= 0.99:
+            raise ValueError("gpu_memory_utilization must be in [0.05, 0.99]")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_model_len < 64:
+            raise ValueError("max_model_len must be >= 64")
+        if self.hibari_threads < 1:
+            raise ValueError("hibari_threads must be >= 1")
+        if self.max_message_bytes * 2 > self.queue_capacity_bytes:
+            raise ValueError("queue_capacity_bytes must be at least twice max_message_bytes")
+        if self.stats_interval_s <= 0:
+            raise ValueError("stats_interval_s must be > 0")

@@ -1,0 +1,233 @@
+"""The engine's logic: streams in, audio out. Plain Python, no I/O, drivable from a test.
+
+``EngineCore`` owns streams. Each stream has a segmenter that turns incremental text into
+speakable segments; each segment becomes a *job* for the backend (the speech generator).
+Segments of one stream are spoken in order: the head segment's audio goes out as it is made,
+while up to ``lookahead_jobs`` later segments may already be generating, their audio held back
+until the segment before them has finished.
+
+The process wrapper (``engine.process``) feeds ``open``/``add_text``/``flush``/``end``/``cancel``
+from the queue and sends what ``step`` and those calls return.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from engine.backend import Backend, JobOutput, OptionError
+from engine.messages import Audio, Done, Error, Message, Started
+from engine.segmenter import Segment, Segmenter
+
+__all__ = ["CoreConfig", "EngineCore"]
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    lookahead_jobs: int = 1  # segments generated ahead of the one being spoken
+    first_segment_min_chars: int = 12
+    min_segment_chars: int = 40
+    max_segment_chars: int = 300
+    max_streams: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.lookahead_jobs < 0:
+            raise ValueError("lookahead_jobs must be >= 0")
+        if self.max_streams < 1:
+            raise ValueError("max_streams must be >= 1")
+
+
+@dataclass
+class _Job:
+    job_id: int
+    segment: Segment
+    held: list[np.ndarray] = field(default_factory=list)  # audio made before its turn
+    is_finished: bool = False
+
+
+@dataclass
+class _Stream:
+    key: int
+    voice: str
+    options: dict[str, Any]
+    segmenter: Segmenter
+    pending: deque[Segment] = field(default_factory=deque)  # not yet given to the backend
+    jobs: deque[_Job] = field(default_factory=deque)  # submitted, in speaking order
+    is_ended: bool = False
+    samples: int = 0
+    t_open: float = 0.0
+    t_first_text: float | None = None
+    t_first_audio: float | None = None
+
+
+class EngineCore:
+    """Streams -> segments -> backend jobs -> ordered audio messages."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        config: CoreConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.config = config or CoreConfig()
+        self._clock = clock
+        self._streams: dict[int, _Stream] = {}
+        self._job_owner: dict[int, int] = {}  # job id -> stream key
+        self._next_job_id = 1
+
+    # --- commands --------------------------------------------------------------------------
+
+    def open(self, key: int, voice: str | None, options: dict[str, Any]) -> list[Message]:
+        if key in self._streams:
+            return [Error(key, "stream_exists", f"stream key {key} is already open", False)]
+        if len(self._streams) >= self.config.max_streams:
+            return [Error(key, "capacity", "the engine has too many open streams", True)]
+        try:
+            voice, options = self.backend.validate(voice, dict(options))
+        except OptionError as exc:
+            return [Error(key, exc.code, str(exc), False)]
+        cfg = self.config
+        segmenter = Segmenter(
+            first_segment_min_chars=cfg.first_segment_min_chars,
+            min_segment_chars=cfg.min_segment_chars,
+            max_segment_chars=cfg.max_segment_chars,
+        )
+        self._streams[key] = _Stream(key, voice, options, segmenter, t_open=self._clock())
+        return [Started(key, voice, options)]
+
+    def add_text(self, key: int, text: str) -> list[Message]:
+        stream = self._streams.get(key)
+        if stream is None or stream.is_ended:
+            return []  # the gateway validates; late text for a gone stream is dropped
+        if stream.t_first_text is None and text.strip():
+            stream.t_first_text = self._clock()
+        stream.pending.extend(stream.segmenter.push(text))
+        return self._submit(stream)
+
+    def flush(self, key: int) -> list[Message]:
+        stream = self._streams.get(key)
+        if stream is None or stream.is_ended:
+            return []
+        stream.pending.extend(stream.segmenter.flush())
+        return self._submit(stream)
+
+    def end(self, key: int) -> list[Message]:
+        stream = self._streams.get(key)
+        if stream is None or stream.is_ended:
+            return []
+        stream.is_ended = True
+        stream.pending.extend(stream.segmenter.end())
+        return self._submit(stream) + self._maybe_done(stream)
+
+    def cancel(self, key: int) -> list[Message]:
+        stream = self._streams.pop(key, None)
+        if stream is None:
+            return []
+        self._abort_jobs(stream)
+        return [self._done(stream, "cancelled")]
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return self.backend.has_work()
+
+    def step(self) -> list[Message]:
+        """One backend step; its outputs become ordered ``Audio``/``Done``/``Error`` messages."""
+        out: list[Message] = []
+        for result in self.backend.step():
+            key = self._job_owner.get(result.job_id)
+            stream = self._streams.get(key) if key is not None else None
+            if stream is None:
+                self._job_owner.pop(result.job_id, None)
+                continue
+            out.extend(self._on_output(stream, result))
+        return out
+
+    @property
+    def num_streams(self) -> int:
+        return len(self._streams)
+
+    def stream_keys(self) -> list[int]:
+        return list(self._streams)
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _submit(self, stream: _Stream) -> list[Message]:
+        limit = 1 + self.config.lookahead_jobs
+        while stream.pending and len(stream.jobs) < limit:
+            segment = stream.pending.popleft()
+            job = _Job(self._next_job_id, segment)
+            self._next_job_id += 1
+            stream.jobs.append(job)
+            self._job_owner[job.job_id] = stream.key
+            self.backend.add_job(job.job_id, segment.text, stream.voice, stream.options)
+        return []
+
+    def _on_output(self, stream: _Stream, result: JobOutput) -> list[Message]:
+        if result.error is not None:
+            self._streams.pop(stream.key, None)
+            self._abort_jobs(stream)
+            err = result.error
+            return [Error(stream.key, err.code, err.message, err.retryable)]
+        job = next((j for j in stream.jobs if j.job_id == result.job_id), None)
+        if job is None:
+            return []
+        out: list[Message] = []
+        if result.pcm is not None and result.pcm.size:
+            if job is stream.jobs[0]:
+                out.append(self._audio(stream, job, result.pcm))
+            else:
+                job.held.append(result.pcm)
+        if result.is_finished:
+            job.is_finished = True
+            self._job_owner.pop(job.job_id, None)
+            out.extend(self._advance(stream))
+        return out
+
+    def _advance(self, stream: _Stream) -> list[Message]:
+        """Retire finished head jobs; release the next job's held audio."""
+        out: list[Message] = []
+        while stream.jobs and stream.jobs[0].is_finished:
+            stream.jobs.popleft()
+            if stream.jobs:
+                head = stream.jobs[0]
+                out.extend(self._audio(stream, head, pcm) for pcm in head.held)
+                head.held.clear()
+        self._submit(stream)
+        out.extend(self._maybe_done(stream))
+        return out
+
+    def _audio(self, stream: _Stream, job: _Job, pcm: np.ndarray) -> Audio:
+        now = self._clock()
+        if stream.t_first_audio is None:
+            stream.t_first_audio = now
+        stream.samples += int(pcm.size)
+        data = np.ascontiguousarray(pcm, dtype="<f4").tobytes()
+        return Audio(stream.key, data, (job.segment.start, job.segment.end), now)
+
+    def _maybe_done(self, stream: _Stream) -> list[Message]:
+        if stream.is_ended and not stream.pending and not stream.jobs:
+            self._streams.pop(stream.key, None)
+            return [self._done(stream, "end")]
+        return []
+
+    def _done(self, stream: _Stream, reason: str) -> Done:
+        now = self._clock()
+        rate = self.backend.info.sample_rate
+        timings = {"elapsed_s": now - stream.t_open, "audio_s": stream.samples / rate}
+        if stream.t_first_text is not None and stream.t_first_audio is not None:
+            timings["ttfa_ms"] = (stream.t_first_audio - stream.t_first_text) * 1000.0
+        return Done(stream.key, reason, stream.samples, timings)
+
+    def _abort_jobs(self, stream: _Stream) -> None:
+        for job in stream.jobs:
+            self.backend.abort_job(job.job_id)
+            self._job_owner.pop(job.job_id, None)
+        stream.jobs.clear()
+        stream.pending.clear()

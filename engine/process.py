@@ -1,0 +1,154 @@
+"""The engine process: a thin wrapper that connects ``EngineCore`` to the shared-memory queues.
+
+Started by the gateway with multiprocessing *spawn*. It loads the model, answers with a
+``Hello`` (or an ``Error`` with ``key=None`` if loading failed, then exits), and runs a loop:
+read every queued command, take one engine step if there is work, send the outputs. When idle it
+sleeps on the queue's doorbell (no polling); it wakes at least every ``_PARENT_CHECK_S`` to exit
+if the gateway has gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+
+from engine import messages as m
+from engine.backend import Backend
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.shm_ring import QueueClosed, ShmQueue
+
+__all__ = ["engine_main", "EngineLoop"]
+
+log = logging.getLogger("voxgate.engine")
+
+_PARENT_CHECK_S = 1.0
+_SEND_TIMEOUT_S = 30.0
+
+
+class EngineLoop:
+    """Drives an ``EngineCore`` from an inbox queue and writes to an outbox queue."""
+
+    def __init__(
+        self, core: EngineCore, inbox: ShmQueue, outbox: ShmQueue, *, stats_interval_s: float
+    ) -> None:
+        self.core = core
+        self.inbox = inbox
+        self.outbox = outbox
+        self.stats_interval_s = stats_interval_s
+        self._parent = os.getppid()
+        self._next_stats = 0.0
+        self._is_running = True
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except QueueClosed:
+            log.warning("the gateway closed the queue; the engine exits")
+
+    def _run(self) -> None:
+        while self._is_running:
+            data = self.inbox.get(timeout_s=self._wait_s())
+            while data is not None and self._is_running:
+                self._handle(data)
+                data = self.inbox.get_nowait()
+            if self.core.has_work():
+                self._step()
+            now = time.monotonic()
+            if now >= self._next_stats:
+                self._next_stats = now + self.stats_interval_s
+                self._send_stats()
+                if os.getppid() != self._parent:
+                    log.warning("the gateway has gone; the engine exits")
+                    return
+
+    def _wait_s(self) -> float:
+        if not self.core.has_work():
+            return _PARENT_CHECK_S
+        next_due = getattr(self.core.backend, "next_due_s", None)
+        return min(max(next_due(), 0.0), _PARENT_CHECK_S) if next_due is not None else 0.0
+
+    def _handle(self, data: bytes) -> None:
+        try:
+            msg = m.decode(data)
+        except m.DecodeError as exc:
+            log.error("dropped a malformed command: %s", exc)
+            return
+        core = self.core
+        try:
+            if isinstance(msg, m.Open):
+                out = core.open(msg.key, msg.voice, msg.options)
+            elif isinstance(msg, m.Text):
+                out = core.add_text(msg.key, msg.text)
+            elif isinstance(msg, m.Flush):
+                out = core.flush(msg.key)
+            elif isinstance(msg, m.End):
+                out = core.end(msg.key)
+            elif isinstance(msg, m.Cancel):
+                out = core.cancel(msg.key)
+            elif isinstance(msg, m.Shutdown):
+                self._is_running = False
+                return
+            else:
+                log.error("unexpected message %s from the gateway", type(msg).__name__)
+                return
+        except Exception as exc:  # a bad request fails that request only
+            log.exception("command %s failed", type(msg).__name__)
+            key = getattr(msg, "key", None)
+            out = [m.Error(key, "internal", f"engine error: {exc}", True)]
+            if key is not None:
+                core.cancel(key)
+        self._send(out)
+
+    def _step(self) -> None:
+        try:
+            out = self.core.step()
+        except Exception as exc:  # a backend bug: fail the streams in flight, keep serving
+            log.error("engine step failed:\n%s", traceback.format_exc())
+            out = []
+            for key in list(self.core.stream_keys()):
+                self.core.cancel(key)
+                out.append(m.Error(key, "model_error", f"engine step failed: {exc}", True))
+        self._send(out)
+
+    def _send(self, out: list[m.Message]) -> None:
+        for msg in out:
+            self.outbox.put(m.encode(msg), timeout_s=_SEND_TIMEOUT_S)
+
+    def _send_stats(self) -> None:
+        backend = self.core.backend
+        running = 1 if backend.has_work() else 0
+        num_running = getattr(backend, "num_running", None)
+        if num_running is not None:
+            running = num_running()
+        stats = m.Stats(self.core.num_streams, backend.num_queued(), running)
+        self.outbox.put(m.encode(stats), timeout_s=_SEND_TIMEOUT_S)
+
+
+def _hello(backend: Backend) -> m.Hello:
+    info = backend.info
+    return m.Hello(info.model, list(info.voices), info.default_voice, info.sample_rate,
+                   dict(info.options))
+
+
+def engine_main(config: EngineConfig, inbox: ShmQueue, outbox: ShmQueue, log_level: str) -> None:
+    """Entry point of the engine process (the target of the spawned ``Process``)."""
+    logging.basicConfig(level=log_level, format="%(asctime)s engine %(levelname)s %(message)s")
+    from engine.backends import build_backend
+
+    try:
+        backend = build_backend(config)
+    except Exception as exc:
+        log.error("the model failed to load:\n%s", traceback.format_exc())
+        outbox.put(m.encode(m.Error(None, "load_failed", f"{type(exc).__name__}: {exc}", False)),
+                   timeout_s=_SEND_TIMEOUT_S)
+        return
+    core = EngineCore(backend, config.core)
+    outbox.put(m.encode(_hello(backend)), timeout_s=_SEND_TIMEOUT_S)
+    loop = EngineLoop(core, inbox, outbox, stats_interval_s=config.stats_interval_s)
+    try:
+        loop.run()
+    finally:
+        backend.close()

@@ -1,0 +1,135 @@
+"""The ``voxgate`` command: ``voxgate serve`` runs the gateway and its engine; ``voxgate bench``
+runs the latency benchmark client."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import fields
+
+from engine.config import EngineConfig
+from engine.core import CoreConfig
+from gateway.config import GatewayConfig
+
+__all__ = ["main", "build_parser", "configs_from_args"]
+
+log = logging.getLogger("voxgate")
+
+
+def _add_serve_args(sp: argparse.ArgumentParser) -> None:
+    g = sp.add_argument_group("network")
+    g.add_argument("--host", default=GatewayConfig.host, help="address to bind (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=GatewayConfig.port, help="port; 0 picks a free one")
+    m = sp.add_argument_group("model")
+    m.add_argument("--model", default=EngineConfig.model,
+                   help="hibari (embedded CPU voice, default), synthetic (test tones), orpheus, "
+                        "or a local path / hub id of an Orpheus checkpoint")
+    m.add_argument("--device", default=EngineConfig.device, choices=["auto", "cpu", "cuda"])
+    m.add_argument("--load-format", default=EngineConfig.load_format, choices=["auto", "dummy"],
+                   help="dummy: random weights from the known config, no files (benchmarking)")
+    m.add_argument("--dtype", default=EngineConfig.dtype,
+                   choices=["auto", "bfloat16", "float16", "float32"])
+    m.add_argument("--codec", dest="codec_path", default=None,
+                   help="SNAC codec: local dir or hub id (default hubertsiuzdak/snac_24khz)")
+    m.add_argument("--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization)
+    m.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
+    m.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len)
+    m.add_argument("--no-cuda-graphs", dest="enable_cuda_graphs", action="store_false")
+    m.add_argument("--synthetic-fast", dest="synthetic_realtime", action="store_false",
+                   help="synthetic model: emit audio as fast as possible instead of at real time")
+    m.add_argument("--lookahead-jobs", type=int, default=CoreConfig.lookahead_jobs,
+                   help="segments generated ahead of the one being spoken")
+    lim = sp.add_argument_group("limits")
+    for name in ("max_text_chars_per_stream", "max_streams_per_connection", "max_frame_bytes",
+                 "max_outbox_bytes", "max_connections"):
+        lim.add_argument("--" + name.replace("_", "-"), type=int,
+                         default=getattr(GatewayConfig, name))
+    lim.add_argument("--idle-timeout-s", type=float, default=GatewayConfig.idle_timeout_s)
+    lim.add_argument("--engine-start-timeout-s", type=float,
+                     default=GatewayConfig.engine_start_timeout_s)
+    sp.add_argument("--debug-timestamps", action="store_true",
+                    help="add engine_t (engine emit time, CLOCK_MONOTONIC) to audio messages")
+    sp.add_argument("--log-level", default="INFO",
+                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voxgate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the WebSocket gateway and its engine")
+    _add_serve_args(serve)
+    sub.add_parser("bench", help="the latency benchmark client (voxgate bench --help)",
+                   add_help=False)
+    return parser
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[GatewayConfig, EngineConfig]:
+    """Map parsed arguments onto the two process configurations (raises ValueError)."""
+    values = vars(args)
+    gateway = GatewayConfig(**{f.name: values[f.name] for f in fields(GatewayConfig)
+                               if f.name in values})
+    core = CoreConfig(lookahead_jobs=args.lookahead_jobs)
+    engine = EngineConfig(core=core, **{f.name: values[f.name] for f in fields(EngineConfig)
+                                        if f.name in values and f.name != "core"})
+    return gateway, engine
+
+
+async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
+                 log_level: str) -> int:
+    from gateway.engine_client import EngineStartError
+    from gateway.server import Gateway
+
+    gateway = Gateway(gateway_config, engine_config, log_level=log_level)
+    print(f"voxgate: starting the engine (model {engine_config.model}) ...", flush=True)
+    try:
+        await gateway.start()
+    except EngineStartError as exc:
+        print(f"voxgate: error: {exc}", file=sys.stderr, flush=True)
+        await gateway.stop()
+        return 1
+    host = gateway_config.host
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    print(f"voxgate: serving on http://{shown}:{gateway.port}/ (demo page); "
+          f"WebSocket ws://{shown}:{gateway.port}/v1/stream", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    server_task = asyncio.create_task(gateway.serve_forever())
+    await stop.wait()
+    print("voxgate: shutting down", flush=True)
+    await gateway.stop()
+    server_task.cancel()
+    return 0
+
+
+def _run(coro: object) -> int:
+    try:
+        import uvloop
+    except ImportError:  # uvloop is not available on Windows
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    return uvloop.run(coro)  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        from benchmark.bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        gateway_config, engine_config = configs_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return _run(_serve(gateway_config, engine_config, args.log_level))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""Starts, watches and restarts the engine process; moves messages to and from it.
+
+The engine runs in one child process (multiprocessing *spawn*). Start-up is a handshake: the
+child answers ``Hello`` once the model is loaded and warm, or an ``Error`` naming why it could
+not load; no answer within ``engine_start_timeout_s`` is a failure too. When the child dies,
+every stream in flight fails with a retryable ``engine_restarted`` error (``on_lost``), ``/health``
+says ``restarting``, and a new engine is started after a back-off. Too many deaths within
+``engine_restart_window_s`` leave the status ``failed``.
+
+Sending never blocks the event loop: ``send_nowait`` puts on the shared-memory queue, or, when
+it is full, keeps the message in a local backlog (order kept) that a task drains as room
+appears. Readers of client frames ``await wait_writable()`` so that a full engine queue slows
+the clients that fill it (back-pressure) instead of growing the backlog without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import multiprocessing
+import time
+from collections import deque
+from typing import Any, Callable
+
+from engine import messages as em
+from engine.config import EngineConfig
+from engine.process import engine_main
+from engine.shm_ring import QueueClosed, QueueFull, ShmQueue
+from gateway.config import GatewayConfig
+from gateway.metrics import GatewayMetrics
+
+__all__ = ["EngineSupervisor", "EngineStartError"]
+
+log = logging.getLogger("voxgate.gateway")
+
+_BACKLOG_HIGH_WATER = 4096  # messages; readers wait above this
+
+
+class EngineStartError(RuntimeError):
+    """The engine could not start (the model failed to load, or no handshake in time)."""
+
+
+class EngineSupervisor:
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        config: GatewayConfig,
+        *,
+        log_level: str,
+        on_message: Callable[[em.Message], None],
+        on_lost: Callable[[], None],
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.engine_config = engine_config
+        self.config = config
+        self.log_level = log_level
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self._metrics = metrics
+        self.status = "stopped"  # starting | ready | restarting | failed | stopped
+        self.hello: em.Hello | None = None
+        self.stats: em.Stats | None = None
+        self.last_error: str | None = None
+        self.num_restarts = 0
+        self._deaths: deque[float] = deque()
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._inbox: ShmQueue | None = None  # gateway -> engine
+        self._outbox: ShmQueue | None = None  # engine -> gateway
+        self._reader: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._backlog: deque[bytes] = deque()
+        self._flusher: asyncio.Task[None] | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._hello_waiter: asyncio.Future[em.Hello] | None = None
+        self._is_stopping = False
+
+    # --- state -----------------------------------------------------------------------------
+
+    def is_ready(self) -> bool:
+        return self.status == "ready"
+
+    def health(self) -> tuple[http.HTTPStatus, dict[str, Any]]:
+        hello = self.hello
+        body: dict[str, Any] = {
+            "status": "ok" if self.is_ready() else self.status,
+            "engine": {"status": self.status, "restarts": self.num_restarts,
+                       "pid": self._process.pid if self._process else None,
+                       "last_error": self.last_error},
+            "model": hello.model if hello else None,
+            "model_loaded": self.is_ready(),
+        }
+        if self.stats is not None:
+            body["engine"].update(streams=self.stats.num_streams,
+                                  queued_jobs=self.stats.num_queued_jobs,
+                                  running_jobs=self.stats.num_running_jobs)
+        code = http.HTTPStatus.OK if self.is_ready() else http.HTTPStatus.SERVICE_UNAVAILABLE
+        return code, body
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the engine and wait for its handshake. Raises ``EngineStartError``."""
+        self.status = "starting"
+        try:
+            await self._launch()
+        except EngineStartError as exc:
+            self.status = "failed"
+            self.last_error = str(exc)
+            raise
+
+    async def stop(self) -> None:
+        self._is_stopping = True
+        self.status = "stopped"
+        proc = self._process
+        if proc is not None and proc.is_alive() and self._inbox is not None:
+            try:
+                self._inbox.put(em.encode(em.Shutdown()), timeout_s=1.0)
+            except (QueueFull, QueueClosed):
+                pass
+            await asyncio.get_running_loop().run_in_executor(None, proc.join, 5.0)
+            if proc.is_alive():
+                proc.kill()
+        self._teardown()
+
+    async def _launch(self) -> None:
+        cfg = self.engine_config
+        self._inbox = ShmQueue.create(capacity_bytes=cfg.queue_capacity_bytes,
+                                      max_message_bytes=cfg.max_message_bytes)
+        self._outbox = ShmQueue.create(capacity_bytes=cfg.queue_capacity_bytes,
+                                       max_message_bytes=cfg.max_message_bytes)
+        ctx = multiprocessing.get_context("spawn")
+        proc = ctx.Process(target=engine_main, name="voxgate-engine", daemon=True,
+                           args=(cfg, self._inbox, self._outbox, self.log_level))
+        loop = asyncio.get_running_loop()
+        self._hello_waiter = loop.create_future()
+        proc.start()
+        self._process = proc
+        log.info("engine process %d starting (model %s)", proc.pid, cfg.model)
+        self._reader = asyncio.create_task(self._read_loop(self._outbox))
+        self._watcher = asyncio.create_task(self._watch(proc))
+        try:
+            hello = await asyncio.wait_for(asyncio.shield(self._hello_waiter),
+                                           self.config.engine_start_timeout_s)
+        except asyncio.TimeoutError:
+            proc.kill()
+            raise EngineStartError(
+                f"the engine sent no handshake within {self.config.engine_start_timeout_s:g} s "
+                "(--engine-start-timeout-s)") from None
+        self.hello = hello
+        self.status = "ready"
+        self.last_error = None
+        self._metrics.engine_up.set(1)
+        log.info("engine ready: model %s, voices %s, %d Hz", hello.model, hello.voices,
+                 hello.sample_rate)
+
+    def _teardown(self) -> None:
+        for task in (self._reader, self._watcher, self._flusher):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        self._backlog.clear()
+        self._writable.set()
+        for q in (self._inbox, self._outbox):
+            if q is not None:
+                q.close()
+        self._inbox = self._outbox = None
+        self._metrics.engine_up.set(0)
+
+    async def _watch(self, proc: multiprocessing.process.BaseProcess) -> None:
+        loop = asyncio.get_running_loop()
+        exited = loop.create_future()
+        loop.add_reader(proc.sentinel, lambda: exited.done() or exited.set_result(None))
+        try:
+            await exited
+        finally:
+            loop.remove_reader(proc.sentinel)
+        proc.join(0)
+        if self._is_stopping:
+            return
+        code = proc.exitcode
+        waiter = self._hello_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(EngineStartError(
+                self.last_error or f"the engine exited during start-up (exit code {code})"))
+            return
+        log.error("the engine process died (exit code %s); failing its streams and restarting",
+                  code)
+        self.last_error = f"engine exited with code {code}"
+        self._on_engine_death()
+
+    def _on_engine_death(self) -> None:
+        was_ready = self.status == "ready"
+        self.status = "restarting"
+        self._teardown_keep_watcher()
+        if was_ready:
+            self._on_lost()
+        now = time.monotonic()
+        self._deaths.append(now)
+        while self._deaths and now - self._deaths[0] > self.config.engine_restart_window_s:
+            self._deaths.popleft()
+        if len(self._deaths) > self.config.max_engine_restarts:
+            self.status = "failed"
+            self.last_error = (f"the engine died {len(self._deaths)} times within "
+                               f"{self.config.engine_restart_window_s:g} s; not restarting")
+            log.error(self.last_error)
+            return
+        asyncio.get_running_loop().create_task(self._restart())
+
+    def _teardown_keep_watcher(self) -> None:
+        self._watcher = None
+        self._teardown()
+
+    async def _restart(self) -> None:
+        await asyncio.sleep(self.config.engine_restart_backoff_s)
+        if self._is_stopping:
+            return
+        self.num_restarts += 1
+        self._metrics.engine_restarts.inc()
+        try:
+            await self._launch()
+        except EngineStartError as exc:
+            log.error("engine restart failed: %s", exc)
+            self.last_error = str(exc)
+            self._on_engine_death()
+
+    # --- engine -> gateway -----------------------------------------------------------------
+
+    async def _read_loop(self, outbox: ShmQueue) -> None:
+        try:
+            while True:
+                for data in await outbox.get_many_async():
+                    self._dispatch(data)
+        except QueueClosed:
+            return  # the watcher handles the death
+
+    def _dispatch(self, data: bytes) -> None:
+        try:
+            msg = em.decode(data)
+        except em.DecodeError as exc:
+            log.error("dropped a malformed engine message: %s", exc)
+            return
+        if isinstance(msg, em.Stats):
+            self.stats = msg
+            self._metrics.engine_streams.set(msg.num_streams)
+            self._metrics.queued_jobs.set(msg.num_queued_jobs)
+            self._metrics.running_jobs.set(msg.num_running_jobs)
+            return
+        if isinstance(msg, em.Hello):
+            if self._hello_waiter is not None and not self._hello_waiter.done():
+                self._hello_waiter.set_result(msg)
+            return
+        if isinstance(msg, em.Error) and msg.key is None:
+            self.last_error = f"{msg.code}: {msg.message}"
+            log.error("engine error: %s", self.last_error)
+            if self._hello_waiter is not None and not self._hello_waiter.done():
+                self._hello_waiter.set_exception(EngineStartError(
+                    f"the model failed to load: {msg.message}"))
+            return
+        try:
+            self._on_message(msg)
+        except Exception:  # one bad route must not stop the reader
+            log.exception("routing an engine message failed")
+
+    # --- gateway -> engine -----------------------------------------------------------------
+
+    def send_nowait(self, msg: em.Message) -> None:
+        """Queue a message for the engine without waiting (see the module docstring)."""
+        inbox = self._inbox
+        if inbox is None or self.status != "ready":
+            return  # streams were failed by on_lost; nothing to deliver to
+        data = em.encode(msg)
+        if not self._backlog:
+            try:
+                inbox.put_nowait(data)
+                return
+            except QueueFull:
+                pass
+            except QueueClosed:
+                return
+        self._backlog.append(data)
+        if len(self._backlog) >= _BACKLOG_HIGH_WATER:
+            self._writable.clear()
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_backlog(inbox))
+
+    async def wait_writable(self) -> None:
+        if not self._writable.is_set():
+            await self._writable.wait()
+
+    async def _flush_backlog(self, inbox: ShmQueue) -> None:
+        try:
+            while self._backlog:
+                await inbox.put_async(self._backlog[0])
+                self._backlog.popleft()
+                if len(self._backlog) < _BACKLOG_HIGH_WATER // 2:
+                    self._writable.set()
+        except (QueueClosed, QueueFull):
+            self._backlog.clear()
+        self._writable.set()

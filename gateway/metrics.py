@@ -1,0 +1,58 @@
+"""Prometheus metrics of one gateway (its own registry: no module globals)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["GatewayMetrics", "CONTENT_TYPE_LATEST"]
+
+_LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+                      1.0, 2.0, 5.0)
+
+
+class GatewayMetrics:
+    """Implements ``gateway.session.SessionMetrics`` and the gauges the server sets."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.connections = Gauge("voxgate_connections", "Open WebSocket connections", registry=r)
+        self.active_streams = Gauge("voxgate_active_streams",
+                                    "Streams started and not yet done, over all connections",
+                                    registry=r)
+        self.engine_streams = Gauge("voxgate_engine_streams", "Streams open in the engine",
+                                    registry=r)
+        self.queued_jobs = Gauge("voxgate_engine_queued_jobs",
+                                 "Segments waiting for admission in the engine (queue depth)",
+                                 registry=r)
+        self.running_jobs = Gauge("voxgate_engine_running_jobs",
+                                  "Segments being generated in the engine", registry=r)
+        self.engine_up = Gauge("voxgate_engine_up", "1 when the engine is serving", registry=r)
+        self.engine_restarts = Counter("voxgate_engine_restarts",
+                                       "Engine restarts after it died", registry=r)
+        self.ttfa = Histogram("voxgate_time_to_first_audio_seconds",
+                              "First text received to first audio sent, per stream",
+                              buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.chunk_gap = Histogram("voxgate_chunk_gap_seconds",
+                                   "Time between consecutive audio chunks of a stream",
+                                   buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.errors = Counter("voxgate_errors", "Errors sent to clients, by code", ["code"],
+                              registry=r)
+        self.streams = Counter("voxgate_streams", "Finished streams, by outcome", ["outcome"],
+                               registry=r)
+
+    # SessionMetrics
+    def observe_ttfa(self, seconds: float) -> None:
+        self.ttfa.observe(seconds)
+
+    def observe_chunk_gap(self, seconds: float) -> None:
+        self.chunk_gap.observe(seconds)
+
+    def count_error(self, code: str) -> None:
+        self.errors.labels(code=code).inc()
+
+    def count_stream(self, outcome: str) -> None:
+        self.streams.labels(outcome=outcome).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,284 @@
+"""One client connection's protocol state machine. No I/O: frames and engine messages in, actions out.
+
+The WebSocket adapter (``gateway.server``) feeds ``receive_frame`` with client frames and
+``on_engine`` with engine messages for this connection's streams, and carries out the actions
+returned: ``ToClient`` (send a map), ``ToEngine`` (put a message on the engine queue),
+``Close`` (close the connection with an RFC 6455 code).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Union
+
+import numpy as np
+
+from engine import messages as em
+from gateway import protocol as p
+from gateway.protocol import ErrorCode, ProtocolError
+
+__all__ = ["ToClient", "ToEngine", "Close", "Action", "SessionMetrics", "Session"]
+
+
+@dataclass(frozen=True)
+class ToClient:
+    msg: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToEngine:
+    msg: em.Message
+
+
+@dataclass(frozen=True)
+class Close:
+    code: int
+    reason: str
+
+
+Action = Union[ToClient, ToEngine, Close]
+
+
+class SessionMetrics(Protocol):
+    def observe_ttfa(self, seconds: float) -> None: ...
+    def observe_chunk_gap(self, seconds: float) -> None: ...
+    def count_error(self, code: str) -> None: ...
+    def count_stream(self, outcome: str) -> None: ...
+
+
+class _NoMetrics:
+    def observe_ttfa(self, seconds: float) -> None:
+        pass
+
+    def observe_chunk_gap(self, seconds: float) -> None:
+        pass
+
+    def count_error(self, code: str) -> None:
+        pass
+
+    def count_stream(self, outcome: str) -> None:
+        pass
+
+
+@dataclass
+class _Stream:
+    id: str
+    key: int
+    fmt: str
+    text: str = ""
+    is_ended: bool = False
+    seq: int = 0
+    samples: int = 0
+    last_span: tuple[int, int] | None = None
+    t_start: float = 0.0
+    t_first_text: float | None = None
+    t_first_audio: float | None = None
+    t_last_audio: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _to_format(pcm_f32: bytes, fmt: str) -> bytes:
+    if fmt == "pcm_f32le":
+        return pcm_f32
+    samples = np.frombuffer(pcm_f32, dtype="<f4")
+    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+class Session:
+    """The protocol state of one connection: its streams and their engine keys."""
+
+    def __init__(
+        self,
+        *,
+        hello: em.Hello,
+        limits: dict[str, Any],
+        allocate_key: Callable[[], int],
+        is_engine_ready: Callable[[], bool],
+        metrics: SessionMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        debug_timestamps: bool = False,
+    ) -> None:
+        self._hello = hello
+        self._limits = dict(limits)
+        self._max_streams = int(limits["max_streams_per_connection"])
+        self._max_text = int(limits["max_text_chars_per_stream"])
+        self._allocate_key = allocate_key
+        self._is_engine_ready = is_engine_ready
+        self._metrics = metrics or _NoMetrics()
+        self._clock = clock
+        self._debug_timestamps = debug_timestamps
+        self._streams: dict[str, _Stream] = {}
+        self._by_key: dict[int, _Stream] = {}
+
+    # --- connection ------------------------------------------------------------------------
+
+    def greeting(self) -> dict[str, Any]:
+        h = self._hello
+        return p.hello(model=h.model, voices=list(h.voices), sample_rate=h.sample_rate,
+                       default_voice=h.default_voice, options=h.options, limits=self._limits)
+
+    @property
+    def num_active_streams(self) -> int:
+        return len(self._streams)
+
+    def keys(self) -> list[int]:
+        return list(self._by_key)
+
+    def close(self) -> list[Action]:
+        """The connection is gone: cancel every stream in the engine."""
+        actions: list[Action] = [ToEngine(em.Cancel(s.key)) for s in self._streams.values()]
+        for _ in self._streams:
+            self._metrics.count_stream("disconnected")
+        self._streams.clear()
+        self._by_key.clear()
+        return actions
+
+    # --- client frames ---------------------------------------------------------------------
+
+    def receive_frame(self, frame: bytes | str) -> list[Action]:
+        try:
+            msg = p.parse_client_frame(frame)
+            return self._dispatch(msg)
+        except ProtocolError as exc:
+            self._metrics.count_error(exc.code.value)
+            return [ToClient(p.error(exc.code, exc.message, stream=exc.stream,
+                                     retryable=exc.retryable))]
+
+    def _dispatch(self, msg: p.ClientMessage) -> list[Action]:
+        if isinstance(msg, p.Start):
+            return self._start(msg)
+        stream = self._streams.get(msg.stream)
+        if stream is None:
+            raise ProtocolError(ErrorCode.UNKNOWN_STREAM,
+                                f"stream {msg.stream!r} is not active; send 'start' first",
+                                stream=msg.stream)
+        if isinstance(msg, p.Cancel):
+            return self._cancel(stream)
+        if stream.is_ended:
+            raise ProtocolError(ErrorCode.STREAM_ENDED,
+                                f"stream {msg.stream!r} has ended; no more text is accepted",
+                                stream=msg.stream)
+        if isinstance(msg, p.TextIn):
+            return self._text(stream, msg.text)
+        if isinstance(msg, p.Flush):
+            return [ToEngine(em.Flush(stream.key))]
+        stream.is_ended = True
+        return [ToEngine(em.End(stream.key))]
+
+    def _start(self, msg: p.Start) -> list[Action]:
+        if msg.stream in self._streams:
+            raise ProtocolError(ErrorCode.STREAM_EXISTS,
+                                f"stream {msg.stream!r} is already active", stream=msg.stream)
+        if len(self._streams) >= self._max_streams:
+            raise ProtocolError(ErrorCode.TOO_MANY_STREAMS,
+                                f"at most {self._max_streams} active streams per connection",
+                                stream=msg.stream, retryable=True)
+        if msg.voice is not None and msg.voice not in self._hello.voices:
+            raise ProtocolError(ErrorCode.UNKNOWN_VOICE,
+                                f"unknown voice {msg.voice!r}; voices: {list(self._hello.voices)}",
+                                stream=msg.stream)
+        if not self._is_engine_ready():
+            raise ProtocolError(ErrorCode.ENGINE_UNAVAILABLE,
+                                "the engine is starting or restarting; try again shortly",
+                                stream=msg.stream, retryable=True)
+        stream = _Stream(msg.stream, self._allocate_key(), msg.format, t_start=self._clock())
+        self._streams[stream.id] = stream
+        self._by_key[stream.key] = stream
+        return [ToEngine(em.Open(stream.key, msg.voice, dict(msg.options)))]
+
+    def _text(self, stream: _Stream, text: str) -> list[Action]:
+        if len(stream.text) + len(text) > self._max_text:
+            self._forget(stream)
+            self._metrics.count_error(ErrorCode.TEXT_TOO_LONG.value)
+            self._metrics.count_stream("error")
+            return [
+                ToEngine(em.Cancel(stream.key)),
+                ToClient(p.error(ErrorCode.TEXT_TOO_LONG,
+                                 f"a stream takes at most {self._max_text} characters of text; "
+                                 "the stream has ended", stream=stream.id)),
+            ]
+        if stream.t_first_text is None and text.strip():
+            stream.t_first_text = self._clock()
+        stream.text += text
+        return [ToEngine(em.Text(stream.key, text))] if text else []
+
+    def _cancel(self, stream: _Stream) -> list[Action]:
+        self._forget(stream)
+        self._metrics.count_stream("cancelled")
+        return [ToEngine(em.Cancel(stream.key)),
+                ToClient(self._done_msg(stream, "cancelled"))]
+
+    # --- engine messages -------------------------------------------------------------------
+
+    def on_engine(self, msg: em.Message) -> list[Action]:
+        stream = self._by_key.get(getattr(msg, "key", -1))
+        if stream is None:
+            return []  # cancelled or failed already: late output is dropped here
+        if isinstance(msg, em.Audio):
+            return [ToClient(self._audio_msg(stream, msg))]
+        if isinstance(msg, em.Started):
+            return [ToClient(p.ready(stream.id, sample_rate=self._hello.sample_rate,
+                                     fmt=stream.fmt, voice=msg.voice, options=msg.options))]
+        if isinstance(msg, em.Done):
+            self._forget(stream)
+            self._metrics.count_stream(msg.reason)
+            return [ToClient(self._done_msg(stream, msg.reason))]
+        if isinstance(msg, em.Error):
+            self._forget(stream)
+            self._metrics.count_error(msg.code)
+            self._metrics.count_stream("error")
+            return [ToClient(p.error(msg.code, msg.message, stream=stream.id,
+                                     retryable=msg.retryable))]
+        return []
+
+    def on_engine_lost(self) -> list[Action]:
+        """The engine died: every stream of this connection fails with a retryable error."""
+        actions: list[Action] = []
+        for stream in list(self._streams.values()):
+            self._forget(stream)
+            self._metrics.count_error(ErrorCode.ENGINE_RESTARTED.value)
+            self._metrics.count_stream("error")
+            actions.append(ToClient(p.error(
+                ErrorCode.ENGINE_RESTARTED,
+                "the engine stopped unexpectedly and is restarting; this stream's audio is lost",
+                stream=stream.id, retryable=True)))
+        return actions
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _audio_msg(self, stream: _Stream, msg: em.Audio) -> dict[str, Any]:
+        now = self._clock()
+        if stream.t_first_audio is None:
+            stream.t_first_audio = now
+            if stream.t_first_text is not None:
+                self._metrics.observe_ttfa(now - stream.t_first_text)
+        elif stream.t_last_audio is not None:
+            self._metrics.observe_chunk_gap(now - stream.t_last_audio)
+        stream.t_last_audio = now
+        pcm = _to_format(msg.pcm, stream.fmt)
+        text = None
+        if msg.span is not None and msg.span != stream.last_span:
+            stream.last_span = msg.span
+            text = stream.text[msg.span[0]:msg.span[1]]
+        out = p.audio(stream.id, seq=stream.seq, offset=stream.samples, pcm=pcm,
+                      span=msg.span, text=text)
+        if self._debug_timestamps:
+            out["engine_t"] = msg.t_emit
+        stream.seq += 1
+        stream.samples += len(msg.pcm) // 4
+        return out
+
+    def _done_msg(self, stream: _Stream, reason: str) -> dict[str, Any]:
+        now = self._clock()
+        timings: dict[str, float] = {
+            "elapsed_s": round(now - stream.t_start, 6),
+            "audio_s": round(stream.samples / self._hello.sample_rate, 6),
+        }
+        if stream.t_first_text is not None and stream.t_first_audio is not None:
+            timings["ttfa_ms"] = round((stream.t_first_audio - stream.t_first_text) * 1e3, 3)
+        return p.done(stream.id, reason=reason, samples=stream.samples, **timings)
+
+    def _forget(self, stream: _Stream) -> None:
+        self._streams.pop(stream.id, None)
+        self._by_key.pop(stream.key, None)

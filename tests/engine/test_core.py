@@ -1,0 +1,111 @@
+"""EngineCore: streams -> segments -> jobs -> ordered audio, driven in-process."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine import messages as m
+from engine.core import CoreConfig, EngineCore
+from tests.engine.fakes import FakeBackend
+
+
+def _run(core: EngineCore, max_steps: int = 100) -> list[m.Message]:
+    out: list[m.Message] = []
+    for _ in range(max_steps):
+        if not core.has_work():
+            break
+        out.extend(core.step())
+    return out
+
+
+def _core(**kw: object) -> tuple[EngineCore, FakeBackend]:
+    backend = FakeBackend(**kw)  # type: ignore[arg-type]
+    return EngineCore(backend, CoreConfig(first_segment_min_chars=5, min_segment_chars=10,
+                                          max_segment_chars=60)), backend
+
+
+def test_open_validates_voice_and_options() -> None:
+    """An unknown voice or bad option fails the open with the backend's code."""
+    core, _ = _core()
+    assert core.open(1, "zzz", {}) == [m.Error(1, "unknown_voice", "unknown voice 'zzz'; voices: a, b", False)]
+    out = core.open(2, None, {"seed": "x"})
+    assert isinstance(out[0], m.Error) and out[0].code == "invalid_option"
+    assert core.open(3, None, {}) == [m.Started(3, "a", {"seed": 0})]
+    assert isinstance(core.open(3, None, {})[0], m.Error)
+
+
+def test_text_end_produces_audio_then_done() -> None:
+    """Text and end give audio chunks with the segment span, then one Done(end)."""
+    core, backend = _core()
+    core.open(1, None, {})
+    core.add_text(1, "Hello there, my friend. How are you today?")
+    out = core.end(1) + _run(core)
+    audio = [x for x in out if isinstance(x, m.Audio)]
+    done = [x for x in out if isinstance(x, m.Done)]
+    assert audio and len(done) == 1 and out[-1] is done[0]
+    assert done[0].reason == "end"
+    assert done[0].samples == sum(len(a.pcm) // 4 for a in audio)
+    text = "Hello there, my friend. How are you today?"
+    spoken = [text[s:e] for s, e in dict.fromkeys(a.span for a in audio)]
+    assert " ".join(x.strip() for x in spoken).split() == text.split()
+    assert len(backend.added) == len(spoken)
+
+
+def test_segments_spoken_in_order_with_lookahead() -> None:
+    """With lookahead, later segments generate early but their audio waits its turn."""
+    core, backend = _core(chunks_per_job=3)
+    core.open(1, None, {})
+    core.add_text(1, "First part here. Second part here. Third part here. ")
+    core.end(1)
+    assert len(backend.order) == 2  # head + one lookahead job
+    out = _run(core)
+    spans = [a.span for a in out if isinstance(a, m.Audio)]
+    assert spans == sorted(spans)
+    assert isinstance(out[-1], m.Done)
+
+
+def test_cancel_aborts_jobs_and_stops_audio() -> None:
+    """Cancel aborts the stream's jobs at once; no audio for it follows."""
+    core, backend = _core(chunks_per_job=5)
+    core.open(1, None, {})
+    core.open(2, None, {})
+    core.add_text(1, "A long sentence for stream one. ")
+    core.add_text(2, "A long sentence for stream two. ")
+    core.step()
+    out = core.cancel(1)
+    assert out[0].reason == "cancelled"  # type: ignore[union-attr]
+    assert backend.aborted
+    rest = core.end(2) + _run(core)
+    assert all(getattr(x, "key", 2) == 2 for x in rest)
+    assert isinstance(rest[-1], m.Done) and rest[-1].key == 2
+
+
+def test_job_error_fails_only_that_stream() -> None:
+    """A model error fails its stream with an Error; the other stream finishes."""
+    core, _ = _core()
+    core.open(1, None, {})
+    core.open(2, None, {})
+    core.add_text(1, "please [[fail]] now. ")
+    core.add_text(2, "This one is fine. ")
+    out = core.end(1) + core.end(2) + _run(core)
+    errors = [x for x in out if isinstance(x, m.Error)]
+    assert [(e.key, e.code) for e in errors] == [(1, "model_error")]
+    assert [x.key for x in out if isinstance(x, m.Done)] == [2]
+
+
+def test_empty_stream_ends_with_zero_samples() -> None:
+    """End without text gives Done at once with zero samples."""
+    core, _ = _core()
+    core.open(1, None, {})
+    out = core.end(1)
+    assert len(out) == 1 and isinstance(out[0], m.Done) and out[0].samples == 0
+
+
+def test_audio_is_float32_little_endian() -> None:
+    """Audio bytes decode as float32 samples equal to what the backend produced."""
+    core, _ = _core()
+    core.open(1, None, {})
+    core.add_text(1, "Hello world. ")
+    out = core.end(1) + _run(core)
+    pcm = next(x for x in out if isinstance(x, m.Audio)).pcm
+    assert np.allclose(np.frombuffer(pcm, dtype="<f4"), 0.25)

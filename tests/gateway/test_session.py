@@ -1,0 +1,203 @@
+"""gateway.session: the per-connection protocol state machine, without sockets."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import msgpack
+import numpy as np
+import pytest
+
+from engine import messages as em
+from gateway.session import Session, ToClient, ToEngine
+
+HELLO = em.Hello("fake", ["a", "b"], "a", 24000, {})
+LIMITS = {"max_streams_per_connection": 2, "max_text_chars_per_stream": 20,
+          "max_frame_bytes": 1 << 20, "idle_timeout_s": 60}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _session(ready: bool = True) -> tuple[Session, Clock]:
+    keys = itertools.count(1)
+    clock = Clock()
+    return Session(hello=HELLO, limits=LIMITS, allocate_key=lambda: next(keys),
+                   is_engine_ready=lambda: ready, clock=clock), clock
+
+
+def _send(s: Session, **msg: object) -> list:
+    return s.receive_frame(msgpack.packb(msg))
+
+
+def _client(actions: list) -> list[dict]:
+    return [a.msg for a in actions if isinstance(a, ToClient)]
+
+
+def _engine(actions: list) -> list[em.Message]:
+    return [a.msg for a in actions if isinstance(a, ToEngine)]
+
+
+def test_greeting_has_fixed_fields() -> None:
+    """hello carries protocol 1, model, voices and sample rate."""
+    s, _ = _session()
+    g = s.greeting()
+    assert (g["type"], g["protocol"], g["model"], g["voices"], g["sample_rate"]) == (
+        "hello", 1, "fake", ["a", "b"], 24000)
+
+
+def test_start_text_end_forwarded_to_engine() -> None:
+    """start/text/flush/end become Open/Text/Flush/End for one engine key."""
+    s, _ = _session()
+    assert _engine(_send(s, type="start", stream="x", voice="b")) == [em.Open(1, "b", {})]
+    assert _engine(_send(s, type="text", stream="x", text="Hi")) == [em.Text(1, "Hi")]
+    assert _engine(_send(s, type="flush", stream="x")) == [em.Flush(1)]
+    assert _engine(_send(s, type="end", stream="x")) == [em.End(1)]
+
+
+def test_json_text_frames_accepted() -> None:
+    """A JSON text frame is parsed like msgpack."""
+    s, _ = _session()
+    actions = s.receive_frame(json.dumps({"type": "start", "stream": "j"}))
+    assert _engine(actions) == [em.Open(1, None, {})]
+
+
+@pytest.mark.parametrize("frame,code", [
+    (b"\xc1\xc1", "bad_message"),
+    ("{not json", "bad_message"),
+    (msgpack.packb([1, 2]), "bad_message"),
+    (msgpack.packb({"type": "dance", "stream": "x"}), "unknown_type"),
+    (msgpack.packb({"type": "text", "stream": "nope", "text": "hi"}), "unknown_stream"),
+    (msgpack.packb({"type": "start", "stream": "x", "voice": "zzz"}), "unknown_voice"),
+    (msgpack.packb({"type": "start", "stream": "x", "format": "mp3"}), "unsupported_format"),
+    (msgpack.packb({"type": "start", "stream": ""}), "bad_message"),
+    (msgpack.packb({"type": "text", "stream": "x"}), "bad_message"),
+])
+def test_bad_frames_get_an_error_and_nothing_reaches_the_engine(frame: bytes | str, code: str) -> None:
+    """Malformed or invalid frames are answered with an error of the right code."""
+    s, _ = _session()
+    actions = s.receive_frame(frame)
+    assert _engine(actions) == []
+    [err] = _client(actions)
+    assert err["type"] == "error" and err["code"] == code and err["retryable"] is False
+
+
+def test_unknown_voice_lists_voices() -> None:
+    """The unknown-voice message names the served voices."""
+    s, _ = _session()
+    [err] = _client(_send(s, type="start", stream="x", voice="zzz"))
+    assert "'a'" in err["message"] and "'b'" in err["message"]
+
+
+def test_too_many_streams_is_retryable() -> None:
+    """A start beyond the per-connection limit fails retryably; others are untouched."""
+    s, _ = _session()
+    _send(s, type="start", stream="1")
+    _send(s, type="start", stream="2")
+    [err] = _client(_send(s, type="start", stream="3"))
+    assert err["code"] == "too_many_streams" and err["retryable"] is True
+    assert s.num_active_streams == 2
+
+
+def test_duplicate_stream_id_rejected() -> None:
+    """start with an active id is a stream_exists error."""
+    s, _ = _session()
+    _send(s, type="start", stream="1")
+    assert _client(_send(s, type="start", stream="1"))[0]["code"] == "stream_exists"
+
+
+def test_text_too_long_ends_the_stream() -> None:
+    """Past the text limit the stream gets text_too_long and is cancelled in the engine."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    _send(s, type="text", stream="x", text="a" * 15)
+    actions = _send(s, type="text", stream="x", text="b" * 10)
+    assert _engine(actions) == [em.Cancel(1)]
+    assert _client(actions)[0]["code"] == "text_too_long"
+    assert s.num_active_streams == 0
+
+
+def test_text_after_end_rejected() -> None:
+    """text after end is a stream_ended error."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    _send(s, type="end", stream="x")
+    assert _client(_send(s, type="text", stream="x", text="more"))[0]["code"] == "stream_ended"
+
+
+def test_engine_not_ready_is_retryable() -> None:
+    """While the engine restarts, start fails with engine_unavailable (retryable)."""
+    s, _ = _session(ready=False)
+    [err] = _client(_send(s, type="start", stream="x"))
+    assert err["code"] == "engine_unavailable" and err["retryable"]
+
+
+def test_audio_converted_and_numbered() -> None:
+    """Engine float32 audio becomes s16le with seq, offset, span and the span's text."""
+    s, clock = _session()
+    _send(s, type="start", stream="x")
+    _send(s, type="text", stream="x", text="Hello world")
+    pcm = np.array([0.5, -0.5, 1.5], dtype="<f4").tobytes()
+    clock.t += 0.05
+    [a0] = _client(s.on_engine(em.Audio(1, pcm, (0, 5), 0.0)))
+    [a1] = _client(s.on_engine(em.Audio(1, pcm, (0, 5), 0.0)))
+    assert np.frombuffer(a0["pcm"], "<i2").tolist() == [16383, -16383, 32767]
+    assert (a0["seq"], a0["offset"], a0["span"], a0["text"]) == (0, 0, [0, 5], "Hello")
+    assert (a1["seq"], a1["offset"], "text" in a1) == (1, 3, False)
+    [done] = _client(s.on_engine(em.Done(1, "end", 6, {})))
+    assert done["reason"] == "end" and done["samples"] == 6
+    assert done["ttfa_ms"] == pytest.approx(50.0)
+
+
+def test_f32_format_passes_through() -> None:
+    """pcm_f32le streams get the engine's float32 bytes unchanged."""
+    s, _ = _session()
+    _send(s, type="start", stream="x", format="pcm_f32le")
+    pcm = np.array([0.1, 0.2], dtype="<f4").tobytes()
+    assert _client(s.on_engine(em.Audio(1, pcm, None, 0.0)))[0]["pcm"] == pcm
+
+
+def test_cancel_sends_done_at_once_and_drops_late_audio() -> None:
+    """cancel answers done(cancelled) immediately; later engine audio for it is dropped."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    _send(s, type="start", stream="y")
+    actions = _send(s, type="cancel", stream="x")
+    assert _engine(actions) == [em.Cancel(1)]
+    assert _client(actions)[0]["reason"] == "cancelled"
+    assert s.on_engine(em.Audio(1, b"\0\0\0\0", None, 0.0)) == []
+    assert _client(s.on_engine(em.Audio(2, b"\0\0\0\0", None, 0.0)))[0]["stream"] == "y"
+
+
+def test_engine_error_ends_only_that_stream() -> None:
+    """An engine Error for one key becomes an error for that stream only."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    _send(s, type="start", stream="y")
+    [err] = _client(s.on_engine(em.Error(1, "invalid_option", "top_p must be in (0, 1]", False)))
+    assert (err["stream"], err["code"]) == ("x", "invalid_option")
+    assert s.num_active_streams == 1
+
+
+def test_engine_lost_fails_all_streams_retryably() -> None:
+    """When the engine dies every active stream gets engine_restarted (retryable)."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    _send(s, type="start", stream="y")
+    errs = _client(s.on_engine_lost())
+    assert sorted(e["stream"] for e in errs) == ["x", "y"]
+    assert all(e["code"] == "engine_restarted" and e["retryable"] for e in errs)
+    assert s.num_active_streams == 0
+
+
+def test_close_cancels_everything_in_the_engine() -> None:
+    """A closed connection cancels its streams in the engine."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    assert _engine(s.close()) == [em.Cancel(1)]
