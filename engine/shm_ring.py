@@ -104,7 +104,8 @@ class ShmQueue:
     """A bounded SPSC queue of byte messages in shared memory, usable across spawned processes.
 
     One process puts, one process gets (at most one producer handle and one consumer handle
-    at a time). Messages keep their order; each is delivered exactly once. The queue pickles
+    at a time; a handle takes its side on first use, so a side can be handed to another
+    process only once its previous holder has stopped using it). Messages keep their order; each is delivered exactly once. The queue pickles
     for ``multiprocessing`` (spawn): the child re-attaches the memory by name and receives
     duplicates of the doorbell file descriptors.
 
@@ -193,9 +194,9 @@ class ShmQueue:
         if num_bytes > self.max_message_bytes:
             raise ValueError(f"message of {num_bytes} bytes exceeds max_message_bytes={self.max_message_bytes}")
         size = (num_bytes + 15) & ~7
-        w = self._write_idx
         if not self._is_producer:
             self._become(_OFF_PRODUCER_PID)
+        w = self._write_idx
         buf = self._buf
         try:
             if self.capacity_bytes - (w - self._read_idx) < size:
@@ -405,13 +406,20 @@ class ShmQueue:
             self._async_waiters.discard(role)
 
     def _become(self, pid_off: int) -> None:
-        """Record this process as the producer or consumer (first use), so the peer can watch it."""
+        """Take the producer or consumer side on first use; record our pid so the peer can watch it."""
         if self._is_closed:
             raise QueueClosed("this ShmQueue handle is closed")
         _U32.pack_into(self._buf, pid_off, os.getpid())
+        # A new peer (e.g. a restarted engine) re-opens an end that a previous one closed.
+        # Take over the side's index as the previous holder left it (it may have been another
+        # process, e.g. the child we were pickled to).
         if pid_off == _OFF_PRODUCER_PID:
+            _U32.pack_into(self._buf, _OFF_PRODUCER_CLOSED, 0)
+            self._write_idx = _U64.unpack_from(self._buf, _OFF_WRITE)[0]
             self._is_producer = True
         else:
+            _U32.pack_into(self._buf, _OFF_CONSUMER_CLOSED, 0)
+            self._read_idx = _U64.unpack_from(self._buf, _OFF_READ)[0]
             self._is_consumer = True
 
     def _peer_pidfd(self, peer_pid_off: int) -> int | None:
@@ -450,6 +458,21 @@ class ShmQueue:
     def qsize_bytes(self) -> int:
         """Bytes committed and not yet consumed, record headers included (a snapshot)."""
         return _U64.unpack_from(self._buf, _OFF_WRITE)[0] - _U64.unpack_from(self._buf, _OFF_READ)[0]
+
+    def forget_peer(self) -> None:
+        """Forget a peer that died or closed, so that waits sleep again instead of raising.
+
+        Call after :class:`PeerDead` / :class:`QueueClosed` and before starting a replacement
+        peer on the same queue; the replacement registers itself on its first put/get.
+        """
+        for pid_off, closed_off, is_mine in (
+            (_OFF_PRODUCER_PID, _OFF_PRODUCER_CLOSED, self._is_producer),
+            (_OFF_CONSUMER_PID, _OFF_CONSUMER_CLOSED, self._is_consumer),
+        ):
+            if not is_mine:
+                _U32.pack_into(self._buf, pid_off, 0)
+                _U32.pack_into(self._buf, closed_off, 0)
+        self._close_pidfd()
 
     def close(self) -> None:
         """Detach this handle; tell the peer we are gone; the creator also unlinks. Idempotent."""
