@@ -1,0 +1,248 @@
+"""Pure functions from stream traces to the benchmark's figures.
+
+Definitions (docs/benchmark.md states them for readers):
+- TTFA: first audio chunk's receipt minus the first text's departure (``ttfa``), and minus the
+  end of input's departure (``ttfa_end_input``; negative when audio started before the input
+  ended, as it should with streamed text).
+- Chunk gaps: differences between consecutive chunk receipt times of a stream.
+- Real-time factor: (last chunk receipt - first text) / seconds of audio. Below 1 is faster
+  than real time.
+- The player: starts when ``start_buffer_s`` of audio is buffered (or the stream finished with
+  less), then plays at real time. When the buffer runs dry before the stream has finished it
+  counts an underrun, stalls, and restarts once ``start_buffer_s`` is buffered again (or the
+  stream finished). A stream is *on time* when it finished normally and never underran.
+- Throughput: seconds of audio received / wall seconds of the level.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Sequence
+
+from benchmark.bench.trace import StreamTrace
+
+__all__ = [
+    "PlayerResult",
+    "StreamMetrics",
+    "LevelSummary",
+    "percentile",
+    "distribution",
+    "simulate_player",
+    "stream_metrics",
+    "summarize_level",
+    "meets_target",
+    "capacity",
+    "added_latencies",
+]
+
+# A chunk arriving this much after the buffer ran dry is not an underrun: float noise only.
+_EPS_S = 1e-6
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100) with linear interpolation between order statistics
+    (numpy's default method). ``None`` for no values."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be in [0, 100], got {q}")
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def distribution(values: Sequence[float], *, scale: float = 1.0) -> dict[str, float | None]:
+    """count, mean, p50, p90, p99 and max of ``values`` times ``scale`` (e.g. 1e3 for ms)."""
+    vals = [v * scale for v in values]
+    return {
+        "count": len(vals),
+        "mean": sum(vals) / len(vals) if vals else None,
+        "p50": percentile(vals, 50),
+        "p90": percentile(vals, 90),
+        "p99": percentile(vals, 99),
+        "max": max(vals) if vals else None,
+    }
+
+
+@dataclass(frozen=True)
+class PlayerResult:
+    underruns: int
+    stalled_s: float  # time spent stalled after playback first started
+    t_play_start: float | None  # when playback first started (None: it never did)
+
+
+def simulate_player(chunk_t: Sequence[float], chunk_s: Sequence[float], *, start_buffer_s: float,
+                    is_complete: bool) -> PlayerResult:
+    """Play chunks (receipt times ``chunk_t``, durations ``chunk_s``) through a jitter buffer.
+
+    ``is_complete``: the last chunk is the stream's last, so playback may start (or resume)
+    with less than ``start_buffer_s`` buffered once it arrives.
+    """
+    if start_buffer_s < 0:
+        raise ValueError(f"start_buffer_s must be >= 0, got {start_buffer_s}")
+    if len(chunk_t) != len(chunk_s):
+        raise ValueError("chunk_t and chunk_s differ in length")
+    buffered = 0.0  # seconds of audio received and not yet played
+    is_playing = False
+    clock = 0.0  # time up to which playback has been accounted for
+    underruns = 0
+    stalled_s = 0.0
+    stall_since: float | None = None
+    t_play_start: float | None = None
+    last = len(chunk_t) - 1
+    for i, (t, dur) in enumerate(zip(chunk_t, chunk_s)):
+        if is_playing:
+            elapsed = t - clock
+            if elapsed > buffered + _EPS_S:
+                underruns += 1
+                stall_since = clock + buffered
+                buffered = 0.0
+                is_playing = False
+            else:
+                buffered = max(0.0, buffered - elapsed)
+            clock = t
+        buffered += dur
+        if not is_playing and (buffered >= start_buffer_s - _EPS_S or (is_complete and i == last)):
+            is_playing = True
+            clock = t
+            if t_play_start is None:
+                t_play_start = t
+            if stall_since is not None:
+                stalled_s += t - stall_since
+                stall_since = None
+    return PlayerResult(underruns=underruns, stalled_s=stalled_s, t_play_start=t_play_start)
+
+
+@dataclass(frozen=True)
+class StreamMetrics:
+    stream_id: str
+    prompt_index: int
+    is_ok: bool
+    is_on_time: bool
+    error_code: str | None
+    ttfa_s: float | None
+    ttfa_end_input_s: float | None
+    audio_s: float
+    num_chunks: int
+    gaps_s: tuple[float, ...]
+    rtf: float | None
+    underruns: int
+    stalled_s: float
+    startup_s: float | None  # first text -> playback start (TTFA plus the start-up buffer)
+
+
+def stream_metrics(trace: StreamTrace, *, start_buffer_s: float = 0.1) -> StreamMetrics:
+    sr = trace.sample_rate
+    if trace.chunk_t and not sr:
+        raise ValueError(f"stream {trace.stream_id}: audio chunks but no sample_rate")
+    chunk_s = [n / sr for n in trace.chunk_samples] if sr else []
+    audio_s = sum(chunk_s)
+    first = trace.chunk_t[0] if trace.chunk_t else None
+    ttfa = first - trace.t_first_text if first is not None and trace.t_first_text is not None else None
+    ttfa_end = first - trace.t_end_input if first is not None and trace.t_end_input is not None else None
+    gaps = tuple(b - a for a, b in zip(trace.chunk_t, trace.chunk_t[1:]))
+    rtf = None
+    if audio_s > 0 and trace.t_first_text is not None:
+        rtf = (trace.chunk_t[-1] - trace.t_first_text) / audio_s
+    player = simulate_player(trace.chunk_t, chunk_s, start_buffer_s=start_buffer_s,
+                             is_complete=trace.is_ok)
+    startup = None
+    if player.t_play_start is not None and trace.t_first_text is not None:
+        startup = player.t_play_start - trace.t_first_text
+    is_ok = trace.is_ok and bool(trace.chunk_t)
+    return StreamMetrics(
+        stream_id=trace.stream_id, prompt_index=trace.prompt_index, is_ok=is_ok,
+        is_on_time=is_ok and player.underruns == 0,
+        error_code=trace.error_code or (None if is_ok else "no_audio"),
+        ttfa_s=ttfa, ttfa_end_input_s=ttfa_end, audio_s=audio_s, num_chunks=len(trace.chunk_t),
+        gaps_s=gaps, rtf=rtf, underruns=player.underruns, stalled_s=player.stalled_s,
+        startup_s=startup)
+
+
+@dataclass
+class LevelSummary:
+    """Aggregated figures of one load level. Times in ms unless the name says otherwise."""
+
+    level: float
+    mode: str  # "concurrency" or "rate"
+    num_streams: int
+    num_ok: int
+    num_failed: int
+    errors_by_code: dict[str, int]
+    ttfa_ms: dict[str, float | None]
+    ttfa_end_input_ms: dict[str, float | None]
+    startup_ms: dict[str, float | None]
+    gap_ms: dict[str, float | None]
+    rtf: dict[str, float | None]
+    on_time_fraction: float
+    num_with_underruns: int
+    underruns_total: int
+    stalled_s_total: float
+    audio_s_total: float
+    wall_s: float
+    throughput_audio_s_per_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize_level(metrics: Sequence[StreamMetrics], *, level: float, mode: str,
+                    wall_s: float) -> LevelSummary:
+    """Aggregate a level's per-stream metrics. Failed streams count as not on time."""
+    n = len(metrics)
+    errors = Counter(m.error_code for m in metrics if not m.is_ok)
+    audio_s = sum(m.audio_s for m in metrics)
+    gaps = [g for m in metrics for g in m.gaps_s]
+    return LevelSummary(
+        level=level, mode=mode, num_streams=n, num_ok=sum(m.is_ok for m in metrics),
+        num_failed=sum(not m.is_ok for m in metrics),
+        errors_by_code=dict(sorted(errors.items(), key=lambda kv: str(kv[0]))),
+        ttfa_ms=distribution(_present(m.ttfa_s for m in metrics), scale=1e3),
+        ttfa_end_input_ms=distribution(_present(m.ttfa_end_input_s for m in metrics), scale=1e3),
+        startup_ms=distribution(_present(m.startup_s for m in metrics), scale=1e3),
+        gap_ms=distribution(gaps, scale=1e3),
+        rtf=distribution(_present(m.rtf for m in metrics)),
+        on_time_fraction=sum(m.is_on_time for m in metrics) / n if n else 0.0,
+        num_with_underruns=sum(m.underruns > 0 for m in metrics),
+        underruns_total=sum(m.underruns for m in metrics),
+        stalled_s_total=sum(m.stalled_s for m in metrics),
+        audio_s_total=audio_s, wall_s=wall_s,
+        throughput_audio_s_per_s=audio_s / wall_s if wall_s > 0 else 0.0,
+    )
+
+
+def _present(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None]
+
+
+def meets_target(summary: LevelSummary, *, ttfa_p90_max_ms: float = 300.0,
+                 min_on_time: float = 0.99) -> bool:
+    """TTFA p90 within the bound and enough streams on time (a level with no audio fails)."""
+    p90 = summary.ttfa_ms.get("p90")
+    return (summary.num_streams > 0 and p90 is not None and p90 <= ttfa_p90_max_ms
+            and summary.on_time_fraction >= min_on_time)
+
+
+def capacity(results: Iterable[tuple[float, bool]]) -> float | None:
+    """The highest level such that it and every lower level tested passed; ``None`` if the
+    lowest failed. A pass above a failure is noise, not capacity, so it does not count."""
+    best = None
+    for level, passed in sorted(results):
+        if not passed:
+            break
+        best = level
+    return best
+
+
+def added_latencies(traces: Iterable[StreamTrace]) -> list[float]:
+    """Per chunk: client receipt minus the engine's emit time (seconds), where stamped."""
+    out: list[float] = []
+    for tr in traces:
+        if len(tr.chunk_engine_t) == len(tr.chunk_t):
+            out.extend(r - e for r, e in zip(tr.chunk_t, tr.chunk_engine_t))
+    return out

@@ -1,0 +1,212 @@
+"""The benchmark's outputs: a terminal table, a JSON file with every figure, PNG plots."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from benchmark.bench.metrics import simulate_player
+
+if TYPE_CHECKING:
+    from benchmark.bench.runner import BenchResult, LevelRun
+
+__all__ = ["format_summary", "to_json", "write_json", "write_plots"]
+
+
+def _f(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_summary(result: BenchResult) -> str:
+    cfg = result.config
+    head = (f"{'load':>8} {'streams':>7} {'failed':>6} {'TTFA p50':>8} {'p90':>6} {'p99':>6} "
+            f"{'end-in p50':>10} {'gap p99':>7} {'RTF p50':>7} {'on time':>7} {'underruns':>9} "
+            f"{'stall s':>7} {'audio s/s':>9} {'pass':>4}")
+    lines = [f"voxgate bench: target {cfg.target} {cfg.url}  model "
+             f"{result.target_info.get('model', '?')}  mode {cfg.mode}  "
+             f"text {'at ' + format(cfg.token_rate, 'g') + ' words/s' if cfg.token_rate else 'at once'}"
+             f"  start buffer {cfg.start_buffer_ms:g} ms  seed {cfg.seed}",
+             "times in ms; TTFA from the first text, end-in from the end of input", head,
+             "-" * len(head)]
+    for run in result.levels:
+        s = run.summary
+        lines.append(
+            f"{s.level:>8g} {s.num_streams:>7} {s.num_failed:>6} {_f(s.ttfa_ms['p50']):>8} "
+            f"{_f(s.ttfa_ms['p90']):>6} {_f(s.ttfa_ms['p99']):>6} "
+            f"{_f(s.ttfa_end_input_ms['p50']):>10} {_f(s.gap_ms['p99']):>7} "
+            f"{_f(s.rtf['p50'], 3):>7} {100 * s.on_time_fraction:>6.1f}% "
+            f"{s.underruns_total:>9} {s.stalled_s_total:>7.2f} "
+            f"{s.throughput_audio_s_per_s:>9.2f} {'yes' if run.passed else 'no':>4}")
+    for run in result.levels:
+        if run.summary.errors_by_code:
+            errs = ", ".join(f"{k}: {v}" for k, v in run.summary.errors_by_code.items())
+            lines.append(f"errors at {run.summary.level:g}: {errs}")
+    crit = f"TTFA p90 <= {cfg.ttfa_p90_max_ms:g} ms and >= {100 * cfg.min_on_time:g}% on time"
+    unit = "concurrent streams" if cfg.mode == "concurrency" else "streams/s"
+    cap = "none of the levels" if result.capacity is None else f"{result.capacity:g} {unit}"
+    lines.append(f"capacity ({crit}): {cap}")
+    if result.asr is not None:
+        lines.append(f"ASR: {result.asr['streams']} streams, word error rate mean "
+                     f"{_f(result.asr['wer_mean'], 3)}, word-weighted "
+                     f"{_f(result.asr['wer_word_weighted'], 3)}")
+    return "\n".join(lines)
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _level_json(run: LevelRun) -> dict[str, Any]:
+    streams = []
+    for m, tr in zip(run.metrics, run.traces):
+        row = dataclasses.asdict(m)
+        row.update(text_words=len(tr.text.split()), error_message=tr.error_message,
+                   done_reason=tr.done_reason, server_timings=tr.server_timings,
+                   t_start=tr.t_start, t_first_text=tr.t_first_text, t_end_input=tr.t_end_input,
+                   t_done=tr.t_done, chunk_t=tr.chunk_t, chunk_samples=tr.chunk_samples)
+        streams.append(row)
+    return {**run.summary.to_dict(), "passed": run.passed, "streams": streams}
+
+
+def to_json(result: BenchResult) -> dict[str, Any]:
+    cfg = dataclasses.asdict(result.config)
+    return {
+        "tool": "voxgate bench",
+        "commit": _git_commit(),
+        "machine": {"node": platform.node(), "platform": platform.platform(),
+                    "python": platform.python_version(), "cpus": os.cpu_count()},
+        "started_unix_s": result.started_unix_s,
+        "elapsed_s": result.elapsed_s,
+        "config": cfg,
+        "target": result.target_info,
+        "prompts": result.prompts,
+        "capacity": result.capacity,
+        "capacity_criterion": {"ttfa_p90_max_ms": result.config.ttfa_p90_max_ms,
+                               "min_on_time": result.config.min_on_time},
+        "search_tried": result.search_tried,
+        "asr": result.asr,
+        "levels": [_level_json(r) for r in result.levels],
+    }
+
+
+def write_json(result: BenchResult, path: str | os.PathLike[str]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(to_json(result), f, indent=1, default=str)
+
+
+def write_plots(result: BenchResult, out_dir: str | os.PathLike[str]) -> list[Path]:
+    """ttfa.png (percentiles vs load), viability.png (on time and throughput vs load),
+    timeline.png (a few streams of the highest load level)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = result.config
+    xlabel = "concurrent streams" if cfg.mode == "concurrency" else "arrival rate (streams/s)"
+    levels = [r.summary.level for r in result.levels]
+    written: list[Path] = []
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, style in (("p50", "o-"), ("p90", "s-"), ("p99", "^-")):
+        ax.plot(levels, [r.summary.ttfa_ms[key] for r in result.levels], style, label=f"TTFA {key}")
+    ax.plot(levels, [r.summary.ttfa_end_input_ms["p50"] for r in result.levels], "x--",
+            label="from end of input, p50")
+    ax.axhline(cfg.ttfa_p90_max_ms, color="grey", ls=":", label=f"{cfg.ttfa_p90_max_ms:g} ms bound")
+    ax.set(xlabel=xlabel, ylabel="time to first audio (ms)", title="Time to first audio vs load")
+    _log_x(ax, levels)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    written.append(_save(fig, out / "ttfa.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(levels, [100 * r.summary.on_time_fraction for r in result.levels], "o-",
+            color="tab:green", label="streams on time (%)")
+    ax.axhline(100 * cfg.min_on_time, color="grey", ls=":")
+    ax.set(xlabel=xlabel, ylabel="on time (%)", ylim=(0, 105),
+           title=f"Streaming viability (start buffer {cfg.start_buffer_ms:g} ms)")
+    _log_x(ax, levels)
+    ax2 = ax.twinx()
+    ax2.plot(levels, [r.summary.throughput_audio_s_per_s for r in result.levels], "s--",
+             color="tab:blue", label="throughput (audio s / s)")
+    ax2.set_ylabel("audio seconds per wall second")
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="lower left")
+    ax.grid(alpha=0.3)
+    written.append(_save(fig, out / "viability.png"))
+
+    if result.levels and cfg.timeline_streams:
+        written.append(_timeline(plt, result.levels[-1], cfg, out / "timeline.png"))
+    return written
+
+
+def _log_x(ax: Any, levels: list[float]) -> None:
+    if len(levels) > 1 and min(levels) > 0 and max(levels) / min(levels) >= 8:
+        ax.set_xscale("log", base=2)
+
+
+def _timeline(plt: Any, run: LevelRun, cfg: Any, path: Path) -> Path:
+    """Per stream: input being sent (grey), chunk arrivals (ticks), playback (green) and
+    stalls (red) of the simulated player; times relative to the stream's first text."""
+    traces = [t for t in run.traces if t.t_first_text is not None][: cfg.timeline_streams]
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(traces) + 1.5))
+    for y, tr in enumerate(traces):
+        t0 = tr.t_first_text
+        ax.broken_barh([(0, (tr.t_end_input or t0) - t0 or 0.005)], (y - 0.4, 0.15),
+                       color="grey")
+        ticks = [t - t0 for t in tr.chunk_t]
+        ax.vlines(ticks, y - 0.2, y + 0.2, color="tab:blue", lw=0.8)
+        if tr.sample_rate and tr.chunk_t:
+            spans, stalls = _playback(tr, cfg.start_buffer_ms / 1e3)
+            ax.broken_barh([(a - t0, b - a) for a, b in spans], (y + 0.25, 0.15), color="tab:green")
+            ax.broken_barh([(a - t0, b - a) for a, b in stalls], (y + 0.25, 0.15), color="tab:red")
+        if tr.error_code:
+            ax.text((tr.t_done or t0) - t0, y, f" {tr.error_code}", color="tab:red", va="center")
+    ax.set_yticks(range(len(traces)), [t.stream_id for t in traces])
+    ax.set(xlabel="seconds since first text",
+           title=f"{len(traces)} streams at {run.summary.level:g} ({run.summary.mode}): input "
+                 f"(grey), chunks (blue), playback (green), stalls (red)")
+    ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+def _playback(tr: Any, start_buffer_s: float) -> tuple[list[tuple[float, float]],
+                                                        list[tuple[float, float]]]:
+    """Playing and stalled intervals of the simulated player (replayed chunk by chunk)."""
+    spans: list[tuple[float, float]] = []
+    stalls: list[tuple[float, float]] = []
+    durations = [n / tr.sample_rate for n in tr.chunk_samples]
+    prev = simulate_player([], [], start_buffer_s=start_buffer_s, is_complete=False)
+    for k in range(1, len(tr.chunk_t) + 1):
+        cur = simulate_player(tr.chunk_t[:k], durations[:k], start_buffer_s=start_buffer_s,
+                              is_complete=tr.is_ok and k == len(tr.chunk_t))
+        if cur.stalled_s > prev.stalled_s:
+            stalls.append((tr.chunk_t[k - 1] - (cur.stalled_s - prev.stalled_s), tr.chunk_t[k - 1]))
+        prev = cur
+    if prev.t_play_start is not None:
+        end = prev.t_play_start + sum(durations) + prev.stalled_s
+        spans.append((prev.t_play_start, end))
+    return spans, stalls
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

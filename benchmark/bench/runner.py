@@ -1,0 +1,189 @@
+"""Runs a ``BenchConfig``: warm-up, the levels (a sweep or a capacity search), scoring, ASR,
+then the report. Server failures are counted per stream; only an unreachable target (or a bad
+prompt file) ends the run early, with exit status 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmark.bench.config import BenchConfig
+from benchmark.bench.load import CapacitySearch, LevelPlan, Target, run_level
+from benchmark.bench.metrics import (
+    LevelSummary,
+    StreamMetrics,
+    capacity,
+    meets_target,
+    stream_metrics,
+    summarize_level,
+)
+from benchmark.bench.prompts import filter_prompts, length_summary, load_prompts
+from benchmark.bench.targets import make_target
+from benchmark.bench.trace import StreamTrace
+
+__all__ = ["LevelRun", "BenchResult", "run", "run_async"]
+
+
+@dataclass
+class LevelRun:
+    summary: LevelSummary
+    passed: bool
+    metrics: list[StreamMetrics]
+    traces: list[StreamTrace]
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    target_info: dict[str, Any]
+    prompts: dict[str, Any]
+    levels: list[LevelRun] = field(default_factory=list)
+    capacity: float | None = None
+    search_tried: list[tuple[int, bool]] = field(default_factory=list)
+    asr: dict[str, Any] | None = None
+    started_unix_s: float = 0.0
+    elapsed_s: float = 0.0
+
+
+def _make_target(config: BenchConfig) -> Target:
+    return make_target(config.target, config.url, voice=config.voice, fmt=config.format,
+                       options=config.options, streams_per_connection=config.streams_per_connection,
+                       keep_pcm=config.asr, model=config.http_model,
+                       response_format=config.http_response_format,
+                       sample_rate=config.http_sample_rate, extra=config.http_extra)
+
+
+def _plan(config: BenchConfig, prompts: list[str], level: float, **overrides: Any) -> LevelPlan:
+    kwargs: dict[str, Any] = dict(
+        mode=config.mode, level=level, seed=config.seed, prompts=tuple(prompts),
+        num_requests=config.requests_for(level), duration_s=config.duration_s,
+        token_rate=config.token_rate, timeout_s=config.timeout_s, ramp_s=config.ramp_s,
+        arrival_shape=config.arrival_shape, stream_prefix=f"L{level:g}-")
+    kwargs.update(overrides)
+    return LevelPlan(**kwargs)
+
+
+async def _run_one_level(target: Target, config: BenchConfig, plan: LevelPlan) -> LevelRun:
+    bar = None
+    if config.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=plan.num_requests, desc=f"{plan.mode} {plan.level:g}", unit="stream",
+                   file=sys.stderr, leave=False)
+    failed = 0
+
+    def on_done(trace: StreamTrace) -> None:
+        nonlocal failed
+        failed += not trace.is_ok
+        if bar is not None:
+            bar.update(1)
+            if failed:
+                bar.set_postfix(failed=failed, refresh=False)
+
+    try:
+        traces, wall_s = await run_level(target, plan, on_done)
+    finally:
+        if bar is not None:
+            bar.close()
+    start_buffer_s = config.start_buffer_ms / 1e3
+    metrics = [stream_metrics(t, start_buffer_s=start_buffer_s) for t in traces]
+    summary = summarize_level(metrics, level=plan.level, mode=plan.mode, wall_s=wall_s)
+    offsets = sum(t.offset_mismatches for t in traces)
+    if offsets:
+        summary.extra["offset_mismatches"] = offsets
+    passed = meets_target(summary, ttfa_p90_max_ms=config.ttfa_p90_max_ms,
+                          min_on_time=config.min_on_time)
+    return LevelRun(summary=summary, passed=passed, metrics=metrics, traces=traces)
+
+
+async def run_async(config: BenchConfig) -> BenchResult:
+    """Run the benchmark; raises ``ConnectionError`` if the target cannot be reached."""
+    prompts = filter_prompts(load_prompts(config.prompts_path), min_words=config.min_words,
+                             max_words=config.max_words)
+    target = _make_target(config)
+    result = BenchResult(config=config, target_info={}, prompts=length_summary(prompts),
+                         started_unix_s=time.time())
+    t0 = time.monotonic()
+    try:
+        await target.open()
+    except Exception as exc:
+        raise ConnectionError(f"cannot reach {config.target} target at {config.url}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    try:
+        result.target_info = dict(target.info)
+        if config.warmup:
+            await run_level(target, _plan(config, prompts, 1, mode="concurrency",
+                                          num_requests=config.warmup, duration_s=None,
+                                          stream_prefix="warmup-"))
+        if config.search:
+            search = CapacitySearch(start=config.search_start, max_level=config.search_max)
+            while (level := search.next_level()) is not None:
+                run = await _run_one_level(target, config, _plan(config, prompts, level))
+                search.record(level, run.passed)
+                result.levels.append(run)
+            result.search_tried = list(search.tried)
+            result.levels.sort(key=lambda r: r.summary.level)
+        else:
+            for level in (config.concurrency or config.rate):
+                result.levels.append(
+                    await _run_one_level(target, config, _plan(config, prompts, level)))
+    finally:
+        await target.close()
+    result.capacity = capacity((r.summary.level, r.passed) for r in result.levels)
+    if config.asr:
+        result.asr = await asyncio.get_running_loop().run_in_executor(
+            None, _score_asr, result.levels, config.asr_max_streams)
+    result.elapsed_s = time.monotonic() - t0
+    return result
+
+
+def _score_asr(levels: list[LevelRun], max_streams: int) -> dict[str, Any]:
+    """Word error rate of up to ``max_streams`` finished streams, spread over the levels."""
+    from benchmark import asr  # lazily: pocketsphinx loads a model
+    from benchmark.bench.pcm import pcm_to_float
+
+    per_level = max(1, math.ceil(max_streams / max(1, len(levels))))
+    rows: list[dict[str, Any]] = []
+    for run in levels:
+        picked = [t for t in run.traces if t.is_ok and t.pcm and t.sample_rate][:per_level]
+        for tr in picked[: max_streams - len(rows)]:
+            fmt = "pcm_f32le" if tr.bytes_per_sample == 4 else "pcm_s16le"
+            hyp = asr.transcribe(pcm_to_float(bytes(tr.pcm or b""), fmt), tr.sample_rate)
+            wer = asr.word_error_rate(tr.text, hyp)
+            rows.append({"level": run.summary.level, "stream": tr.stream_id, "wer": wer,
+                         "ref_words": len(tr.text.split()), "hypothesis": hyp})
+    words = sum(r["ref_words"] for r in rows)
+    return {"streams": len(rows),
+            "wer_mean": sum(r["wer"] for r in rows) / len(rows) if rows else None,
+            "wer_word_weighted": (sum(r["wer"] * r["ref_words"] for r in rows) / words
+                                  if words else None),
+            "per_stream": rows}
+
+
+def run(config: BenchConfig) -> int:
+    """Run and report. Exit status: 0 ran (whatever the server did), 1 target unreachable."""
+    from benchmark.bench import report
+
+    try:
+        try:
+            import uvloop
+
+            result = uvloop.run(run_async(config))
+        except ImportError:
+            result = asyncio.run(run_async(config))
+    except ConnectionError as exc:
+        print(f"voxgate bench: {exc}", file=sys.stderr)
+        return 1
+    print(report.format_summary(result))
+    if config.json_path:
+        report.write_json(result, config.json_path)
+        print(f"wrote {config.json_path}")
+    if config.plots_dir:
+        for path in report.write_plots(result, config.plots_dir):
+            print(f"wrote {path}")
+    return 0

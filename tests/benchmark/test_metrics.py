@@ -1,0 +1,185 @@
+"""The benchmark's metrics on synthetic traces with answers worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmark.bench.metrics import (
+    added_latencies,
+    capacity,
+    distribution,
+    meets_target,
+    percentile,
+    simulate_player,
+    stream_metrics,
+    summarize_level,
+)
+from benchmark.bench.trace import StreamTrace
+
+SR = 1000  # 1 sample = 1 ms keeps the arithmetic readable
+
+
+def make_trace(chunk_t: list[float], chunk_ms: list[int] | int = 100, *, t_first_text: float = 0.0,
+               t_end_input: float | None = None, ok: bool = True, sid: str = "s") -> StreamTrace:
+    if isinstance(chunk_ms, int):
+        chunk_ms = [chunk_ms] * len(chunk_t)
+    tr = StreamTrace(stream_id=sid, prompt_index=0, text="hello world", sample_rate=SR,
+                     t_first_text=t_first_text,
+                     t_end_input=t_first_text if t_end_input is None else t_end_input)
+    for t, n in zip(chunk_t, chunk_ms):
+        tr.add_chunk(t, n)
+    if ok:
+        tr.done_reason = "end"
+        tr.t_done = chunk_t[-1] if chunk_t else t_first_text
+    else:
+        tr.fail("engine_restarted", "boom", chunk_t[-1] if chunk_t else t_first_text)
+    return tr
+
+
+def test_percentile_matches_numpy_linear_interpolation() -> None:
+    """percentile() agrees with numpy's default (linear) method, including the ends."""
+    rng = np.random.default_rng(3)
+    xs = rng.exponential(size=101).tolist()
+    for q in (0, 1, 50, 90, 99, 100):
+        assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+
+
+def test_percentile_known_values_and_empty() -> None:
+    """p50 of 1..4 is 2.5, p90 of 1..11 is 10; no values gives None; q out of range raises."""
+    assert percentile([4, 1, 3, 2], 50) == 2.5
+    assert percentile(list(range(1, 12)), 90) == 10
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_distribution_scales_to_ms() -> None:
+    """distribution() reports count/mean/p50/max in the scaled unit."""
+    d = distribution([0.1, 0.2, 0.3], scale=1e3)
+    assert d["count"] == 3
+    assert d["mean"] == pytest.approx(200)
+    assert d["p50"] == pytest.approx(200)
+    assert d["max"] == pytest.approx(300)
+
+
+def test_player_on_time_when_chunks_arrive_ahead_of_playback() -> None:
+    """Chunks of 100 ms every 50 ms never starve the player."""
+    r = simulate_player([0.05 * i for i in range(10)], [0.1] * 10, start_buffer_s=0.1,
+                        is_complete=True)
+    assert (r.underruns, r.stalled_s, r.t_play_start) == (0, 0.0, 0.0)
+
+
+def test_player_exactly_real_time_is_not_an_underrun() -> None:
+    """100 ms chunks arriving every 100 ms exactly keep a 100 ms buffer just fed."""
+    r = simulate_player([0.1 * i for i in range(20)], [0.1] * 20, start_buffer_s=0.1,
+                        is_complete=True)
+    assert r.underruns == 0
+
+
+def test_player_counts_one_underrun_and_its_stall() -> None:
+    """A 300 ms hole after 200 ms of audio: one underrun, stalled until the buffer refills."""
+    # Chunks at 0, 0.1 (100 ms each): plays 0..0.2. Next chunk at 0.5: dry from 0.2 to 0.5.
+    r = simulate_player([0.0, 0.1, 0.5, 0.6], [0.1] * 4, start_buffer_s=0.1, is_complete=True)
+    assert r.underruns == 1
+    assert r.stalled_s == pytest.approx(0.3)
+
+
+def test_player_waits_for_start_buffer_before_playing() -> None:
+    """With a 250 ms buffer and 100 ms chunks, playback starts at the third chunk."""
+    r = simulate_player([0.0, 0.1, 0.2, 0.3], [0.1] * 4, start_buffer_s=0.25, is_complete=True)
+    assert r.t_play_start == pytest.approx(0.2)
+    assert r.underruns == 0
+
+
+def test_player_starts_short_complete_stream_at_its_last_chunk() -> None:
+    """A finished stream shorter than the buffer still plays (from its last chunk)."""
+    r = simulate_player([0.0, 0.01], [0.02, 0.02], start_buffer_s=0.1, is_complete=True)
+    assert r.t_play_start == pytest.approx(0.01)
+    incomplete = simulate_player([0.0, 0.01], [0.02, 0.02], start_buffer_s=0.1,
+                                 is_complete=False)
+    assert incomplete.t_play_start is None
+
+
+def test_player_rebuffers_after_underrun() -> None:
+    """After an underrun the player waits for a full start buffer again, counting the wait."""
+    # 100 ms at 0 (play 0..0.1); dry at 0.1; 50 ms chunks at 0.3 and 0.4 -> resumes at 0.4.
+    r = simulate_player([0.0, 0.3, 0.4], [0.1, 0.05, 0.05], start_buffer_s=0.1, is_complete=True)
+    assert r.underruns == 1
+    assert r.stalled_s == pytest.approx(0.3)
+
+
+def test_stream_metrics_ttfa_gaps_rtf() -> None:
+    """TTFA from first text and end of input, gaps and RTF of a hand-made trace."""
+    tr = make_trace([0.25, 0.35, 0.45, 0.55], t_first_text=0.05, t_end_input=0.15)
+    m = stream_metrics(tr, start_buffer_s=0.1)
+    assert m.ttfa_s == pytest.approx(0.2)
+    assert m.ttfa_end_input_s == pytest.approx(0.1)
+    assert m.gaps_s == pytest.approx((0.1, 0.1, 0.1))
+    assert m.audio_s == pytest.approx(0.4)
+    assert m.rtf == pytest.approx((0.55 - 0.05) / 0.4)
+    assert m.startup_s == pytest.approx(0.2)
+    assert m.is_ok and m.is_on_time
+
+
+def test_failed_stream_is_never_on_time() -> None:
+    """A stream that ends in an error counts as failed even though it never underran."""
+    m = stream_metrics(make_trace([0.1, 0.15], ok=False), start_buffer_s=0.1)
+    assert not m.is_ok and not m.is_on_time
+    assert m.error_code == "engine_restarted"
+
+
+def test_stream_without_audio_is_failed_no_audio() -> None:
+    """A stream that finished without a single chunk is reported as no_audio."""
+    m = stream_metrics(make_trace([]), start_buffer_s=0.1)
+    assert not m.is_ok and m.error_code == "no_audio" and m.ttfa_s is None
+
+
+def test_summarize_level_aggregates() -> None:
+    """On-time fraction, errors by code, throughput and pooled gaps over a level."""
+    good = [make_trace([0.1 + 0.1 * i for i in range(10)], sid=f"g{i}") for i in range(3)]
+    late = make_trace([0.1, 0.2, 0.9, 1.0], sid="late")  # underruns once
+    bad = make_trace([0.1], ok=False, sid="bad")
+    ms = [stream_metrics(t, start_buffer_s=0.1) for t in [*good, late, bad]]
+    s = summarize_level(ms, level=4, mode="concurrency", wall_s=2.0)
+    assert s.num_streams == 5 and s.num_ok == 4 and s.num_failed == 1
+    assert s.errors_by_code == {"engine_restarted": 1}
+    assert s.on_time_fraction == pytest.approx(3 / 5)
+    assert s.num_with_underruns == 1 and s.underruns_total == 1
+    assert s.stalled_s_total == pytest.approx(0.6)  # dry from 0.3 until 0.9
+    assert s.audio_s_total == pytest.approx(3 * 1.0 + 0.4 + 0.1)
+    assert s.throughput_audio_s_per_s == pytest.approx(3.5 / 2.0)
+    assert s.ttfa_ms["p50"] == pytest.approx(100)
+    assert s.gap_ms["max"] == pytest.approx(700)
+
+
+def test_meets_target_thresholds() -> None:
+    """A level passes only with TTFA p90 within the bound and >= 99% of streams on time."""
+    fast = [make_trace([0.05 + 0.1 * i for i in range(5)], sid=str(i)) for i in range(100)]
+    ms = [stream_metrics(t) for t in fast]
+    s = summarize_level(ms, level=1, mode="concurrency", wall_s=1.0)
+    assert meets_target(s)
+    assert not meets_target(s, ttfa_p90_max_ms=40)
+    one_late = [*ms[:99], stream_metrics(make_trace([0.05, 0.9], sid="x"))]
+    s2 = summarize_level(one_late, level=1, mode="concurrency", wall_s=1.0)
+    assert s2.on_time_fraction == pytest.approx(0.99)
+    assert meets_target(s2)
+    two_late = [*ms[:98], *[stream_metrics(make_trace([0.05, 0.9], sid=f"y{i}"))
+                            for i in range(2)]]
+    assert not meets_target(summarize_level(two_late, level=1, mode="concurrency", wall_s=1.0))
+
+
+def test_capacity_is_highest_level_below_first_failure() -> None:
+    """Capacity ignores a pass above a failure and is None when the lowest level fails."""
+    assert capacity([(1, True), (8, True), (32, True), (64, False)]) == 32
+    assert capacity([(64, False), (1, True), (32, True)]) == 32
+    assert capacity([(1, True), (8, False), (16, True)]) == 1
+    assert capacity([(1, False), (2, True)]) is None
+    assert capacity([]) is None
+
+
+def test_added_latencies_use_engine_timestamps() -> None:
+    """Per-chunk added latency is receipt minus engine emit time; unstamped traces are skipped."""
+    tr = make_trace([1.0, 1.1])
+    tr.chunk_engine_t = [0.999, 1.098]
+    assert added_latencies([tr, make_trace([2.0])]) == pytest.approx([0.001, 0.002])
