@@ -1,0 +1,88 @@
+"""Scheduler: admission, bounded waiting queue, decode-first chunked prefill, abort."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.llm.page_allocator import PageAllocator
+from engine.llm.scheduler import RequestError, Scheduler, SchedulerConfig
+from engine.llm.sequence import SamplingParams, Sequence, SequenceStatus
+
+
+def _seq(i: int, n: int, max_tokens: int = 8) -> Sequence:
+    return Sequence(i, list(range(1, n + 1)), SamplingParams(max_tokens=max_tokens))
+
+
+def _sched(num_pages=16, page_size=4, **kw) -> Scheduler:
+    cfg = dict(max_num_seqs=4, max_num_batched_tokens=8, max_model_len=64, max_waiting=2)
+    cfg.update(kw)
+    return Scheduler(SchedulerConfig(**cfg), PageAllocator(num_pages, page_size))
+
+
+def _run_step(s: Scheduler, token: int = 7):
+    batch = s.schedule()
+    s.update(batch, [token] * batch.num_seqs)
+    return batch
+
+
+def test_admission_reserves_prompt_plus_max_tokens():
+    """A running sequence holds pages for prompt + max_tokens; jobs beyond fit wait, then refuse."""
+    s = _sched(num_pages=8, page_size=4, max_model_len=32)  # 32 tokens of cache
+    s.add(_seq(0, 10, max_tokens=6))  # 16 tokens -> 4 pages
+    s.add(_seq(1, 8, max_tokens=8))  # 4 pages
+    assert [q.seq_id for q in s.running] == [0, 1] and s.allocator.num_free_pages == 0
+    s.add(_seq(2, 4))
+    s.add(_seq(3, 4))
+    assert s.num_waiting == 2
+    with pytest.raises(RequestError) as e:
+        s.add(_seq(4, 4))
+    assert e.value.error.code == "capacity" and e.value.error.retryable
+
+
+def test_abort_frees_pages_of_running_and_queued_jobs():
+    """Aborting frees a running job's pages (admitting the next) and drops a queued one."""
+    s = _sched(num_pages=4, page_size=4, max_model_len=16)
+    s.add(_seq(0, 8, max_tokens=8))
+    s.add(_seq(1, 8, max_tokens=8))
+    s.add(_seq(2, 8, max_tokens=8))
+    assert s.num_running == 1 and s.num_waiting == 2
+    assert s.abort(2).status == SequenceStatus.FINISHED
+    s.abort(0)
+    s.schedule()
+    assert [q.seq_id for q in s.running] == [1] and s.num_waiting == 0
+    s.abort(1)
+    assert s.allocator.num_free_pages == 4 and s.abort(1) is None
+
+
+def test_decodes_go_first_and_prefill_is_chunked_within_budget():
+    """Decodes are never skipped; a long prompt is prefilled in chunks of the leftover budget."""
+    s = _sched(num_pages=64, max_num_batched_tokens=8)
+    s.add(_seq(0, 3))
+    _run_step(s)  # seq 0 prefilled and sampled
+    s.add(_seq(1, 20))
+    chunks = []
+    while s.running[1].is_prefill:
+        batch = _run_step(s)
+        assert batch.seqs[0].seq_id == 0 and batch.num_new_tokens[0] == 1 and batch.num_decode_seqs == 1
+        assert batch.num_tokens <= 8
+        chunks.append(batch.num_new_tokens[1])
+    assert chunks == [7, 7, 6] and s.running[1].num_output_tokens == 1
+
+
+def test_prompt_too_long_is_refused_and_max_tokens_capped():
+    """prompt >= max_model_len is refused (not retryable); prompt + max_tokens is capped."""
+    s = _sched(max_model_len=32)
+    with pytest.raises(RequestError) as e:
+        s.add(_seq(0, 32))
+    assert e.value.error.code == "too_long" and not e.value.error.retryable
+    seq = _seq(1, 20, max_tokens=100)
+    s.add(seq)
+    assert seq.params.max_tokens == 12
+
+
+def test_config_validation():
+    """Impossible settings are ValueErrors."""
+    with pytest.raises(ValueError):
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4)
+    with pytest.raises(ValueError):
+        Scheduler(SchedulerConfig(max_model_len=4096), PageAllocator(10, 16))
