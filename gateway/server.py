@@ -40,6 +40,7 @@ log = logging.getLogger("voxgate.gateway")
 
 WEB_DEMO_DIR = Path(__file__).resolve().parent.parent / "web_demo"
 _STREAM_PATH = "/v1/stream"
+_CLOSE_GRACE_S = 10.0  # a closing client that does not read is then cut off
 
 
 class _Connection:
@@ -51,7 +52,8 @@ class _Connection:
         self.session = session
         self.encoding = encoding
         self.max_outbox_bytes = max_outbox_bytes
-        self.outbox: deque[bytes | str] = deque()
+        # (stream id for audio frames else None, encoded frame)
+        self.outbox: deque[tuple[str | None, bytes | str]] = deque()
         self.outbox_bytes = 0
         self.wakeup = asyncio.Event()
         self.is_closing = False
@@ -62,8 +64,11 @@ class _Connection:
     def push(self, msg: dict[str, Any]) -> None:
         if self.is_closing:
             return
+        stream = msg.get("stream")
+        if msg.get("type") == "done" and msg.get("reason") == "cancelled":
+            self._drop_audio(stream)  # barge-in: audio not yet written is never sent
         data = p.encode_server_message(msg, self.encoding)
-        self.outbox.append(data)
+        self.outbox.append((stream if msg.get("type") == "audio" else None, data))
         self.outbox_bytes += len(data)
         if self.outbox_bytes > self.max_outbox_bytes:
             self.outbox.clear()
@@ -71,6 +76,11 @@ class _Connection:
             self.request_close(1008, "slow consumer: the client is not reading its audio")
             return
         self.wakeup.set()
+
+    def _drop_audio(self, stream: str | None) -> None:
+        kept = deque(item for item in self.outbox if item[0] != stream or stream is None)
+        self.outbox_bytes = sum(len(data) for _, data in kept)
+        self.outbox = kept
 
     def request_close(self, code: int, reason: str) -> None:
         if not self.is_closing:
@@ -158,7 +168,17 @@ class Gateway:
                 self.engine.send_nowait(action.msg)
             elif isinstance(action, Close):
                 conn.request_close(action.code, action.reason)
+        if conn.is_closing and conn.session.num_active_streams:
+            self._on_closing(conn)
         self._update_stream_gauge()
+
+    def _on_closing(self, conn: _Connection) -> None:
+        """A connection being closed (slow consumer, idle) stops its streams in the engine now,
+        and a client that does not read its close frame is cut off after a grace period."""
+        for key in conn.session.keys():
+            self._by_key.pop(key, None)
+        self._apply(conn, conn.session.close())
+        asyncio.get_running_loop().call_later(_CLOSE_GRACE_S, conn.ws.transport.abort)
 
     def _update_stream_gauge(self) -> None:
         self.metrics.active_streams.set(sum(c.session.num_active_streams
@@ -212,7 +232,7 @@ class Gateway:
         try:
             while True:
                 while conn.outbox:
-                    data = conn.outbox.popleft()
+                    _, data = conn.outbox.popleft()
                     conn.outbox_bytes -= len(data)
                     await ws.send(data)
                 if conn.is_closing:
@@ -232,11 +252,7 @@ class Gateway:
             elif time.monotonic() - conn.last_activity >= timeout:
                 conn.push(p.error(p.ErrorCode.IDLE_TIMEOUT,
                                   f"no message for {timeout:g} s; closing", retryable=True))
-                conn.request_close(1001, "idle timeout")
-                try:
-                    await conn.ws.close(1001, "idle timeout")
-                except ConnectionClosed:
-                    pass
+                conn.request_close(1001, "idle timeout")  # the writer sends the error first
 
     # --- HTTP ------------------------------------------------------------------------------
 

@@ -1,0 +1,248 @@
+"""The real ``voxgate serve`` (synthetic engine) on port 0: HTTP routes, streams, limits, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import urllib.error
+import urllib.request
+from typing import Any
+
+import msgpack
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from gateway.client import VoxgateClient
+from tests.conftest import VoxgateServer
+
+pytestmark = pytest.mark.slow
+
+TEXT = "Hello there, this is a test of the gateway. It speaks word by word, as text arrives."
+
+
+def _get(server: VoxgateServer, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(server.base_url.rstrip("/") + path, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.fixture(scope="module")
+def synth(request: pytest.FixtureRequest) -> Any:
+    from tests.conftest import start_server
+
+    server = start_server("--model", "synthetic", "--max-streams-per-connection", "4",
+                          "--max-text-chars-per-stream", "2000")
+    yield server
+    server.stop()
+
+
+async def _speak(client: VoxgateClient, text: str, **kw: Any) -> Any:
+    stream = await client.start(**kw)
+    for word in text.split(" "):
+        await stream.send_text(word + " ")
+    await stream.end()
+    return stream
+
+
+def test_http_routes(synth: VoxgateServer) -> None:
+    """/health, /v1/voices, /metrics and / answer as documented; unknown paths 404."""
+    status, body = _get(synth, "/health")
+    health = json.loads(body)
+    assert status == 200 and health["status"] == "ok" and health["model_loaded"] is True
+    status, body = _get(synth, "/v1/voices")
+    voices = json.loads(body)
+    assert status == 200 and voices["model"] == "synthetic" and voices["sample_rate"] == 24000
+    status, body = _get(synth, "/metrics")
+    assert status == 200
+    for name in (b"voxgate_connections", b"voxgate_active_streams",
+                 b"voxgate_time_to_first_audio_seconds", b"voxgate_chunk_gap_seconds",
+                 b"voxgate_engine_queued_jobs"):
+        assert name in body
+    status, body = _get(synth, "/")
+    assert status == 200 and b"<html" in body.lower()
+    assert _get(synth, "/nope/../../etc/passwd")[0] == 404
+
+
+def test_two_streams_word_by_word_and_cancel(synth: VoxgateServer) -> None:
+    """Two concurrent streams finish; a third cancelled mid-way gets at most one chunk after cancel."""
+
+    async def main() -> None:
+        async with VoxgateClient.connect(synth.ws_url) as client:
+            a = await _speak(client, TEXT)
+            b = await _speak(client, TEXT, format="pcm_f32le")
+            c = await _speak(client, TEXT)
+            after_cancel = 0
+            cancelled = False
+            async for msg in c.messages():
+                if msg["type"] == "audio":
+                    if cancelled:
+                        after_cancel += 1
+                    elif msg["seq"] == 1:
+                        await c.cancel()
+                        cancelled = True
+            audio_a, audio_b = await a.collect(), await b.collect()
+            assert c.done is not None and c.done["reason"] == "cancelled"
+            assert after_cancel <= 1
+            assert a.done["reason"] == "end" and b.done["reason"] == "end"
+            assert len(audio_a) == a.done["samples"] == len(audio_b) > 24000
+            assert a.done["ttfa_ms"] > 0
+
+    asyncio.run(main())
+
+
+def test_json_encoding_connection(synth: VoxgateServer) -> None:
+    """With ?encoding=json the server answers JSON text frames with base64 audio."""
+
+    async def main() -> None:
+        async with connect(synth.ws_url + "?encoding=json") as ws:
+            hello = json.loads(await ws.recv())
+            assert hello["type"] == "hello"
+            await ws.send(json.dumps({"type": "start", "stream": "j"}))
+            await ws.send(json.dumps({"type": "text", "stream": "j", "text": "Hi there."}))
+            await ws.send(json.dumps({"type": "end", "stream": "j"}))
+            kinds = []
+            while not kinds or kinds[-1] != "done":
+                frame = await ws.recv()
+                assert isinstance(frame, str)
+                kinds.append(json.loads(frame)["type"])
+            assert kinds[0] == "ready" and "audio" in kinds
+
+    asyncio.run(main())
+
+
+def test_bad_input_is_answered_and_the_connection_keeps_serving(synth: VoxgateServer) -> None:
+    """Malformed frames, unknown types, text before start, bad voice/option get errors; then a stream works."""
+
+    async def main() -> None:
+        async with VoxgateClient.connect(synth.ws_url) as client:
+            await client.send_raw(b"\xc1\xc1\xc1")
+            await client.send_raw("{oops")
+            await client.send({"type": "sing", "stream": "x"})
+            await client.send({"type": "text", "stream": "never", "text": "hi"})
+            bad_voice = await client.start(voice="nobody")
+            bad_opt = await client.start(options={"speed": 9.0})
+            good = await _speak(client, "Still here.")
+            audio = await good.collect()
+            assert len(audio) > 0
+            async for _ in bad_opt.messages():
+                pass
+            codes = [e["code"] for e in client.errors]
+            assert codes[:4] == ["bad_message", "bad_message", "unknown_type", "unknown_stream"]
+            assert bad_voice.error["code"] == "unknown_voice"
+            assert bad_opt.error["code"] == "invalid_option" and "speed" in bad_opt.error["message"]
+
+    asyncio.run(main())
+
+
+def test_too_many_streams_and_too_much_text(synth: VoxgateServer) -> None:
+    """The fifth stream on a connection and text past the limit are refused; others go on."""
+
+    async def main() -> None:
+        async with VoxgateClient.connect(synth.ws_url) as client:
+            streams = [await client.start() for _ in range(4)]
+            extra = await client.start()
+            async for _ in extra.messages():
+                pass
+            assert extra.error["code"] == "too_many_streams" and extra.error["retryable"]
+            await streams[0].send_text("x" * 2001)
+            async for _ in streams[0].messages():
+                pass
+            assert streams[0].error["code"] == "text_too_long"
+            await streams[1].send_text("Fine. ")
+            await streams[1].end()
+            assert len(await streams[1].collect()) > 0
+
+    asyncio.run(main())
+
+
+def test_oversized_frame_closes_with_1009(synth: VoxgateServer) -> None:
+    """A frame over max_frame_bytes closes that connection with 1009; others are unaffected."""
+
+    async def main() -> None:
+        async with VoxgateClient.connect(synth.ws_url) as other:
+            async with connect(synth.ws_url, max_size=None) as ws:
+                await ws.recv()
+                await ws.send(msgpack.packb({"type": "text", "stream": "x",
+                                             "text": "a" * (2 << 20)}))
+                with pytest.raises(ConnectionClosed) as info:
+                    while True:
+                        await ws.recv()
+                assert info.value.rcvd is not None and info.value.rcvd.code == 1009
+            stream = await _speak(other, "Still fine.")
+            assert len(await stream.collect()) > 0
+
+    asyncio.run(main())
+
+
+def test_idle_connection_is_closed(server_factory: Any) -> None:
+    """A connection with no frames and no streams is closed with 1001 after idle_timeout_s."""
+    server = server_factory("--model", "synthetic", "--idle-timeout-s", "0.5")
+
+    async def main() -> None:
+        async with connect(server.ws_url) as ws:
+            frames = []
+            with pytest.raises(ConnectionClosed) as info:
+                while True:
+                    frames.append(await asyncio.wait_for(ws.recv(), 10))
+            assert info.value.rcvd is not None and info.value.rcvd.code == 1001
+            assert msgpack.unpackb(frames[-1])["code"] == "idle_timeout"
+
+    asyncio.run(main())
+
+
+def test_slow_reader_is_closed_and_others_keep_streaming(server_factory: Any) -> None:
+    """A client that stops reading is closed with 1008 once its outbox passes the limit."""
+    server = server_factory("--model", "synthetic", "--synthetic-fast",
+                            "--max-outbox-bytes", "200000")
+
+    async def main() -> None:
+        async with connect(server.ws_url, max_queue=1) as slow:
+            await slow.recv()
+            await slow.send(msgpack.packb({"type": "start", "stream": "s"}))
+            await slow.send(msgpack.packb({"type": "text", "stream": "s", "text": "word " * 8000}))
+            await slow.send(msgpack.packb({"type": "end", "stream": "s"}))
+            async with VoxgateClient.connect(server.ws_url) as other:
+                stream = await _speak(other, TEXT)
+                audio = await asyncio.wait_for(stream.collect(), 30)
+                assert stream.done["reason"] == "end" and len(audio) > 0
+            with pytest.raises(ConnectionClosed) as info:
+                while True:
+                    await asyncio.wait_for(slow.recv(), 60)
+            assert info.value.rcvd is not None and info.value.rcvd.code == 1008
+
+    asyncio.run(main())
+
+
+def test_engine_death_fails_streams_and_restarts(server_factory: Any) -> None:
+    """Killing the engine fails the live stream (retryable), /health says so, then it serves again."""
+    server = server_factory("--model", "synthetic")
+
+    async def main() -> None:
+        async with VoxgateClient.connect(server.ws_url) as client:
+            stream = await client.start()
+            await stream.send_text("A sentence that takes a while to speak at real time. ")
+            async for msg in stream.messages():
+                if msg["type"] == "audio":
+                    break
+            pid = json.loads(_get(server, "/health")[1])["engine"]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            async for _ in stream.messages():
+                pass
+            assert stream.error["code"] == "engine_restarted" and stream.error["retryable"]
+            for _ in range(200):
+                status, body = _get(server, "/health")
+                if status == 200:
+                    break
+                assert json.loads(body)["status"] in ("restarting", "starting")
+                await asyncio.sleep(0.1)  # polling a status endpoint, not synchronising
+            health = json.loads(_get(server, "/health")[1])
+            assert health["status"] == "ok" and health["engine"]["restarts"] == 1
+            again = await _speak(client, "Back again.")
+            assert len(await again.collect()) > 0
+
+    asyncio.run(main())
