@@ -1,0 +1,278 @@
+// Turns on one connection: start/text/end/cancel out, ready/audio/done/error in.
+//
+// Several turns may be open at once (type the next sentence while the last one still speaks);
+// their audio plays one after another: only the oldest unfinished turn (the head) feeds the
+// player, later turns keep their chunks until the turns before them are done.
+
+export class Turn {
+  constructor(id, kind) {
+    this.id = id;
+    this.kind = kind; // "type" | "llm"
+    this.text = "";
+    this.sends = []; // [{t, chars}] each text message sent
+    this.tStart = performance.now();
+    this.tFirstText = null;
+    this.tFirstAudio = null;
+    this.chunks = []; // [{t, samples, offset, span, queueStart, forwarded}]
+    this.pcm = []; // Float32Array per chunk, at sampleRate
+    this.samples = 0;
+    this.sampleRate = 0;
+    this.status = "open"; // open | ended | done | cancelled | failed
+    this.serverTtfaMs = null;
+    this.error = null;
+    this.cutAt = null; // Stop pressed while this turn was heard: code points spoken by then
+    this.tCut = null;
+  }
+
+  get ttfaMs() {
+    return this.tFirstAudio === null || this.tFirstText === null ? null : this.tFirstAudio - this.tFirstText;
+  }
+
+  get isFinished() {
+    return this.status === "done" || this.status === "cancelled" || this.status === "failed";
+  }
+
+  get audioSeconds() {
+    return this.sampleRate ? this.samples / this.sampleRate : 0;
+  }
+}
+
+export class Session {
+  /** hooks: onchange(), onerror(message, code, turn) */
+  constructor(connection, player, hooks) {
+    this.conn = connection;
+    this.player = player;
+    this.hooks = hooks;
+    this.voice = null;
+    this.format = "pcm_s16le";
+    this.nextId = 1;
+    this.turns = new Map(); // id -> Turn, until done/error
+    this.queue = []; // unfinished turns in order; queue[0] feeds the player
+    this.playlist = []; // [{start, end, turn, span}] queue ranges handed to the player
+    this.history = []; // finished or open turns, newest last (for display and download)
+    this.totals = { samplesReceived: 0, chunks: 0, bytes: 0 };
+    this.bufferTrace = []; // [{t, ms, state}] for the timeline
+  }
+
+  get current() {
+    return this.history.length ? this.history[this.history.length - 1] : null;
+  }
+
+  get openTurn() {
+    const t = this.current;
+    return t && t.status === "open" ? t : null;
+  }
+
+  startTurn(kind) {
+    const turn = new Turn(`turn-${this.nextId++}`, kind);
+    const msg = { type: "start", stream: turn.id, format: this.format };
+    if (this.voice) msg.voice = this.voice;
+    if (!this.conn.send(msg)) {
+      this.hooks.onerror("Not connected to the server yet. Wait a moment and try again.", "not_connected", null);
+      return null;
+    }
+    this.turns.set(turn.id, turn);
+    this.queue.push(turn);
+    this.history.push(turn);
+    if (this.history.length > 20) this.history.shift();
+    this.syncPlayer();
+    this.hooks.onchange();
+    return turn;
+  }
+
+  sendText(turn, text) {
+    if (!text || turn.status !== "open") return;
+    const t = performance.now();
+    if (turn.tFirstText === null) turn.tFirstText = t;
+    turn.text += text;
+    turn.sends.push({ t, chars: text.length });
+    this.conn.send({ type: "text", stream: turn.id, text });
+    this.hooks.onchange();
+  }
+
+  endTurn(turn) {
+    if (turn.status !== "open") return;
+    turn.status = "ended";
+    this.conn.send({ type: "end", stream: turn.id });
+    this.syncPlayer();
+    this.hooks.onchange();
+  }
+
+  /** Barge-in: cancel every unfinished turn and silence the player at once. */
+  cancelAll() {
+    const np = this.nowPlaying(this.player.stats.consumed);
+    if (np && !np.finished) {
+      np.turn.cutAt = np.span ? np.span[0] : 0;
+      np.turn.tCut = performance.now();
+    }
+    for (const turn of this.queue) {
+      if (!turn.isFinished) {
+        this.conn.send({ type: "cancel", stream: turn.id });
+        turn.status = "cancelled";
+      }
+    }
+    this.queue = [];
+    this.playlist = [];
+    this.player.clear();
+    this.syncPlayer();
+    this.hooks.onchange();
+  }
+
+  /** The connection dropped: every unfinished turn is lost. */
+  connectionLost() {
+    let lost = 0;
+    for (const turn of this.queue) {
+      if (!turn.isFinished) {
+        turn.status = "failed";
+        turn.error = "connection lost";
+        lost += 1;
+      }
+    }
+    this.turns.clear();
+    this.queue = [];
+    this.syncPlayer();
+    if (lost) this.hooks.onchange();
+  }
+
+  handle(msg) {
+    const turn = msg.stream != null ? this.turns.get(String(msg.stream)) : undefined;
+    switch (msg.type) {
+      case "ready":
+        if (turn) turn.sampleRate = msg.sample_rate;
+        break;
+      case "audio":
+        if (turn && !turn.isFinished) this.onAudio(turn, msg);
+        break;
+      case "done":
+        if (turn) this.onDone(turn, msg);
+        break;
+      case "error":
+        this.onError(turn, msg);
+        break;
+      default:
+        break; // unknown types are ignored, as the protocol asks
+    }
+  }
+
+  onAudio(turn, msg) {
+    const samples = toFloat32(msg.pcm, this.format);
+    const now = performance.now();
+    if (turn.tFirstAudio === null) turn.tFirstAudio = now;
+    if (!turn.sampleRate) turn.sampleRate = this.player.streamRate;
+    const chunk = {
+      t: now, samples: samples.length, offset: msg.offset, seq: msg.seq,
+      span: Array.isArray(msg.span) ? msg.span : null, queueStart: -1, forwarded: false,
+    };
+    turn.chunks.push(chunk);
+    turn.pcm.push(samples);
+    turn.samples += samples.length;
+    this.totals.samplesReceived += samples.length;
+    this.totals.chunks += 1;
+    this.totals.bytes += msg.pcm.length;
+    if (this.queue[0] === turn) this.forward(turn, chunk, samples);
+    this.hooks.onchange();
+  }
+
+  forward(turn, chunk, samples) {
+    const start = this.player.push(samples.slice()); // the copy is transferred to the worklet
+    chunk.queueStart = start;
+    chunk.forwarded = true;
+    this.playlist.push({ start, end: this.player.pushed, turn, span: chunk.span });
+  }
+
+  onDone(turn, msg) {
+    this.turns.delete(turn.id);
+    if (turn.status !== "cancelled") turn.status = msg.reason === "cancelled" ? "cancelled" : "done";
+    if (typeof msg.ttfa_ms === "number") turn.serverTtfaMs = msg.ttfa_ms;
+    this.finish(turn);
+  }
+
+  onError(turn, msg) {
+    if (turn && !turn.isFinished && !isNonTerminal(msg.code)) {
+      this.turns.delete(turn.id);
+      turn.status = "failed";
+      turn.error = msg.code;
+      this.finish(turn);
+    }
+    this.hooks.onerror(friendlyError(msg), msg.code, turn || null);
+  }
+
+  finish(turn) {
+    const idx = this.queue.indexOf(turn);
+    if (idx >= 0) this.queue.splice(idx, 1);
+    if (idx === 0) this.promoteHead();
+    this.syncPlayer();
+    this.hooks.onchange();
+  }
+
+  promoteHead() {
+    const head = this.queue[0];
+    if (!head) return;
+    head.chunks.forEach((chunk, i) => {
+      if (!chunk.forwarded) this.forward(head, chunk, head.pcm[i]);
+    });
+  }
+
+  syncPlayer() {
+    const head = this.queue[0];
+    this.player.final(!head);
+    this.player.expect(Boolean(head) && head.status === "ended");
+  }
+
+  /** Which turn and span the listener hears now, from the worklet's consumed count. */
+  nowPlaying(consumed) {
+    while (this.playlist.length > 1 && this.playlist[0].end <= consumed) this.playlist.shift();
+    const entry = this.playlist[0];
+    if (!entry || consumed < entry.start) return null;
+    if (consumed >= entry.end) return { turn: entry.turn, span: null, finished: true };
+    return { turn: entry.turn, span: entry.span, finished: false };
+  }
+
+  recordBuffer(stats, rate) {
+    const t = performance.now();
+    this.bufferTrace.push({ t, ms: rate ? (stats.buffered / rate) * 1000 : 0, state: stats.state, underruns: stats.underruns });
+    while (this.bufferTrace.length && this.bufferTrace[0].t < t - 120_000) this.bufferTrace.shift();
+  }
+}
+
+function isNonTerminal(code) {
+  return ["bad_message", "unknown_type", "stream_exists", "invalid_option"].includes(code);
+}
+
+function toFloat32(pcm, format) {
+  const bytes = pcm instanceof Uint8Array ? pcm : new Uint8Array(pcm);
+  const aligned = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength
+    ? bytes : bytes.slice();
+  if (format === "pcm_f32le") {
+    return new Float32Array(aligned.buffer, 0, aligned.byteLength >> 2);
+  }
+  const ints = new Int16Array(aligned.buffer, 0, aligned.byteLength >> 1);
+  const out = new Float32Array(ints.length);
+  for (let i = 0; i < ints.length; i++) out[i] = ints[i] / 32768;
+  return out;
+}
+
+const FRIENDLY = {
+  engine_restarted: "The speech engine restarted in the middle of this turn, so its audio was lost. Try again in a moment.",
+  engine_unavailable: "The speech engine is starting up. Try again in a few seconds.",
+  capacity: "The server is busy right now. Try again shortly.",
+  unknown_voice: "That voice isn't available on this server. Pick another one from the list.",
+  invalid_option: "One of the settings is out of range.",
+  unsupported_format: "The server doesn't support that audio format.",
+  text_too_long: "That's more text than one turn may hold. Press Stop and start a new turn.",
+  too_many_streams: "Too many turns are open at once. Wait for one to finish, or press Stop.",
+  model_error: "The voice model couldn't speak that text.",
+  stream_ended: "That turn has already ended; start typing to begin a new one.",
+  unknown_stream: "The server no longer knows that turn (it may have ended already).",
+  slow_consumer: "This page fell behind reading audio, so the server closed the connection.",
+  idle_timeout: "The connection was idle for a long time, so the server closed it.",
+  frame_too_large: "A message was too large for the server.",
+  internal: "The server hit an internal error.",
+};
+
+export function friendlyError(msg) {
+  const plain = FRIENDLY[msg.code];
+  const detail = typeof msg.message === "string" && msg.message ? msg.message : "";
+  if (!plain) return detail || `The server reported an error (${msg.code}).`;
+  return detail && !plain.includes(detail) ? `${plain} (${detail})` : plain;
+}
