@@ -1,0 +1,139 @@
+"""``voxgate bench`` arguments: validation messages naming the flag, defaults, and whole runs
+against a fake server (summary, JSON, plots) and an unreachable one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from benchmark.bench.cli import main, parse_config
+from benchmark.bench.config import BenchConfig
+
+
+def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        parse_config(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag, words", [
+    (["-c", "0"], "--concurrency", ">= 1"),
+    (["-c", "4,x"], "--concurrency", "integer"),
+    (["--rate", "-1"], "--rate", "> 0"),
+    (["--rate", "nan"], "--rate", "finite"),
+    (["-c", "4", "--rate", "2"], "--rate", "not allowed"),
+    (["-n", "10", "--duration", "5"], "--duration", "not allowed"),
+    (["--duration", "0"], "--duration", "> 0"),
+    (["--start-buffer-ms", "20000"], "--start-buffer-ms", "[0, 10000]"),
+    (["--min-on-time", "1.5"], "--min-on-time", "(0, 1]"),
+    (["--target", "grpc"], "--target", "invalid choice"),
+    (["--format", "mp3"], "--format", "invalid choice"),
+    (["--option", "seed"], "--option", "key=value"),
+    (["--http-extra", "[1]"], "--http-extra", "JSON object"),
+    (["--target", "openai", "--token-rate", "10"], "--token-rate", "native target"),
+    (["--url", "http://x:1/v1/stream"], "--url", "ws://"),
+    (["--target", "openai", "--url", "ws://x"], "--url", "http://"),
+    (["--min-words", "50", "--max-words", "10"], "--max-words", "--min-words"),
+    (["--search-start", "64", "--search-max", "8", "--search"], "--search-start", "--search-max"),
+])
+def test_bad_arguments_exit_2_naming_the_flag(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                              flag: str, words: str) -> None:
+    """Every invalid argument is refused by argparse with a message naming the flag and range."""
+    err = _error(capsys, argv)
+    assert flag in err and words in err, err
+
+
+def test_defaults_and_parsing() -> None:
+    """No load flag means one stream at a time; lists, options and extras are parsed."""
+    cfg = parse_config([])
+    assert cfg.concurrency == [1] and cfg.mode == "concurrency"
+    assert cfg.url == "ws://127.0.0.1:8000/v1/stream" and cfg.start_buffer_ms == 100
+    cfg = parse_config(["-c", "1,8,32", "--option", "seed=3", "--option", "style=calm",
+                        "--token-rate", "40", "--json", "out.json"])
+    assert cfg.concurrency == [1, 8, 32]
+    assert cfg.options == {"seed": 3, "style": "calm"}
+    assert cfg.token_rate == 40 and cfg.json_path == "out.json"
+    cfg = parse_config(["--target", "generate", "--rate", "0.5,2", "--http-extra", '{"a": 1}'])
+    assert cfg.url == "http://127.0.0.1:8000" and cfg.rate == [0.5, 2.0]
+    assert cfg.http_extra == {"a": 1} and cfg.mode == "rate"
+
+
+def test_requests_per_level_defaults() -> None:
+    """Count-bounded levels default to max(20, 3 x concurrency) or 30 s of arrivals."""
+    assert BenchConfig(concurrency=[4]).requests_for(4) == 20
+    assert BenchConfig(concurrency=[64]).requests_for(64) == 192
+    assert BenchConfig(rate=[2.0]).requests_for(2.0) == 60
+    assert BenchConfig(concurrency=[4], num_requests=7).requests_for(4) == 7
+    assert BenchConfig(concurrency=[4], duration_s=10).requests_for(4) is None
+
+
+def test_config_validates_without_argparse() -> None:
+    """BenchConfig itself raises ValueError (for programmatic use), naming the flag."""
+    with pytest.raises(ValueError, match="--concurrency"):
+        BenchConfig(concurrency=[0])
+    with pytest.raises(ValueError, match="only one of"):
+        BenchConfig(concurrency=[1], search=True)
+
+
+@contextmanager
+def _server_thread(factory: Any) -> Iterator[str]:
+    """Run an async-context-manager fake server on its own loop in a thread."""
+    ready: list[str] = []
+    started = threading.Event()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    async def serve() -> None:
+        async with factory() as url:
+            ready.append(url)
+            started.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        yield ready[0]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
+        loop.close()
+
+
+def test_main_runs_a_sweep_and_writes_json_and_plots(fakes: Any, tmp_path: Any,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A two-level sweep with one failing prompt: exit 0, summary with errors by code, JSON with
+    every level and stream, three PNGs."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("# comment\none two three\nfour five\nsix [[fail]] seven\n")
+    out = tmp_path / "out.json"
+    plots = tmp_path / "plots"
+    with _server_thread(fakes.native_server) as url:
+        code = main(["--url", url, "-c", "1,3", "-n", "6", "--prompts", str(prompts),
+                     "--token-rate", "500", "--warmup", "1", "--json", str(out),
+                     "--plots", str(plots), "--no-progress"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "errors at 1: model_error: 2" in text and "capacity" in text
+    data = json.loads(out.read_text())
+    assert [lv["level"] for lv in data["levels"]] == [1, 3]
+    assert all(len(lv["streams"]) == 6 for lv in data["levels"])
+    assert data["levels"][0]["errors_by_code"] == {"model_error": 2}
+    assert data["capacity"] is None  # 4 of 6 on time fails the 99% criterion
+    assert data["target"]["model"] == "fake"
+    assert data["prompts"]["prompts"] == 3
+    assert sorted(p.name for p in plots.iterdir()) == ["timeline.png", "ttfa.png",
+                                                       "viability.png"]
+
+
+def test_main_unreachable_target_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    """A server that is not there is one clear line on stderr and exit status 1."""
+    assert main(["--url", "ws://127.0.0.1:9/v1/stream", "--no-progress"]) == 1
+    assert "cannot reach native target" in capsys.readouterr().err
