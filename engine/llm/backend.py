@@ -24,7 +24,7 @@ from engine.llm.program import Program
 from engine.llm.scheduler import RequestError, Scheduler
 from engine.llm.sequence import Sequence
 
-__all__ = ["LMBackend", "MAX_CHUNK_SAMPLES"]
+__all__ = ["LMBackend", "MAX_CHUNK_SAMPLES", "build_orpheus_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,19 @@ class LMBackend:
             self.scheduler.abort(seq.seq_id)
         self._pending = []
 
+    def warmup(self, text: str = "Hello there.", *, max_tokens: int = 28) -> None:
+        """Run one short greedy job end to end (first-call costs stay out of serving)."""
+        voice, options = self.validate(None, {"temperature": 0.0, "max_tokens": max_tokens})
+        self.add_job(-1, text, voice, options)
+        for _ in range(10 * max_tokens + 100):
+            outs = self.step()
+            bad = [o.error for o in outs if o.error is not None]
+            if bad:
+                raise RuntimeError(f"warm-up failed: {bad[0].message}")
+            if not self.has_work():
+                return
+        raise RuntimeError("warm-up did not finish")
+
     def step(self) -> list[JobOutput]:
         outputs, self._pending = self._pending, []
         batch = self.scheduler.schedule()
@@ -110,15 +123,16 @@ class LMBackend:
             seq.allowed_row = self.program.allowed_row(seq.program_state)
             if pcm is not None and pcm.size:
                 audio.setdefault(seq.seq_id, []).append(pcm)
+        ended = [s for s, t in new if t in stop_ids or s.num_output_tokens >= s.params.max_tokens]
+        for seq, tail in zip(ended, self.program.finish([s.program_state for s in ended])):
+            if tail is not None and tail.size:
+                audio.setdefault(seq.seq_id, []).append(tail)
+            self.scheduler.finish(seq)
+        ended_ids = {s.seq_id for s in ended}
         outputs: list[JobOutput] = []
-        for seq, tok in new:
-            is_finished = tok in stop_ids or seq.num_output_tokens >= seq.params.max_tokens
+        for seq, _ in new:
+            is_finished = seq.seq_id in ended_ids
             parts = audio.pop(seq.seq_id, [])
-            if is_finished:
-                tail = self.program.finish(seq.program_state)
-                if tail is not None and tail.size:
-                    parts.append(tail)
-                self.scheduler.finish(seq)
             if parts or is_finished:
                 outputs.extend(_chunked(seq.seq_id, parts, is_finished))
         return outputs
@@ -139,3 +153,119 @@ def _chunked(job_id: int, parts: list[np.ndarray], is_finished: bool) -> list[Jo
     outs = [JobOutput(job_id, pcm=p) for p in pieces]
     outs[-1].is_finished = is_finished
     return outs
+
+
+def build_orpheus_backend(
+    model_path_or_id: str,
+    *,
+    config: Any = None,
+    device: str | None = None,
+    load_format: str | None = None,
+    dtype: str | None = None,
+    gpu_memory_utilization: float | None = None,
+    max_num_seqs: int | None = None,
+    max_model_len: int | None = None,
+    codec_path: str | None = None,
+    page_size: int = 16,
+    max_num_batched_tokens: int | None = None,
+    max_waiting: int = 1024,
+    num_pages: int | None = None,
+    cpu_kv_cache_bytes: int = 2 << 30,
+    reserve_bytes: int = 2 << 30,
+    attention_backend_factory: Any = None,
+    runner_factory: Any = None,
+    warmup: bool = True,
+) -> LMBackend:
+    """Load Orpheus + SNAC and assemble an ``LMBackend``.
+
+    Settings come from ``config`` (an ``engine.config.EngineConfig``) unless given as keywords.
+    ``device`` "auto" picks CUDA when available; ``dtype`` "auto" is bf16 on CUDA, fp32 on CPU.
+    KV cache: ``num_pages`` if given; on CUDA, what fits in ``total * gpu_memory_utilization``
+    after the weights, minus ``reserve_bytes`` for activations and graphs; on the CPU,
+    ``cpu_kv_cache_bytes``. Never more than ``max_num_seqs`` full-length sequences need, never
+    less than one. One extra page (``runner.scratch_page``) is owned by no sequence: CUDA-graph
+    padding rows write there. ``max_num_batched_tokens`` defaults to
+    ``max(512, max_num_seqs)`` (decodes plus one prefill chunk).
+    """
+    import torch
+
+    from engine.llm.attention import torch_paged_attention_factory
+    from engine.llm.model_runner import kv_bytes_per_page, num_pages_for_memory
+    from engine.llm.page_allocator import PageAllocator
+    from engine.llm.program import OrpheusProgram
+    from engine.llm.scheduler import SchedulerConfig
+    from models.orpheus.codec import SnacDecoder
+    from models.orpheus.loader import SNAC_HUB_ID, load_orpheus, load_snac
+
+    def pick(value: Any, name: str, default: Any) -> Any:
+        if value is not None:
+            return value
+        return getattr(config, name, default) if config is not None else default
+
+    device = pick(device, "device", "auto")
+    load_format = pick(load_format, "load_format", "auto")
+    dtype_name = pick(dtype, "dtype", "auto")
+    utilization = pick(gpu_memory_utilization, "gpu_memory_utilization", 0.85)
+    max_num_seqs = pick(max_num_seqs, "max_num_seqs", 256)
+    max_model_len = pick(max_model_len, "max_model_len", 2048)
+    codec_path = pick(codec_path, "codec_path", None) or SNAC_HUB_ID
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but torch sees no CUDA GPU")
+    if dtype_name == "auto":
+        dtype_name = "bfloat16" if device == "cuda" else "float32"
+    torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype_name]
+
+    model, tokenizer, llama_config = load_orpheus(
+        model_path_or_id, device=device, dtype=torch_dtype, load_format=load_format, max_seq_len=max_model_len
+    )
+    codec = SnacDecoder(load_snac(codec_path, device=device, load_format=load_format)).to(device)
+    program = OrpheusProgram(tokenizer, codec, model_name=str(model_path_or_id))
+
+    pages_per_seq = -(-max_model_len // page_size)
+    if num_pages is None:
+        if device == "cuda":
+            num_pages = num_pages_for_memory(
+                llama_config, page_size=page_size, dtype=torch_dtype, device=torch.device(device),
+                gpu_memory_utilization=utilization, reserve_bytes=reserve_bytes,
+            )
+        else:
+            num_pages = cpu_kv_cache_bytes // kv_bytes_per_page(llama_config, page_size, torch_dtype)
+        num_pages = min(num_pages, max_num_seqs * pages_per_seq + 1)
+    if num_pages - 1 < pages_per_seq:
+        raise ValueError(
+            f"the KV cache ({num_pages} pages of {page_size}) cannot hold one sequence of "
+            f"max_model_len={max_model_len}; lower max_model_len or give it more memory"
+        )
+    if attention_backend_factory is None:
+        attention_backend_factory = torch_paged_attention_factory
+        if device == "cuda":
+            import importlib.util
+
+            if importlib.util.find_spec("flashinfer") is not None:
+                from engine.llm.flashinfer_attention import FlashInferAttention
+
+                def attention_backend_factory(spec, kv_caches):  # noqa: F811
+                    return FlashInferAttention(kv_caches, num_q_heads=spec.num_qo_heads)
+            else:
+                log.warning("flashinfer is not installed: using the plain torch paged attention")
+    runner = (runner_factory or ModelRunner)(
+        model, llama_config, device=device, dtype=torch_dtype, num_pages=num_pages,
+        page_size=page_size, attention_backend_factory=attention_backend_factory,
+        max_num_seqs=max_num_seqs, vocab_ids=program.vocab_ids, allowed_table=program.allowed_table,
+    )
+    runner.scratch_page = num_pages - 1  # outside the allocator's range: no sequence owns it
+    scheduler = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens or max(512, max_num_seqs),
+            max_model_len=max_model_len,
+            max_waiting=max_waiting,
+        ),
+        PageAllocator(num_pages - 1, page_size),
+    )
+    backend = LMBackend(program, runner, scheduler)
+    if warmup:
+        backend.warmup()
+    return backend

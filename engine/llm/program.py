@@ -5,9 +5,10 @@ state per row. ``OrpheusProgram`` is the first: Orpheus prompt, the head restric
 audio ids + stop, each audio position constrained to its codebook's ids, and audio tokens ->
 SNAC codes -> a per-sequence ``StreamingDecoder``.
 
-Codec batching seam: ``postprocess`` collects every row that completed a frame this step and
-decodes them in one call to ``decode_frames``; a GPU build overrides that method (or passes
-``frame_decoder``) to run all of them as one batch (e.g. a CUDA graph).
+Codec batching seam: ``postprocess`` (and ``finish``) collect the decode window of every row
+that completed a frame this step and decode them in one call to ``decode_fn`` (default
+``models.orpheus.codec.decode_requests``: one batched SNAC call); a GPU build passes a
+``decode_fn`` that runs the batch in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class Program(Protocol):
         """One generated (non-stop) token per row -> new audio per row (None if none)."""
         ...
 
-    def finish(self, state: Any) -> np.ndarray | None:
-        """The sequence ended (stop or max_tokens): its remaining audio."""
+    def finish(self, states: list[Any]) -> list[np.ndarray | None]:
+        """These sequences ended (stop or max_tokens): each one's remaining audio."""
         ...
 
 
@@ -55,7 +56,7 @@ class Program(Protocol):
 class OrpheusState:
     """Per-sequence postprocessing state."""
 
-    decoder: Any  # models.orpheus.codec.StreamingDecoder
+    decoder: Any  # models.orpheus.codec.StreamingDecoder (without a codec of its own)
     num_audio_tokens: int = 0
     frame: list[int] = field(default_factory=list)  # codes of the frame being built
 
@@ -66,24 +67,36 @@ class OrpheusProgram:
     def __init__(
         self,
         tokenizer: Any,
-        new_decoder: Callable[[], Any],
+        codec: Any,
         *,
         model_name: str = "orpheus",
         constrain_positions: bool = True,
+        window_frames: int | None = None,
+        lookahead_samples: int | None = None,
+        decode_fn: Callable[[list[Any]], list[np.ndarray]] | None = None,
         seed_rng: random.Random | None = None,
     ) -> None:
-        """``new_decoder()`` makes a fresh ``StreamingDecoder`` (one per sequence).
+        """``codec`` is a ``models.orpheus.codec.SnacDecoder``; ``decode_fn(requests)`` decodes
+        a batch of ``WindowRequest`` s (default: ``decode_requests(codec, requests)``).
 
         With ``constrain_positions`` the k-th audio token may only be one of the 4096 ids of
         its frame position (and stop only at a frame boundary); the model was trained to emit
         exactly these, so this only removes ids that would be undecodable.
         """
+        from models.orpheus import codec as codec_mod
         from models.orpheus import prompt, tokens
 
         self._prompt = prompt
         self._tokens = tokens
+        self._codec_mod = codec_mod
         self.tokenizer = tokenizer
-        self.new_decoder = new_decoder
+        self.codec = codec
+        self.decode_fn = decode_fn or (lambda reqs: codec_mod.decode_requests(codec, reqs))
+        self._decoder_kw = {
+            "window_frames": window_frames or codec_mod.DEFAULT_WINDOW_FRAMES,
+            "lookahead_samples": codec_mod.DEFAULT_LOOKAHEAD_SAMPLES if lookahead_samples is None
+            else lookahead_samples,
+        }
         self.stop_ids = frozenset({prompt.STOP_ID})
         self.vocab_ids = tokens.audio_token_ids()  # [K] = 7*4096 audio ids, then STOP_ID
         self.allowed_table = self._position_table() if constrain_positions else None
@@ -130,7 +143,7 @@ class OrpheusProgram:
         )
 
     def new_state(self, voice: str, options: dict[str, Any]) -> OrpheusState:
-        return OrpheusState(decoder=self.new_decoder())
+        return OrpheusState(decoder=self._codec_mod.StreamingDecoder(None, **self._decoder_kw))
 
     def allowed_row(self, state: OrpheusState) -> int:
         return state.num_audio_tokens % self._tokens.TOKENS_PER_FRAME
@@ -138,13 +151,13 @@ class OrpheusProgram:
     # -- tokens -> audio ------------------------------------------------------------------
 
     def postprocess(self, states: list[OrpheusState], tokens: list[int]) -> list[np.ndarray | None]:
-        """Map each row's token to a code; decode every frame completed this step in one call.
+        """Map each row's token to a code; decode every window that became due, in one batch.
 
         A token that is not an audio id valid at its position (only possible without the
         position constraint) is skipped and does not advance the position.
         """
-        done: list[int] = []
-        frames: list[list[int]] = []
+        rows: list[int] = []
+        requests: list[Any] = []
         for i, (state, tok) in enumerate(zip(states, tokens)):
             code = self._tokens.token_to_code(tok, state.num_audio_tokens)
             if code is None:
@@ -152,24 +165,34 @@ class OrpheusProgram:
             state.num_audio_tokens += 1
             state.frame.append(code)
             if len(state.frame) == self._tokens.TOKENS_PER_FRAME:
-                done.append(i)
-                frames.append(state.frame)
+                req = state.decoder.push_frame(state.frame)
                 state.frame = []
+                if req is not None:
+                    rows.append(i)
+                    requests.append(req)
         out: list[np.ndarray | None] = [None] * len(states)
-        if done:
-            pcms = self.decode_frames([states[i] for i in done], frames)
-            for i, pcm in zip(done, pcms):
-                out[i] = pcm
+        for i, pcm in zip(rows, self.decode_fn(requests) if requests else []):
+            out[i] = _as_pcm(pcm)
         return out
 
-    def decode_frames(self, states: list[OrpheusState], frames: list[list[int]]) -> list[np.ndarray]:
-        """Feed one frame (7 per-position codes) to each state's decoder; the codec seam."""
-        return [_as_pcm(s.decoder.feed(f)) for s, f in zip(states, frames)]
+    def finish(self, states: list[OrpheusState]) -> list[np.ndarray | None]:
+        """The sequences ended: decode each one's tail against its true end, in one batch.
 
-    def finish(self, state: OrpheusState) -> np.ndarray | None:
-        """Flush the decoder (an incomplete last frame is dropped: it cannot be decoded)."""
-        state.frame = []
-        return _as_pcm(state.decoder.flush())
+        An incomplete last frame (stop is only possible between frames with the position
+        constraint; max_tokens may cut one) is dropped: it cannot be decoded.
+        """
+        rows: list[int] = []
+        requests: list[Any] = []
+        for i, state in enumerate(states):
+            state.frame = []
+            req = state.decoder.finish()
+            if req is not None:
+                rows.append(i)
+                requests.append(req)
+        out: list[np.ndarray | None] = [None] * len(states)
+        for i, pcm in zip(rows, self.decode_fn(requests) if requests else []):
+            out[i] = _as_pcm(pcm)
+        return out
 
 
 def _as_pcm(x: Any) -> np.ndarray:

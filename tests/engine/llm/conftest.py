@@ -98,8 +98,8 @@ class TokenProgram:
             state.append(tok)
         return [None] * len(states)
 
-    def finish(self, state):
-        return np.zeros(0, np.float32)
+    def finish(self, states):
+        return [np.zeros(0, np.float32) for _ in states]
 
 
 def make_backend(model, program=None, *, runner_kw=None, sched_kw=None) -> LMBackend:
@@ -118,3 +118,41 @@ def drain(backend: LMBackend, max_steps: int = 10_000) -> list:
             return outs
         outs.extend(backend.step())
     raise AssertionError("backend did not finish")
+
+
+@pytest.fixture(scope="session")
+def small_codec():
+    """A ``SnacDecoder`` over a random SNAC 24 kHz with a narrow decoder (fast on the CPU)."""
+    import snac
+
+    from models.orpheus.codec import SnacDecoder
+    from models.orpheus.loader import SNAC_24KHZ_CONFIG
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = snac.SNAC(**{**SNAC_24KHZ_CONFIG, "decoder_dim": 64, "encoder_dim": 8})
+    return SnacDecoder(model.eval())
+
+
+def make_orpheus_program(codec, **kw):
+    """An ``OrpheusProgram`` on the shared test tokenizer that also records each job's tokens
+    (``program.tokens[options["tag"]]``)."""
+    from engine.llm.program import OrpheusProgram
+    from tests.models.orpheus.conftest import build_tokenizer
+
+    class Recording(OrpheusProgram):
+        def __init__(self) -> None:
+            super().__init__(build_tokenizer(), codec, **kw)
+            self.tokens: dict[Any, list[int]] = {}
+
+        def new_state(self, voice, options):
+            state = super().new_state(voice, options)
+            state.tokens = self.tokens.setdefault(options.get("tag"), [])
+            return state
+
+        def postprocess(self, states, tokens):
+            for state, tok in zip(states, tokens):
+                state.tokens.append(tok)
+            return super().postprocess(states, tokens)
+
+    return Recording()

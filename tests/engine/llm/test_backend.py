@@ -1,0 +1,99 @@
+"""LMBackend: admission control, abort, model-step failures, and the Orpheus audio path."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.llm.backend import MAX_CHUNK_SAMPLES
+from tests.engine.llm.conftest import drain, make_backend, make_orpheus_program
+
+GREEDY = dict(temperature=0.0, top_p=1.0, repetition_penalty=1.0)
+
+
+def _add(backend, job_id: int, n: int = 6, max_tokens: int = 8, **opts) -> None:
+    text = " ".join(str(100 + job_id * 10 + i) for i in range(n))
+    backend.add_job(job_id, text, "v", dict(tag=job_id, max_tokens=max_tokens, **GREEDY, **opts))
+
+
+def test_too_many_jobs_queue_up_to_the_bound_then_get_a_retryable_capacity_error(llm_model):
+    """With room for 2 jobs and max_waiting=2, jobs 5 and 6 are refused; the rest all finish."""
+    backend = make_backend(
+        llm_model, runner_kw=dict(num_pages=8, page_size=4), sched_kw=dict(max_model_len=16, max_waiting=2)
+    )
+    for j in range(6):
+        _add(backend, j)  # 6 + 8 tokens = 4 pages each: 2 fit in 8 pages
+    assert backend.scheduler.num_running == 2 and backend.num_queued() == 2
+    outs = drain(backend)
+    errors = {o.job_id: o.error for o in outs if o.error}
+    assert set(errors) == {4, 5}
+    assert all(e.code == "capacity" and e.retryable for e in errors.values())
+    finished = sorted(o.job_id for o in outs if o.is_finished)
+    assert finished == [0, 1, 2, 3]
+    assert all(len(backend.program.tokens[j]) == 8 for j in finished)
+    assert backend.scheduler.allocator.num_free_pages == 8
+
+
+def test_abort_of_queued_and_running_jobs_frees_pages_and_silences_them(llm_model):
+    """Aborted jobs (running or queued) free their pages and never produce output again."""
+    backend = make_backend(
+        llm_model, runner_kw=dict(num_pages=8, page_size=4), sched_kw=dict(max_model_len=16, max_waiting=4)
+    )
+    for j in range(4):
+        _add(backend, j)
+    backend.step()
+    backend.abort_job(0)  # running
+    backend.abort_job(3)  # queued
+    backend.abort_job(3)  # idempotent
+    outs = drain(backend)
+    assert {o.job_id for o in outs} == {1, 2}
+    assert backend.scheduler.allocator.num_free_pages == 8 and not backend.has_work()
+
+
+def test_a_failing_model_step_fails_its_jobs_and_the_next_step_works(llm_model):
+    """An exception in execute fails that step's jobs with model_error; later jobs run fine."""
+    backend = make_backend(llm_model)
+    _add(backend, 0)
+    _add(backend, 1)
+    real = backend.runner.execute
+
+    def boom(batch):
+        backend.runner.execute = real
+        raise RuntimeError("injected failure")
+
+    backend.runner.execute = boom
+    outs = backend.step()
+    assert sorted(o.job_id for o in outs) == [0, 1]
+    assert all(o.error.code == "model_error" and "injected failure" in o.error.message for o in outs)
+    assert backend.scheduler.allocator.num_free_pages == backend.scheduler.allocator.num_pages
+    _add(backend, 2)
+    outs = drain(backend)
+    assert [o.job_id for o in outs if o.is_finished] == [2] and not any(o.error for o in outs)
+
+
+def test_too_long_prompt_is_refused_with_a_clear_error(llm_model):
+    """A prompt over max_model_len becomes that job's non-retryable too_long error."""
+    backend = make_backend(llm_model, sched_kw=dict(max_model_len=32))
+    _add(backend, 0, n=40)
+    (out,) = backend.step()
+    assert out.error.code == "too_long" and not out.error.retryable
+
+
+def test_orpheus_stream_equals_whole_sequence_decode(llm_model, small_codec):
+    """Audio chunks (<= 100 ms) of a job concatenate to the codec's whole-sequence decode of
+    the job's generated tokens; every sampled id is an audio id valid at its position."""
+    from models.orpheus.tokens import tokens_to_codes
+
+    program = make_orpheus_program(small_codec)
+    backend = make_backend(llm_model, program, runner_kw=dict(num_pages=128))
+    backend.add_job(7, "hello world", "tara", dict(tag=7, temperature=0.9, top_p=0.95, seed=3, max_tokens=70))
+    outs = drain(backend)
+    assert not any(o.error for o in outs) and outs[-1].is_finished and outs[-1].job_id == 7
+    assert all(o.pcm is None or o.pcm.size <= MAX_CHUNK_SAMPLES for o in outs)
+    pcm = np.concatenate([o.pcm for o in outs if o.pcm is not None])
+    tokens = program.tokens[7]
+    whole = len(tokens) // 7 * 7
+    codes = tokens_to_codes(tokens[:whole])  # raises if a token is invalid at its position
+    ref = small_codec.decode(codes)[0].numpy()
+    assert pcm.shape == ref.shape == (whole // 7 * 2048,)
+    np.testing.assert_allclose(pcm, ref, atol=1e-4)
