@@ -73,7 +73,8 @@ def _level_json(run: LevelRun) -> dict[str, Any]:
         row.update(text_words=len(tr.text.split()), error_message=tr.error_message,
                    done_reason=tr.done_reason, server_timings=tr.server_timings,
                    t_start=tr.t_start, t_first_text=tr.t_first_text, t_end_input=tr.t_end_input,
-                   t_done=tr.t_done, chunk_t=tr.chunk_t, chunk_samples=tr.chunk_samples)
+                   t_done=tr.t_done, chunk_t=tr.chunk_t, chunk_samples=tr.chunk_samples,
+                   chunk_engine_t=tr.chunk_engine_t or None)
         streams.append(row)
     return {**run.summary.to_dict(), "passed": run.passed, "streams": streams}
 

@@ -1,0 +1,48 @@
+"""``voxgate bench`` end to end against the real ``voxgate serve`` (synthetic tones, then the
+embedded voice with --asr)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from benchmark.bench.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_two_streams_against_synthetic_server(server_factory: Any, tmp_path: Any,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Two concurrent word-by-word streams: both finish with audio, engine timestamps arrive,
+    the JSON holds their figures."""
+    server = server_factory("--model", "synthetic", "--debug-timestamps")
+    out = tmp_path / "bench.json"
+    code = main(["--url", server.ws_url, "-c", "2", "-n", "2", "--max-words", "12",
+                 "--token-rate", "50", "--json", str(out), "--no-progress"])
+    assert code == 0, capsys.readouterr()
+    level = json.loads(out.read_text())["levels"][0]
+    assert level["num_streams"] == 2 and level["num_failed"] == 0
+    assert level["ttfa_ms"]["count"] == 2 and level["audio_s_total"] > 0
+    for stream in level["streams"]:
+        assert stream["num_chunks"] == len(stream["chunk_t"]) > 0
+        assert stream["ttfa_s"] > 0
+        assert len(stream["chunk_engine_t"]) == stream["num_chunks"]  # --debug-timestamps
+
+
+def test_bench_asr_against_embedded_voice(voxgate_server: Any, tmp_path: Any,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """--asr transcribes what the embedded voice said and reports a low word error rate."""
+    from benchmark.asr import INTELLIGIBILITY_SENTENCES
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(INTELLIGIBILITY_SENTENCES[:2]) + "\n")
+    out = tmp_path / "bench.json"
+    code = main(["--url", voxgate_server.ws_url, "-c", "1", "-n", "2", "--prompts",
+                 str(prompts), "--asr", "--option", "seed=0", "--json", str(out),
+                 "--no-progress"])
+    assert code == 0, capsys.readouterr()
+    asr = json.loads(out.read_text())["asr"]
+    assert asr["streams"] == 2
+    assert asr["wer_word_weighted"] <= 0.25, asr
