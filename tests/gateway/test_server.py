@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import json
 import os
 import signal
@@ -77,14 +78,14 @@ def test_two_streams_word_by_word_and_cancel(synth: VoxgateServer) -> None:
             b = await _speak(client, TEXT, format="pcm_f32le")
             c = await _speak(client, TEXT)
             after_cancel = 0
-            cancelled = False
+            t_cancel: float | None = None
             async for msg in c.messages():
                 if msg["type"] == "audio":
-                    if cancelled:
-                        after_cancel += 1
+                    if t_cancel is not None:
+                        after_cancel += msg["t_recv"] > t_cancel
                     elif msg["seq"] == 1:
+                        t_cancel = time.monotonic()
                         await c.cancel()
-                        cancelled = True
             audio_a, audio_b = await a.collect(), await b.collect()
             assert c.done is not None and c.done["reason"] == "cancelled"
             assert after_cancel <= 1
