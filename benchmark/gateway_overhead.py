@@ -1,0 +1,308 @@
+"""Gateway overhead: latency the gateway (and the queues) add per audio chunk, and its CPU per
+stream, at 100, 500 and 1,000 concurrent streams (issue 5, item 3).
+
+For each level it starts the real ``voxgate serve --model synthetic --debug-timestamps`` (the
+synthetic engine emits 40 ms chunks paced at real time; ``--lookahead-jobs 0`` so that each
+stream makes exactly 25 chunks per second) and drives it with the benchmark's native client:
+N streams, one per connection, started evenly over ``--ramp-s`` and each long enough to outlast
+the measurement window. In the window (after the ramp and ``--settle-s``, ``--measure-s`` long):
+
+- added latency per chunk = client receipt (``time.monotonic()``) minus ``engine_t``, the
+  engine's CLOCK_MONOTONIC stamp when the chunk left the engine core: shared-memory queue,
+  gateway, WebSocket, kernel, and the client's own event loop (whose lag is reported beside
+  it, as an upper bound of the client's share);
+- CPU per stream = the gateway process's CPU seconds in the window / window seconds / N, from
+  /proc (the engine's and the client's CPU are reported too; all three share this machine).
+
+    python -m benchmark.gateway_overhead --streams 100,500,1000 --json overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmark.bench.load import LevelPlan, run_level
+from benchmark.bench.metrics import distribution
+from benchmark.bench.prompts import load_prompts
+from benchmark.bench.targets import NativeTarget
+from benchmark.bench.trace import StreamTrace
+
+__all__ = ["OverheadConfig", "process_cpu_s", "descendants", "run_level_overhead", "main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+_URL = re.compile(r"serving on http://([\d.]+):(\d+)/")
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+MS_PER_CHAR = 60.0  # the synthetic engine's default: audio seconds per text character / 1000
+CHUNK_MS = 40.0
+
+
+@dataclass(frozen=True)
+class OverheadConfig:
+    streams: tuple[int, ...] = (100, 500, 1000)
+    ramp_s: float = 10.0
+    settle_s: float = 3.0
+    measure_s: float = 10.0
+    streams_per_connection: int = 1
+    server_args: tuple[str, ...] = ("--lookahead-jobs", "0")
+    start_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not self.streams or min(self.streams) < 1:
+            raise ValueError(f"--streams must be levels >= 1, got {self.streams}")
+        for name in ("ramp_s", "settle_s", "measure_s"):
+            if getattr(self, name) < 0 or (name == "measure_s" and self.measure_s <= 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (measure > 0)")
+        if self.streams_per_connection < 1:
+            raise ValueError("--streams-per-connection must be >= 1")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process, from /proc/PID/stat (0 if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; fields[0] is the state
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def descendants(pid: int) -> list[int]:
+    """All processes below ``pid`` (the engine, multiprocessing's helpers)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+class _Server:
+    """``voxgate serve --model synthetic --debug-timestamps`` on a free port."""
+
+    def __init__(self, extra_args: tuple[str, ...], max_connections: int,
+                 start_timeout_s: float) -> None:
+        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+               "--model", "synthetic", "--debug-timestamps", "--log-level", "WARNING",
+               "--max-connections", str(max_connections), *extra_args]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.output: list[str] = []
+        found = threading.Event()
+        port: list[int] = []
+
+        def pump() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.output.append(line)
+                if (m := _URL.search(line)) and not port:
+                    port.append(int(m.group(2)))
+                    found.set()
+            found.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not found.wait(start_timeout_s) or not port:
+            self.stop()
+            raise RuntimeError("voxgate serve did not start:\n" + "".join(self.output))
+        self.url = f"ws://127.0.0.1:{port[0]}/v1/stream"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+async def _loop_lag(samples: list[tuple[float, float]], stop: asyncio.Event) -> None:
+    """Record (time, lateness) of a 10 ms ticker: how late this client's loop runs callbacks."""
+    period = 0.01
+    while not stop.is_set():
+        t = time.monotonic()
+        await asyncio.sleep(period)
+        now = time.monotonic()
+        samples.append((now, now - t - period))
+
+
+async def run_level_overhead(url: str, server_pid: int, num_streams: int,
+                             cfg: OverheadConfig) -> dict[str, Any]:
+    stream_s = cfg.ramp_s + cfg.settle_s + cfg.measure_s + 3.0
+    text = _long_text(stream_s)
+    target = NativeTarget(url, streams_per_connection=cfg.streams_per_connection,
+                          open_timeout_s=60.0)
+    await target.open()
+    plan = LevelPlan(mode="concurrency", level=num_streams, seed=0, prompts=(text,),
+                     num_requests=num_streams, timeout_s=stream_s * 3 + 60,
+                     ramp_s=cfg.ramp_s, stream_prefix="o")
+    lag: list[tuple[float, float]] = []
+    stop = asyncio.Event()
+    lag_task = asyncio.create_task(_loop_lag(lag, stop))
+    level_task = asyncio.create_task(run_level(target, plan))
+    t0 = time.monotonic()
+
+    def snapshot() -> dict[str, float]:
+        kids = descendants(server_pid)
+        return {"t": time.monotonic(), "load1": os.getloadavg()[0],
+                "gateway": process_cpu_s(server_pid),
+                "engine": sum(process_cpu_s(p) for p in kids),
+                "client": time.process_time()}
+
+    await asyncio.sleep(max(0.0, t0 + cfg.ramp_s + cfg.settle_s - time.monotonic()))
+    a = snapshot()
+    await asyncio.sleep(cfg.measure_s)
+    b = snapshot()
+    traces, _ = await level_task
+    stop.set()
+    await lag_task
+    await target.close()
+    return _summarize(traces, a, b, lag, num_streams)
+
+
+def _long_text(audio_s: float) -> str:
+    """Prompts joined until the synthetic engine would speak them for ``audio_s`` seconds."""
+    prompts = load_prompts()
+    chars = audio_s * 1000 / MS_PER_CHAR
+    out: list[str] = []
+    i = 0
+    while sum(len(p) + 1 for p in out) < chars:
+        out.append(prompts[i % len(prompts)])
+        i += 1
+    return " ".join(out)
+
+
+def _summarize(traces: list[StreamTrace], a: dict[str, float], b: dict[str, float],
+               lag: list[tuple[float, float]], num_streams: int) -> dict[str, Any]:
+    window_s = b["t"] - a["t"]
+    added = [r - e for tr in traces if len(tr.chunk_engine_t) == len(tr.chunk_t)
+             for r, e in zip(tr.chunk_t, tr.chunk_engine_t) if a["t"] <= r <= b["t"]]
+    active = sum(1 for tr in traces if tr.chunk_t and tr.chunk_t[0] <= a["t"]
+                 and (tr.t_done or 0) >= b["t"])
+    errors: dict[str, int] = {}
+    for tr in traces:
+        if not tr.is_ok:
+            errors[tr.error_code or "no_audio"] = errors.get(tr.error_code or "no_audio", 0) + 1
+    cpu = {k: b[k] - a[k] for k in ("gateway", "engine", "client")}
+    chunks = len(added)
+    return {
+        "streams": num_streams,
+        "streams_active_whole_window": active,
+        "window_s": window_s,
+        "chunks_in_window": chunks,
+        "chunks_per_s": chunks / window_s,
+        "expected_chunks_per_s": num_streams * 1000 / CHUNK_MS,
+        "added_latency_ms": distribution(added, scale=1e3),
+        "client_loop_lag_ms": distribution([x for t, x in lag if a["t"] <= t <= b["t"]],
+                                           scale=1e3),
+        "cpu_cores": {k: v / window_s for k, v in cpu.items()},
+        "gateway_cpu_per_stream_pct_core": 100 * cpu["gateway"] / window_s / num_streams,
+        "gateway_cpu_us_per_chunk": 1e6 * cpu["gateway"] / chunks if chunks else None,
+        "errors_by_code": errors,
+        # Other work on the machine inflates every figure here: say how busy it was.
+        "loadavg_1min": [a["load1"], b["load1"]],
+    }
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    print(f"{'streams':>7} {'active':>6} {'chunks/s':>9} {'added p50 ms':>12} {'p99 ms':>8} "
+          f"{'max ms':>8} {'client lag p99':>14} {'gw CPU %core/stream':>19} "
+          f"{'gw us/chunk':>11} {'gw cores':>8} {'engine':>6} {'client':>6} {'load':>5} errors")
+    for r in rows:
+        lat = r["added_latency_ms"]
+        f = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+        print(f"{r['streams']:>7} {r['streams_active_whole_window']:>6} "
+              f"{r['chunks_per_s']:>9.0f} {f(lat['p50']):>12} {f(lat['p99']):>8} "
+              f"{f(lat['max']):>8} {f(r['client_loop_lag_ms']['p99']):>14} "
+              f"{r['gateway_cpu_per_stream_pct_core']:>19.3f} "
+              f"{f(r['gateway_cpu_us_per_chunk'], 1):>11} {r['cpu_cores']['gateway']:>8.2f} "
+              f"{r['cpu_cores']['engine']:>6.2f} {r['cpu_cores']['client']:>6.2f} "
+              f"{r['loadavg_1min'][1]:>5.1f} {r['errors_by_code'] or ''}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmark.gateway_overhead",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--streams", default="100,500,1000", help="levels, comma-separated")
+    p.add_argument("--ramp-s", type=float, default=OverheadConfig.ramp_s)
+    p.add_argument("--settle-s", type=float, default=OverheadConfig.settle_s)
+    p.add_argument("--measure-s", type=float, default=OverheadConfig.measure_s)
+    p.add_argument("--streams-per-connection", type=int, default=1)
+    p.add_argument("--server-arg", action="append", default=None,
+                   help="extra voxgate serve argument (repeatable; default --lookahead-jobs 0)")
+    p.add_argument("--json", dest="json_path")
+    args = p.parse_args(argv)
+    try:
+        levels = tuple(int(x) for x in args.streams.split(",") if x.strip())
+        cfg = OverheadConfig(streams=levels, ramp_s=args.ramp_s, settle_s=args.settle_s,
+                             measure_s=args.measure_s,
+                             streams_per_connection=args.streams_per_connection,
+                             server_args=tuple(args.server_arg) if args.server_arg is not None
+                             else OverheadConfig.server_args)
+    except ValueError as exc:
+        p.error(str(exc))
+    _raise_fd_limit()
+    rows = []
+    for n in cfg.streams:
+        server = _Server(cfg.server_args, max_connections=n + 16,
+                         start_timeout_s=cfg.start_timeout_s)
+        try:
+            print(f"level {n}: server {server.url} (pid {server.proc.pid})", file=sys.stderr)
+            row = _run(run_level_overhead(server.url, server.proc.pid, n, cfg))
+        finally:
+            server.stop()
+        rows.append(row)
+        _print_table([row])
+    print()
+    _print_table(rows)
+    if args.json_path:
+        out = {"tool": "benchmark.gateway_overhead", "machine": {
+            "platform": platform.platform(), "cpus": os.cpu_count(),
+            "python": platform.python_version()},
+            "config": {**cfg.__dict__}, "levels": rows}
+        Path(args.json_path).write_text(json.dumps(out, indent=1, default=str))
+        print(f"wrote {args.json_path}")
+    return 0
+
+
+def _run(coro: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _raise_fd_limit() -> None:
+    """A thousand connections need more descriptors than a default soft limit of 1024."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
