@@ -25,12 +25,15 @@ const ui = {
   wordsSent: 0,
   pacer: null,
   transcriptKey: "",
+  connects: 0, // hello messages received (1 + reconnects)
+  statsReports: 0, // stats messages from the worklet: a clock tests can wait on
 };
 
 // --- connection -------------------------------------------------------------------------------
 
 async function onopen(hello) {
   ui.hello = hello;
+  ui.connects += 1;
   ui.playerReady = false;
   hideBanner("connection");
   $("foot-model").textContent = `model ${hello.model} · ${formatRate(hello.sample_rate)}`;
@@ -392,7 +395,10 @@ function setup() {
   $("paragraph").addEventListener("change", preview);
   preview();
   for (const ev of ["pointerdown", "keydown"]) document.addEventListener(ev, () => player.unlock(), { capture: true });
-  player.onstats = (stats) => session.recordBuffer(stats, player.rate);
+  player.onstats = (stats) => {
+    ui.statsReports += 1;
+    session.recordBuffer(stats, player.rate);
+  };
   window.addEventListener("resize", () => timeline.draw(session.current, session.bufferTrace, performance.now()));
   matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => { timeline.colors = null; });
   conn.connect();
@@ -405,6 +411,7 @@ function turnSummary(turn) {
   if (!turn) return null;
   return {
     id: turn.id, kind: turn.kind, status: turn.status, text: turn.text, chunks: turn.chunks.length,
+    textMessages: turn.sends.length, cutAt: turn.cutAt, serverReason: turn.serverReason,
     samples: turn.samples, ttfaMs: turn.ttfaMs, serverTtfaMs: turn.serverTtfaMs,
     spans: turn.chunks.map((c) => c.span), error: turn.error,
   };
@@ -432,6 +439,9 @@ window.voxgateDemo = {
       turns: session.history.length,
       activeTurns: session.queue.length,
       lastError: ui.lastError,
+      bannerVisible: !$("banner").hidden,
+      connects: ui.connects,
+      statsReports: ui.statsReports,
       currentTurn: turnSummary(turn),
     };
   },

@@ -19,6 +19,7 @@ export class Turn {
     this.sampleRate = 0;
     this.status = "open"; // open | ended | done | cancelled | failed
     this.serverTtfaMs = null;
+    this.serverReason = null; // the done message's reason: "end" or "cancelled"
     this.error = null;
     this.cutAt = null; // Stop pressed while this turn was heard: code points spoken by then
     this.tCut = null;
@@ -52,6 +53,7 @@ export class Session {
     this.history = []; // finished or open turns, newest last (for display and download)
     this.totals = { samplesReceived: 0, chunks: 0, bytes: 0 };
     this.bufferTrace = []; // [{t, ms, state}] for the timeline
+    this.retired = new Set(); // ids of turns that failed or were cancelled here
   }
 
   get current() {
@@ -109,6 +111,7 @@ export class Session {
       if (!turn.isFinished) {
         this.conn.send({ type: "cancel", stream: turn.id });
         turn.status = "cancelled";
+        this.retire(turn.id);
       }
     }
     this.queue = [];
@@ -182,12 +185,16 @@ export class Session {
 
   onDone(turn, msg) {
     this.turns.delete(turn.id);
+    turn.serverReason = msg.reason;
     if (turn.status !== "cancelled") turn.status = msg.reason === "cancelled" ? "cancelled" : "done";
     if (typeof msg.ttfa_ms === "number") turn.serverTtfaMs = msg.ttfa_ms;
     this.finish(turn);
   }
 
   onError(turn, msg) {
+    // Text already on its way to a turn that failed or was stopped is answered with
+    // unknown_stream; that is an echo of the first problem, not news for the user.
+    if (!turn && this.retired.has(String(msg.stream)) && ["unknown_stream", "stream_ended"].includes(msg.code)) return;
     if (turn && !turn.isFinished && !isNonTerminal(msg.code)) {
       this.turns.delete(turn.id);
       turn.status = "failed";
@@ -198,6 +205,7 @@ export class Session {
   }
 
   finish(turn) {
+    if (turn.status !== "done") this.retire(turn.id);
     const idx = this.queue.indexOf(turn);
     if (idx >= 0) this.queue.splice(idx, 1);
     if (idx === 0) this.promoteHead();
@@ -217,6 +225,11 @@ export class Session {
     const head = this.queue[0];
     this.player.final(!head);
     this.player.expect(Boolean(head) && head.status === "ended");
+  }
+
+  retire(id) {
+    this.retired.add(id);
+    if (this.retired.size > 100) this.retired.delete(this.retired.values().next().value);
   }
 
   /** Which turn and span the listener hears now, from the worklet's consumed count. */

@@ -21,8 +21,8 @@ export function encodeWav(chunks, sampleRate) {
   let pos = 44;
   for (const chunk of chunks) {
     for (let i = 0; i < chunk.length; i++, pos += 2) {
-      const s = Math.max(-1, Math.min(1, chunk[i]));
-      view.setInt16(pos, s < 0 ? Math.round(s * 32768) : Math.round(s * 32767), true);
+      // The inverse of the player's int16 / 32768, so 16-bit input comes back bit-exact.
+      view.setInt16(pos, Math.max(-32768, Math.min(32767, Math.round(chunk[i] * 32768))), true);
     }
   }
   return new Blob([buffer], { type: "audio/wav" });
