@@ -11,6 +11,7 @@ import math
 from typing import Any, Callable
 
 from benchmark.bench.config import DEFAULT_URLS, FORMATS, BenchConfig
+from benchmark.bench.prompts import filter_prompts, load_prompts
 from benchmark.bench.targets import TARGETS
 
 __all__ = ["build_parser", "parse_config", "main"]
@@ -153,10 +154,17 @@ def parse_config(argv: list[str] | None) -> BenchConfig:
     kwargs = vars(ns)
     kwargs["options"] = dict(kwargs["options"])
     try:
-        return BenchConfig(**kwargs)
+        config = BenchConfig(**kwargs)
     except ValueError as exc:
         parser.error(str(exc))
-        raise  # unreachable: parser.error exits
+    try:  # fail now, not after connecting, on a missing file or an empty length band
+        filter_prompts(load_prompts(config.prompts_path), min_words=config.min_words,
+                       max_words=config.max_words)
+    except OSError as exc:
+        parser.error(f"--prompts: cannot read {config.prompts_path}: {exc.strerror}")
+    except ValueError as exc:
+        parser.error(f"--prompts/--min-words/--max-words: {exc}")
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:

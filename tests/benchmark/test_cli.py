@@ -42,6 +42,8 @@ def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     (["--target", "openai", "--url", "ws://x"], "--url", "http://"),
     (["--min-words", "50", "--max-words", "10"], "--max-words", "--min-words"),
     (["--search-start", "64", "--search-max", "8", "--search"], "--search-start", "--search-max"),
+    (["--prompts", "/nonexistent/p.txt"], "--prompts", "cannot read"),
+    (["--min-words", "500"], "--min-words", "no prompt has between 500"),
 ])
 def test_bad_arguments_exit_2_naming_the_flag(capsys: pytest.CaptureFixture[str], argv: list[str],
                                               flag: str, words: str) -> None:
