@@ -160,7 +160,13 @@ def test_synthesis_error_fails_that_job_only(backend: HibariBackend, monkeypatch
     """An exception while synthesising becomes a model_error for that job; others go on."""
     tts = backend._tts["heart"]
     real = tts.phonemize
-    monkeypatch.setattr(tts, "phonemize", lambda text: (_ for _ in ()).throw(RuntimeError("x")) if "bad" in text else real(text))
+
+    def phonemize(text: str) -> list[str]:
+        if "bad" in text:
+            raise RuntimeError("injected")
+        return real(text)
+
+    monkeypatch.setattr(tts, "phonemize", phonemize)
     add(backend, 1, "bad text", seed=0)
     add(backend, 2, "Good text.", seed=0)
     out = run_to_end(backend)
