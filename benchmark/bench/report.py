@@ -49,12 +49,20 @@ def format_summary(result: BenchResult) -> str:
     crit = f"TTFA p90 <= {cfg.ttfa_p90_max_ms:g} ms and >= {100 * cfg.min_on_time:g}% on time"
     unit = "concurrent streams" if cfg.mode == "concurrency" else "streams/s"
     cap = "none of the levels" if result.capacity is None else f"{result.capacity:g} {unit}"
+    if _capacity_is_lower_bound(result):
+        cap = f">= {cap} (every level tested passed: try higher)"
     lines.append(f"capacity ({crit}): {cap}")
     if result.asr is not None:
         lines.append(f"ASR: {result.asr['streams']} streams, word error rate mean "
                      f"{_f(result.asr['wer_mean'], 3)}, word-weighted "
                      f"{_f(result.asr['wer_word_weighted'], 3)}")
     return "\n".join(lines)
+
+
+def _capacity_is_lower_bound(result: BenchResult) -> bool:
+    """The highest level tested passed, so the real capacity may be higher."""
+    return bool(result.levels) and result.capacity is not None and result.capacity == max(
+        r.summary.level for r in result.levels)
 
 
 def _git_commit() -> str | None:
@@ -92,6 +100,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         "target": result.target_info,
         "prompts": result.prompts,
         "capacity": result.capacity,
+        "capacity_is_lower_bound": _capacity_is_lower_bound(result),
         "capacity_criterion": {"ttfa_p90_max_ms": result.config.ttfa_p90_max_ms,
                                "min_on_time": result.config.min_on_time},
         "search_tried": result.search_tried,
