@@ -27,6 +27,7 @@ const ui = {
   transcriptKey: "",
   connects: 0, // hello messages received (1 + reconnects)
   statsReports: 0, // stats messages from the worklet: a clock tests can wait on
+  retryAt: 0,
 };
 
 // --- connection -------------------------------------------------------------------------------
@@ -63,8 +64,8 @@ function onstatus(s) {
     const h = conn.hello;
     $("conn-text").textContent = `Connected · ${h.model} · ${formatRate(h.sample_rate)}`;
   } else if (s.state === "retrying") {
-    const secs = Math.max(1, Math.round(s.retryInMs / 1000));
-    $("conn-text").textContent = `Offline · retrying in ${secs} s`;
+    ui.retryAt = performance.now() + s.retryInMs;
+    renderRetry();
     stopPacer();
     ui.typeTurn = null;
     ui.sentChars = $("text").value.length;
@@ -77,6 +78,13 @@ function onstatus(s) {
     $("conn-text").textContent = "Disconnected";
   }
   renderControls();
+}
+
+function renderRetry() {
+  if (ui.connState !== "retrying") return;
+  const secs = Math.max(1, Math.ceil((ui.retryAt - performance.now()) / 1000));
+  const text = `Offline · retrying in ${secs} s`;
+  if ($("conn-text").textContent !== text) $("conn-text").textContent = text;
 }
 
 function closeReason(code, reason) {
@@ -182,6 +190,12 @@ function startLlm() {
   if (!turn) return;
   const tokens = tokenize(paragraph.text);
   ui.pacer = paceTokens(tokens, Number($("tps").value), (tok) => {
+    if (turn.status !== "open") { // failed or stopped underneath us
+      ui.pacer = null;
+      $("llm-hint").textContent = "Stopped.";
+      renderControls();
+      return false;
+    }
     session.sendText(turn, tok);
     $("llm-hint").textContent = `Token ${ui.pacer ? ui.pacer.sent : 1} of ${tokens.length}`;
   }, () => {
@@ -276,6 +290,7 @@ function render() {
     : "nothing yet";
   timeline.draw(turn, session.bufferTrace, now);
   renderControls();
+  renderRetry();
 }
 
 function turnLabel(turn) {

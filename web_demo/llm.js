@@ -47,18 +47,23 @@ export function tokenize(text) {
   return tokens;
 }
 
-/** Calls send(token) at tokensPerSecond, then onfinish(). Returns {stop, setRate}. */
+/**
+ * Calls send(token) at tokensPerSecond, then onfinish(). send may return false to stop early.
+ * Returns {stop, setRate, sent}.
+ */
 export function paceTokens(tokens, tokensPerSecond, send, onfinish) {
   let rate = tokensPerSecond;
   let i = 0;
   let timer = null;
+  let stopped = false;
   let next = performance.now();
   const tick = () => {
     const now = performance.now();
-    while (i < tokens.length && next <= now + 1) {
-      send(tokens[i++]);
+    while (!stopped && i < tokens.length && next <= now + 1) {
+      if (send(tokens[i++]) === false) stopped = true;
       next += 1000 / rate;
     }
+    if (stopped) return;
     if (i >= tokens.length) {
       timer = null;
       onfinish();
@@ -68,7 +73,7 @@ export function paceTokens(tokens, tokensPerSecond, send, onfinish) {
   };
   tick();
   return {
-    stop() { clearTimeout(timer); timer = null; },
+    stop() { stopped = true; clearTimeout(timer); timer = null; },
     setRate(r) { rate = r; },
     get sent() { return i; },
   };
