@@ -85,7 +85,7 @@ class _Connection:
             pcm = msg.get("pcm") or b""
             n = len(pcm) // trace.bytes_per_sample
             offset = msg.get("offset")
-            if offset is not None and offset != sum(trace.chunk_samples):
+            if offset is not None and offset != trace.num_samples:
                 trace.offset_mismatches += 1
             engine_t = msg.get("engine_t")
             trace.add_chunk(t, n, float(engine_t) if engine_t is not None else None)

@@ -33,6 +33,7 @@ class StreamTrace:
     error_message: str | None = None
     server_timings: dict[str, Any] = field(default_factory=dict)
     offset_mismatches: int = 0  # audio chunks whose `offset` did not follow the previous one
+    num_samples: int = 0  # sum of chunk_samples, kept up to date by add_chunk
     pcm: bytearray | None = None  # the audio itself, kept only for --asr
 
     @property
@@ -43,6 +44,7 @@ class StreamTrace:
     def add_chunk(self, t_recv: float, num_samples: int, engine_t: float | None = None) -> None:
         self.chunk_t.append(t_recv)
         self.chunk_samples.append(num_samples)
+        self.num_samples += num_samples
         if engine_t is not None:
             self.chunk_engine_t.append(engine_t)
 
