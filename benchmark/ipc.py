@@ -17,7 +17,7 @@ Rows:
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 import multiprocessing as mp
 import os
 import platform
@@ -61,7 +61,10 @@ def _echo_shm(q_in: ShmQueue, q_out: ShmQueue, total: int, cpu: int | None) -> N
     _pin(cpu)
     get, put = q_in.get, q_out.put
     for _ in range(total):
-        put(get())
+        msg = get(_TIMEOUT_S)
+        if msg is None:
+            raise TimeoutError("the parent went quiet")
+        put(msg)
     q_in.close()
     q_out.close()
 
@@ -70,7 +73,7 @@ def _echo_mp(q_in: mp.Queue, q_out: mp.Queue, total: int, cpu: int | None) -> No
     _pin(cpu)
     get, put = q_in.get, q_out.put
     for _ in range(total):
-        put(get())
+        put(get(True, _TIMEOUT_S))
 
 
 def _echo_zmq(address: str, total: int, cpu: int | None) -> None:
@@ -79,6 +82,7 @@ def _echo_zmq(address: str, total: int, cpu: int | None) -> None:
     _pin(cpu)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PAIR)
+    sock.setsockopt(zmq.RCVTIMEO, int(_TIMEOUT_S * 1000))
     sock.connect(address)
     recv, send = sock.recv, sock.send
     for _ in range(total):
@@ -90,17 +94,20 @@ def _echo_zmq(address: str, total: int, cpu: int | None) -> None:
 # -- parents ---------------------------------------------------------------------------------
 
 
+_TIMEOUT_S = 60.0  # every receive has one, so that a dead child fails the run instead of hanging it
+
+
 def _time_loop(send: Callable[[bytes], object], recv: Callable[[], object], payload: bytes, iterations: int, warmup: int) -> list[int]:
+    """Time ``iterations`` round trips after ``warmup`` untimed ones; ``recv`` returns None on timeout."""
     clock = time.perf_counter_ns
-    for _ in range(warmup):
-        send(payload)
-        recv()
     samples = [0] * iterations
-    for i in range(iterations):
+    for i in range(-warmup, iterations):
         t0 = clock()
         send(payload)
-        recv()
-        samples[i] = clock() - t0
+        if recv() is None:
+            raise TimeoutError(f"no echo within {_TIMEOUT_S} s: is the child alive?")
+        if i >= 0:
+            samples[i] = clock() - t0
     return samples
 
 
@@ -122,7 +129,8 @@ def bench_shm(size_bytes: int, iterations: int, warmup: int, pin: bool, *, use_a
                 for i in range(-warmup, iterations):
                     t0 = clock()
                     put(payload)
-                    await get()
+                    if await get(_TIMEOUT_S) is None:
+                        raise TimeoutError(f"no echo within {_TIMEOUT_S} s: is the child alive?")
                     if i >= 0:
                         samples[i] = clock() - t0
                 return samples
@@ -133,7 +141,7 @@ def bench_shm(size_bytes: int, iterations: int, warmup: int, pin: bool, *, use_a
             finally:
                 loop.close()
         else:
-            samples = _time_loop(to_child.put, to_parent.get, payload, iterations, warmup)
+            samples = _time_loop(to_child.put, functools.partial(to_parent.get, _TIMEOUT_S), payload, iterations, warmup)
         child.join(30)
     finally:
         if child.is_alive():
@@ -149,7 +157,7 @@ def bench_mp_queue(size_bytes: int, iterations: int, warmup: int, pin: bool) -> 
     child = ctx.Process(target=_echo_mp, args=(to_child, to_parent, iterations + warmup, 1 if pin else None))
     child.start()
     try:
-        samples = _time_loop(to_child.put, to_parent.get, os.urandom(size_bytes), iterations, warmup)
+        samples = _time_loop(to_child.put, functools.partial(to_parent.get, True, _TIMEOUT_S), os.urandom(size_bytes), iterations, warmup)
         child.join(30)
     finally:
         if child.is_alive():
@@ -165,6 +173,7 @@ def bench_zmq(size_bytes: int, iterations: int, warmup: int, pin: bool) -> Resul
         address = f"ipc://{tmp}/pair"
         zctx = zmq.Context()
         sock = zctx.socket(zmq.PAIR)
+        sock.setsockopt(zmq.RCVTIMEO, int(_TIMEOUT_S * 1000))  # recv raises zmq.Again after it
         sock.bind(address)
         child = ctx.Process(target=_echo_zmq, args=(address, iterations + warmup, 1 if pin else None))
         child.start()

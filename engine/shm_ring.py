@@ -1,21 +1,22 @@
 """Single-producer single-consumer byte-message queue in shared memory (one per direction).
 
-Layout: a header of cache-line-separated counters, then a byte ring of ``capacity_bytes``.
-Each message is one variable-length record, ``[u64 length][payload][pad to 8]``, copied in two
-pieces when it crosses the end of the ring, so a message of any size up to
-``max_message_bytes`` fits (there are no fixed slots). Indices are monotonic u64 byte counts;
-``write - read`` is the number of bytes in use.
+Layout: a header of u64 words (each side's hot words on their own cache line), then a byte
+ring of ``capacity_bytes``. A message is one variable-length record,
+``[u64 length][payload][pad to 8]``, copied in two pieces when it crosses the end of the ring,
+so any message up to ``max_message_bytes`` fits (there are no fixed slots). Indices are
+monotonic byte counts; ``write - read`` is the number of bytes in use.
 
 Commit rule: the producer writes the whole record, then stores the new write index. The
 consumer reads only below the write index it loaded, so a producer that dies mid-message
-leaves an uncommitted tail that is never seen; a new producer attached to the same queue
-overwrites it. Both rules rely on x86-64 total store order (stores are not reordered with
-stores, loads not with loads): CPython offers no atomics, and ``struct.pack_into`` of an
-aligned u64 is one store.
+leaves an uncommitted tail that is never seen, and a new producer overwrites it. This relies
+on x86-64 total store order (stores are not reordered with stores, nor loads with loads) and on
+each index being read and written whole. ``struct.pack_into`` does NOT do that (it zero-fills
+the field, then writes it), so header words go through a ``memoryview.cast("Q")``, whose item
+get/set is a single aligned 8-byte copy.
 
-Wake-up: a sleeper sets its ``*_waiting`` flag, re-checks the ring, then sleeps on an eventfd
+Wake-up: a sleeper sets its ``*_waiting`` word, re-checks the ring, then sleeps on an eventfd
 ("data" bell for the consumer, "space" bell for the producer). The other side rings only if it
-sees the flag after publishing, so the hot path makes no syscall. That flag/index pair is a
+sees the flag after publishing, so the hot path makes no syscall. The flag/index pair is a
 Dekker handshake and needs a store->load fence on both sides; acquiring and releasing a
 ``threading.Lock`` executes a locked instruction, which is a full fence on x86. Sleeps are also
 capped at ``_MAX_SLEEP_S`` as a backstop, so a broken assumption costs latency, never a hang.
@@ -36,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing import reduction, shared_memory
+from typing import NamedTuple
 
 import _posixshmem
 
@@ -54,22 +56,31 @@ class PeerDead(QueueClosed):
     """The peer process exited without closing its end."""
 
 
-_U64 = struct.Struct("<Q")
-_U32 = struct.Struct("<I")
-_META = struct.Struct("<IIQQ")  # magic, version, capacity_bytes, max_message_bytes
-_MAGIC, _VERSION = 0x56585152, 1  # "VXQR"
-
-# Header offsets; each side's hot fields on its own cache line to avoid false sharing.
-_OFF_WRITE = 0  # u64, producer stores
-_OFF_READ = 64  # u64, consumer stores
-_OFF_CONSUMER_WAITING = 128  # u32, consumer stores
-_OFF_PRODUCER_WAITING = 192  # u32, producer stores
-_OFF_META = 256
-_OFF_PRODUCER_PID, _OFF_CONSUMER_PID = 288, 292  # u32 each
-_OFF_PRODUCER_CLOSED, _OFF_CONSUMER_CLOSED = 296, 300  # u32 each
-_DATA = 320
+# Header word indices (u64 each); the producer's and consumer's hot words on separate lines.
+_WRITE = 0  # producer stores
+_READ = 8  # consumer stores
+_CONSUMER_WAITING = 16  # consumer stores
+_PRODUCER_WAITING = 24  # producer stores
+_META_OFFSET = 256  # bytes: magic, version, capacity_bytes, max_message_bytes (written once)
+_PRODUCER_PID, _CONSUMER_PID, _PRODUCER_CLOSED, _CONSUMER_CLOSED = 36, 37, 38, 39
+_DATA = 320  # byte offset of the ring
+_META = struct.Struct("<IIQQ")
+_MAGIC, _VERSION = 0x56585152, 2  # "VXQR"
 _RECORD_HEADER = 8
 _MAX_SLEEP_S = 0.25
+
+
+class _Side(NamedTuple):
+    """The header words and doorbell that one waiting side uses."""
+
+    waiting: int
+    peer_pid: int
+    peer_closed: int
+    role: str
+
+
+_GETTER = _Side(_CONSUMER_WAITING, _PRODUCER_PID, _PRODUCER_CLOSED, "get")
+_PUTTER = _Side(_PRODUCER_WAITING, _CONSUMER_PID, _CONSUMER_CLOSED, "put")
 
 
 def _record_bytes(num_payload_bytes: int) -> int:
@@ -78,8 +89,8 @@ def _record_bytes(num_payload_bytes: int) -> int:
 
 def _attach_segment(name: str, size: int) -> mmap.mmap:
     # Map by name ourselves: on Python < 3.13 SharedMemory(name) registers the segment with
-    # the resource tracker of the attaching process, which then unlinks it (with a warning)
-    # when that process exits. Only the creator's SharedMemory is tracked.
+    # the attaching process's resource tracker, which unlinks it (with a warning) when that
+    # process exits. Only the creator's SharedMemory is tracked.
     fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
     try:
         return mmap.mmap(fd, size)
@@ -103,10 +114,10 @@ def _drain_bell(fd: int) -> None:
 class ShmQueue:
     """A bounded SPSC queue of byte messages in shared memory, usable across spawned processes.
 
-    One process puts, one process gets (at most one producer handle and one consumer handle
-    at a time; a handle takes its side on first use, so a side can be handed to another
-    process only once its previous holder has stopped using it). Messages keep their order; each is delivered exactly once. The queue pickles
-    for ``multiprocessing`` (spawn): the child re-attaches the memory by name and receives
+    One process puts, one process gets. A handle takes its side on first use; a side may be
+    handed to another process only once its previous holder has stopped using it. Messages
+    keep their order and each is delivered exactly once. The queue pickles for
+    ``multiprocessing`` (spawn): the child re-attaches the memory by name and receives
     duplicates of the doorbell file descriptors.
 
     Full queue: ``put_nowait`` raises :class:`QueueFull` at once; ``put`` and ``put_async``
@@ -118,16 +129,9 @@ class ShmQueue:
     """
 
     def __init__(
-        self,
-        *,
-        name: str,
-        buf: mmap.mmap,
-        data_bell: int,
-        space_bell: int,
-        shm: shared_memory.SharedMemory | None,
-        spin_s: float,
+        self, *, name: str, buf: mmap.mmap, data_bell: int, space_bell: int, shm: shared_memory.SharedMemory | None, spin_s: float
     ) -> None:
-        magic, version, capacity, max_message = _META.unpack_from(buf, _OFF_META)
+        magic, version, capacity, max_message = _META.unpack_from(buf, _META_OFFSET)
         if magic != _MAGIC or version != _VERSION:
             raise ValueError(f"shared memory {name!r} is not a version-{_VERSION} ShmQueue")
         self.name = name
@@ -135,14 +139,15 @@ class ShmQueue:
         self.max_message_bytes: int = max_message
         self.spin_s = spin_s
         self._buf = buf
+        self._words = memoryview(buf).cast("Q")  # header words and record lengths
         self._shm = shm  # set only in the creator, which owns unlinking
         self._data_bell = data_bell
         self._space_bell = space_bell
         lock = threading.Lock()
         self._lock_acquire, self._lock_release = lock.acquire, lock.release
-        # Local copies of the counters: each side owns one and caches the other's last value.
-        self._write_idx = _U64.unpack_from(buf, _OFF_WRITE)[0]
-        self._read_idx = _U64.unpack_from(buf, _OFF_READ)[0]
+        # Each side owns one index and caches the other's last value (refreshed on first use).
+        self._write_idx: int = self._words[_WRITE]
+        self._read_idx: int = self._words[_READ]
         self._is_producer = False
         self._is_consumer = False
         self._is_closed = False
@@ -150,9 +155,7 @@ class ShmQueue:
         self._async_waiters: set[str] = set()
 
     @classmethod
-    def create(
-        cls, *, capacity_bytes: int = 16 << 20, max_message_bytes: int = 4 << 20, spin_s: float = 100e-6
-    ) -> ShmQueue:
+    def create(cls, *, capacity_bytes: int = 16 << 20, max_message_bytes: int = 4 << 20, spin_s: float = 100e-6) -> ShmQueue:
         """Create a new queue; this handle owns the shared memory and unlinks it on ``close()``.
 
         ``capacity_bytes`` (a multiple of 8) bounds the bytes in flight, record headers
@@ -172,7 +175,7 @@ class ShmQueue:
         try:
             buf = _attach_segment(shm.name, _DATA + capacity_bytes)
             shm.close()  # keep the object only to unlink; we use our own mapping
-            _META.pack_into(buf, _OFF_META, _MAGIC, _VERSION, capacity_bytes, max_message_bytes)
+            _META.pack_into(buf, _META_OFFSET, _MAGIC, _VERSION, capacity_bytes, max_message_bytes)
             flags = os.EFD_NONBLOCK | os.EFD_CLOEXEC
             data_bell, space_bell = os.eventfd(0, flags), os.eventfd(0, flags)
         except BaseException:
@@ -183,8 +186,8 @@ class ShmQueue:
     def __reduce__(self) -> tuple[object, ...]:
         if self._is_closed:
             raise QueueClosed("cannot pickle a closed ShmQueue")
-        args = (self.name, self.capacity_bytes, reduction.DupFd(self._data_bell), reduction.DupFd(self._space_bell), self.spin_s)
-        return (_rebuild, args)
+        bells = (reduction.DupFd(self._data_bell), reduction.DupFd(self._space_bell))
+        return (_rebuild, (self.name, self.capacity_bytes, *bells, self.spin_s))
 
     # -- producer -------------------------------------------------------------------------
 
@@ -193,34 +196,35 @@ class ShmQueue:
         num_bytes = len(data)
         if num_bytes > self.max_message_bytes:
             raise ValueError(f"message of {num_bytes} bytes exceeds max_message_bytes={self.max_message_bytes}")
-        size = (num_bytes + 15) & ~7
         if not self._is_producer:
-            self._become(_OFF_PRODUCER_PID)
+            self._become_producer()
+        size = (num_bytes + 15) & ~7
+        cap = self.capacity_bytes
         w = self._write_idx
-        buf = self._buf
+        words, buf = self._words, self._buf
         try:
-            if self.capacity_bytes - (w - self._read_idx) < size:
-                self._read_idx = _U64.unpack_from(buf, _OFF_READ)[0]
-                if self.capacity_bytes - (w - self._read_idx) < size:
-                    if _U32.unpack_from(buf, _OFF_CONSUMER_CLOSED)[0]:
+            if cap - (w - self._read_idx) < size:
+                self._read_idx = words[_READ]
+                if cap - (w - self._read_idx) < size:
+                    if words[_CONSUMER_CLOSED]:
                         raise QueueClosed("the consumer closed the queue")
                     raise QueueFull(f"no room for {num_bytes} bytes")
-            pos = w % self.capacity_bytes
-            _U64.pack_into(buf, _DATA + pos, num_bytes)
-            start = pos + _RECORD_HEADER
-            first = self.capacity_bytes - start  # bytes before the ring's end
+            pos = w % cap
+            words[(_DATA + pos) >> 3] = num_bytes
+            start = _DATA + pos + _RECORD_HEADER
+            first = _DATA + cap - start  # room before the ring's end
             if num_bytes <= first:
-                buf[_DATA + start : _DATA + start + num_bytes] = data
+                buf[start : start + num_bytes] = data
             else:  # the record wraps: copy in two pieces
                 view = memoryview(data)
-                buf[_DATA + start : _DATA + self.capacity_bytes] = view[:first]
+                buf[start : _DATA + cap] = view[:first]
                 buf[_DATA : _DATA + num_bytes - first] = view[first:]
             w += size
-            _U64.pack_into(buf, _OFF_WRITE, w)  # commit: the record becomes visible here
+            words[_WRITE] = w  # commit: the record becomes visible here
             self._write_idx = w
             self._lock_acquire()  # full fence: the store above before the flag load below
             self._lock_release()
-            if _U32.unpack_from(buf, _OFF_CONSUMER_WAITING)[0]:
+            if words[_CONSUMER_WAITING]:
                 os.eventfd_write(self._data_bell, 1)
         except ValueError:
             self._raise_if_closed()
@@ -233,8 +237,7 @@ class ShmQueue:
         except QueueFull:
             if timeout_s is not None and timeout_s <= 0:
                 raise
-        ready = self._room_check(len(data))
-        if not self._wait(ready, _OFF_PRODUCER_WAITING, self._space_bell, _OFF_CONSUMER_PID, _OFF_CONSUMER_CLOSED, timeout_s):
+        if not self._wait(self._room_check(len(data)), _PUTTER, self._space_bell, timeout_s):
             raise QueueFull(f"no room for {len(data)} bytes within {timeout_s} s")
         self.put_nowait(data)
 
@@ -245,18 +248,16 @@ class ShmQueue:
         except QueueFull:
             if timeout_s is not None and timeout_s <= 0:
                 raise
-        ready = self._room_check(len(data))
-        ok = await self._wait_async(ready, "put", _OFF_PRODUCER_WAITING, self._space_bell, _OFF_CONSUMER_PID, _OFF_CONSUMER_CLOSED, timeout_s)
-        if not ok:
+        if not await self._wait_async(self._room_check(len(data)), _PUTTER, self._space_bell, timeout_s):
             raise QueueFull(f"no room for {len(data)} bytes within {timeout_s} s")
         self.put_nowait(data)
 
     def _room_check(self, num_bytes: int) -> Callable[[], bool]:
         size = _record_bytes(num_bytes)
-        buf = self._buf
+        words = self._words
 
         def has_room() -> bool:
-            return self.capacity_bytes - (self._write_idx - _U64.unpack_from(buf, _OFF_READ)[0]) >= size
+            return self.capacity_bytes - (self._write_idx - words[_READ]) >= size
 
         return has_room
 
@@ -264,73 +265,97 @@ class ShmQueue:
 
     def get_nowait(self) -> bytes | None:
         """Take the oldest committed message, or return ``None`` if there is none."""
-        batch = self.get_many_nowait(1)
-        return batch[0] if batch else None
+        if not self._is_consumer:
+            self._become_consumer()
+        words = self._words
+        r = self._read_idx
+        try:
+            w = words[_WRITE]
+            if w == r:
+                return None
+            msg, r = self._read_record(r, w)
+            words[_READ] = r  # frees the space for the producer
+            self._read_idx = r
+            self._lock_acquire()  # full fence: the store above before the flag load below
+            self._lock_release()
+            if words[_PRODUCER_WAITING]:
+                os.eventfd_write(self._space_bell, 1)
+        except ValueError:
+            self._raise_if_closed()
+            raise
+        return msg
 
     def get_many_nowait(self, max_messages: int = 1 << 30) -> list[bytes]:
         """Take up to ``max_messages`` committed messages at once (empty list if none)."""
         if not self._is_consumer:
-            self._become(_OFF_CONSUMER_PID)
-        buf = self._buf
-        cap = self.capacity_bytes
+            self._become_consumer()
+        words = self._words
         r = self._read_idx
         out: list[bytes] = []
         try:
-            w = _U64.unpack_from(buf, _OFF_WRITE)[0]
+            w = words[_WRITE]
             while r != w and len(out) < max_messages:
-                pos = r % cap
-                num_bytes = _U64.unpack_from(buf, _DATA + pos)[0]
-                if num_bytes > self.max_message_bytes or _record_bytes(num_bytes) > w - r:
-                    raise RuntimeError(f"corrupt record of {num_bytes} bytes at index {r} in {self.name!r}")
-                start = _DATA + pos + _RECORD_HEADER
-                end = start + num_bytes
-                if end <= _DATA + cap:
-                    out.append(buf[start:end])
-                else:  # wrapped record
-                    out.append(buf[start : _DATA + cap] + buf[_DATA : end - cap])
-                r += (num_bytes + 15) & ~7
+                msg, r = self._read_record(r, w)
+                out.append(msg)
             if out:
-                _U64.pack_into(buf, _OFF_READ, r)  # frees the space for the producer
+                words[_READ] = r  # one store and one fence for the whole batch
                 self._read_idx = r
-                self._lock_acquire()  # full fence: the store above before the flag load below
+                self._lock_acquire()
                 self._lock_release()
-                if _U32.unpack_from(buf, _OFF_PRODUCER_WAITING)[0]:
+                if words[_PRODUCER_WAITING]:
                     os.eventfd_write(self._space_bell, 1)
         except ValueError:
             self._raise_if_closed()
             raise
         return out
 
+    def _read_record(self, r: int, w: int) -> tuple[bytes, int]:
+        """Copy out the record at read index ``r`` (below the loaded write index ``w``)."""
+        cap = self.capacity_bytes
+        pos = r % cap
+        num_bytes = self._words[(_DATA + pos) >> 3]
+        if num_bytes > self.max_message_bytes or _record_bytes(num_bytes) > w - r:
+            raise RuntimeError(f"corrupt record of {num_bytes} bytes at index {r} in {self.name!r}")
+        start = _DATA + pos + _RECORD_HEADER
+        end = start + num_bytes
+        if end <= _DATA + cap:
+            return self._buf[start:end], r + ((num_bytes + 15) & ~7)
+        wrapped = self._buf[start : _DATA + cap] + self._buf[_DATA : end - cap]
+        return wrapped, r + ((num_bytes + 15) & ~7)
+
     def get(self, timeout_s: float | None = None) -> bytes | None:
         """Take the oldest message, sleeping until one is committed; ``None`` after ``timeout_s``."""
         msg = self.get_nowait()
         if msg is not None or (timeout_s is not None and timeout_s <= 0):
             return msg
-        if not self._wait(self._has_data, _OFF_CONSUMER_WAITING, self._data_bell, _OFF_PRODUCER_PID, _OFF_PRODUCER_CLOSED, timeout_s):
+        if not self._wait(self._has_data, _GETTER, self._data_bell, timeout_s):
             return None
         return self.get_nowait()
 
     async def get_async(self, timeout_s: float | None = None) -> bytes | None:
         """Like :meth:`get`, but sleeps on the running event loop (``add_reader``); never blocks it."""
-        batch = await self.get_many_async(1, timeout_s=timeout_s)
-        return batch[0] if batch else None
+        msg = self.get_nowait()
+        if msg is not None or (timeout_s is not None and timeout_s <= 0):
+            return msg
+        if not await self._wait_async(self._has_data, _GETTER, self._data_bell, timeout_s):
+            return None
+        return self.get_nowait()
 
     async def get_many_async(self, max_messages: int = 1 << 30, timeout_s: float | None = None) -> list[bytes]:
         """Wait for at least one message, then take up to ``max_messages``; ``[]`` after ``timeout_s``."""
         batch = self.get_many_nowait(max_messages)
         if batch or (timeout_s is not None and timeout_s <= 0):
             return batch
-        ok = await self._wait_async(self._has_data, "get", _OFF_CONSUMER_WAITING, self._data_bell, _OFF_PRODUCER_PID, _OFF_PRODUCER_CLOSED, timeout_s)
-        return self.get_many_nowait(max_messages) if ok else []
+        if not await self._wait_async(self._has_data, _GETTER, self._data_bell, timeout_s):
+            return []
+        return self.get_many_nowait(max_messages)
 
     def _has_data(self) -> bool:
-        return _U64.unpack_from(self._buf, _OFF_WRITE)[0] != self._read_idx
+        return self._words[_WRITE] != self._read_idx
 
     # -- sleeping -------------------------------------------------------------------------
 
-    def _wait(
-        self, is_ready: Callable[[], bool], waiting_off: int, bell: int, peer_pid_off: int, peer_closed_off: int, timeout_s: float | None
-    ) -> bool:
+    def _wait(self, is_ready: Callable[[], bool], side: _Side, bell: int, timeout_s: float | None) -> bool:
         """Block until ``is_ready()`` (True) or the timeout (False); raise if the peer is gone."""
         now = time.monotonic()
         deadline = None if timeout_s is None else now + timeout_s
@@ -338,58 +363,56 @@ class ShmQueue:
         while time.monotonic() < spin_end:  # cheap when the peer answers within microseconds
             if is_ready():
                 return True
-        buf = self._buf
+        words = self._words
+        pidfd = self._peer_pidfd(side)
         poller = select.poll()
-        poller.register(bell, select.POLLIN)
-        pidfd = self._peer_pidfd(peer_pid_off)
-        if pidfd is not None:
-            poller.register(pidfd, select.POLLIN)
+        for fd in (bell, pidfd):
+            if fd is not None and fd >= 0:
+                poller.register(fd, select.POLLIN)
         while True:
-            _U32.pack_into(buf, waiting_off, 1)
+            words[side.waiting] = 1
             self._lock_acquire()  # full fence: the flag store before the re-check's loads
             self._lock_release()
             try:
                 if is_ready():
                     return True
-                self._raise_if_peer_gone(peer_closed_off, pidfd)
+                self._raise_if_peer_gone(side, pidfd)
                 remaining = _MAX_SLEEP_S if deadline is None else min(_MAX_SLEEP_S, deadline - time.monotonic())
                 if remaining <= 0:
                     return False
                 poller.poll(remaining * 1000)
             finally:
-                _U32.pack_into(buf, waiting_off, 0)
+                words[side.waiting] = 0
             _drain_bell(bell)
 
-    async def _wait_async(
-        self, is_ready: Callable[[], bool], role: str, waiting_off: int, bell: int, peer_pid_off: int, peer_closed_off: int, timeout_s: float | None
-    ) -> bool:
-        """Like :meth:`_wait`, but sleeps on the running loop's selector instead of blocking."""
-        if role in self._async_waiters:
-            raise RuntimeError(f"another task is already waiting to {role} on this ShmQueue")
+    async def _wait_async(self, is_ready: Callable[[], bool], side: _Side, bell: int, timeout_s: float | None) -> bool:
+        """Like :meth:`_wait`, but sleeps on the running loop's selector and never spins."""
+        if side.role in self._async_waiters:
+            raise RuntimeError(f"another task is already waiting to {side.role} on this ShmQueue")
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
-        pidfd = self._peer_pidfd(peer_pid_off)
-        buf = self._buf
-        self._async_waiters.add(role)
+        pidfd = self._peer_pidfd(side)
+        fds = [fd for fd in (bell, pidfd) if fd is not None and fd >= 0]
+        words = self._words
+        self._async_waiters.add(side.role)
         try:
             while True:
-                _U32.pack_into(buf, waiting_off, 1)
+                words[side.waiting] = 1
                 self._lock_acquire()  # full fence, as in _wait
                 self._lock_release()
                 try:
                     if is_ready():
                         return True
-                    self._raise_if_peer_gone(peer_closed_off, pidfd)
+                    self._raise_if_peer_gone(side, pidfd)
                     remaining = _MAX_SLEEP_S if deadline is None else min(_MAX_SLEEP_S, deadline - loop.time())
                     if remaining <= 0:
                         return False
                     woken = loop.create_future()
 
-                    def wake() -> None:
+                    def wake(woken: asyncio.Future[None] = woken) -> None:
                         if not woken.done():
                             woken.set_result(None)
 
-                    fds = [bell] if pidfd is None else [bell, pidfd]
                     for fd in fds:
                         loop.add_reader(fd, wake)
                     timer = loop.call_later(remaining, wake)
@@ -400,31 +423,32 @@ class ShmQueue:
                         for fd in fds:
                             loop.remove_reader(fd)
                 finally:
-                    _U32.pack_into(buf, waiting_off, 0)
+                    words[side.waiting] = 0
                 _drain_bell(bell)
         finally:
-            self._async_waiters.discard(role)
+            self._async_waiters.discard(side.role)
 
-    def _become(self, pid_off: int) -> None:
-        """Take the producer or consumer side on first use; record our pid so the peer can watch it."""
-        if self._is_closed:
-            raise QueueClosed("this ShmQueue handle is closed")
-        _U32.pack_into(self._buf, pid_off, os.getpid())
-        # A new peer (e.g. a restarted engine) re-opens an end that a previous one closed.
-        # Take over the side's index as the previous holder left it (it may have been another
-        # process, e.g. the child we were pickled to).
-        if pid_off == _OFF_PRODUCER_PID:
-            _U32.pack_into(self._buf, _OFF_PRODUCER_CLOSED, 0)
-            self._write_idx = _U64.unpack_from(self._buf, _OFF_WRITE)[0]
-            self._is_producer = True
-        else:
-            _U32.pack_into(self._buf, _OFF_CONSUMER_CLOSED, 0)
-            self._read_idx = _U64.unpack_from(self._buf, _OFF_READ)[0]
-            self._is_consumer = True
+    def _become_producer(self) -> None:
+        """Take the producer side: record our pid, re-open the end, start from the shared index."""
+        self._raise_if_closed()
+        words = self._words
+        words[_PRODUCER_PID] = os.getpid()
+        words[_PRODUCER_CLOSED] = 0  # a replacement producer (restarted engine) re-opens the end
+        self._write_idx = words[_WRITE]  # the previous holder may have been another process
+        self._is_producer = True
 
-    def _peer_pidfd(self, peer_pid_off: int) -> int | None:
+    def _become_consumer(self) -> None:
+        """Take the consumer side: record our pid, re-open the end, start from the shared index."""
+        self._raise_if_closed()
+        words = self._words
+        words[_CONSUMER_PID] = os.getpid()
+        words[_CONSUMER_CLOSED] = 0
+        self._read_idx = words[_READ]
+        self._is_consumer = True
+
+    def _peer_pidfd(self, side: _Side) -> int | None:
         """A pidfd of the peer recorded in the header (-1: already gone; None: unknown)."""
-        pid = _U32.unpack_from(self._buf, peer_pid_off)[0]
+        pid = self._words[side.peer_pid]
         if pid == 0 or pid == os.getpid():
             return None
         if pid != self._peer_pid:
@@ -443,8 +467,8 @@ class ShmQueue:
             os.close(self._peer_pidfd_cached)
         self._peer_pid, self._peer_pidfd_cached = 0, -1
 
-    def _raise_if_peer_gone(self, peer_closed_off: int, pidfd: int | None) -> None:
-        if _U32.unpack_from(self._buf, peer_closed_off)[0]:
+    def _raise_if_peer_gone(self, side: _Side, pidfd: int | None) -> None:
+        if self._words[side.peer_closed]:
             raise QueueClosed("the peer closed the queue")
         if pidfd is not None and (pidfd < 0 or _is_readable(pidfd)):
             raise PeerDead("the peer process exited")
@@ -457,7 +481,7 @@ class ShmQueue:
 
     def qsize_bytes(self) -> int:
         """Bytes committed and not yet consumed, record headers included (a snapshot)."""
-        return _U64.unpack_from(self._buf, _OFF_WRITE)[0] - _U64.unpack_from(self._buf, _OFF_READ)[0]
+        return self._words[_WRITE] - self._words[_READ]
 
     def forget_peer(self) -> None:
         """Forget a peer that died or closed, so that waits sleep again instead of raising.
@@ -465,13 +489,10 @@ class ShmQueue:
         Call after :class:`PeerDead` / :class:`QueueClosed` and before starting a replacement
         peer on the same queue; the replacement registers itself on its first put/get.
         """
-        for pid_off, closed_off, is_mine in (
-            (_OFF_PRODUCER_PID, _OFF_PRODUCER_CLOSED, self._is_producer),
-            (_OFF_CONSUMER_PID, _OFF_CONSUMER_CLOSED, self._is_consumer),
-        ):
-            if not is_mine:
-                _U32.pack_into(self._buf, pid_off, 0)
-                _U32.pack_into(self._buf, closed_off, 0)
+        if not self._is_producer:
+            self._words[_PRODUCER_PID] = self._words[_PRODUCER_CLOSED] = 0
+        if not self._is_consumer:
+            self._words[_CONSUMER_PID] = self._words[_CONSUMER_CLOSED] = 0
         self._close_pidfd()
 
     def close(self) -> None:
@@ -479,17 +500,15 @@ class ShmQueue:
         if self._is_closed:
             return
         self._is_closed = True
-        buf = self._buf
         if self._is_producer:
-            _U32.pack_into(buf, _OFF_PRODUCER_CLOSED, 1)
+            self._words[_PRODUCER_CLOSED] = 1
         if self._is_consumer:
-            _U32.pack_into(buf, _OFF_CONSUMER_CLOSED, 1)
-        self._lock_acquire()
-        self._lock_release()
-        # Wake whichever peer sleeps so that it sees the close flag now, not at its backstop.
-        for bell, flagged in ((self._data_bell, self._is_producer), (self._space_bell, self._is_consumer)):
-            if flagged:
-                os.eventfd_write(bell, 1)
+            self._words[_CONSUMER_CLOSED] = 1
+        # Wake a sleeping peer so that it sees the flag now, not at its backstop.
+        if self._is_producer:
+            os.eventfd_write(self._data_bell, 1)
+        if self._is_consumer:
+            os.eventfd_write(self._space_bell, 1)
         self._release()
         if self._shm is not None:
             self._shm.unlink()
@@ -510,6 +529,7 @@ class ShmQueue:
         os.close(self._data_bell)
         os.close(self._space_bell)
         self._close_pidfd()
+        self._words.release()
         self._buf.close()
 
 

@@ -65,9 +65,9 @@ def _child_flood(q: ShmQueue, first_seq: int, num_bytes: int) -> None:
         seq += 1
 
 
-def _child_put_then_close(q: ShmQueue, num_messages: int) -> None:
+def _child_put_then_close(q: ShmQueue, num_messages: int, num_bytes: int = 100) -> None:
     for seq in range(num_messages):
-        q.put(_message(seq, 100), timeout_s=60)
+        q.put(_message(seq, num_bytes), timeout_s=60)
     q.close()
 
 
@@ -287,7 +287,7 @@ def test_get_async_is_woken_by_put_without_blocking_the_loop() -> None:
             for _ in range(5):
                 await asyncio.sleep(0)  # the loop keeps running other work meanwhile
             assert not task.done()
-            assert q._buf[shm_ring._OFF_CONSUMER_WAITING] == 1  # asleep, announced
+            assert q._words[shm_ring._CONSUMER_WAITING] == 1  # asleep, announced
             q.put_nowait(b"wake")
             return await asyncio.wait_for(task, 10)
 
@@ -447,6 +447,28 @@ def test_child_close_after_puts_delivers_all_then_closed() -> None:
                 assert msg is not None
                 got.append(msg)
         assert got == [_message(seq, 100) for seq in range(200)]
+        child.join(30)
+    finally:
+        if child.is_alive():
+            child.kill()
+        q.close()
+
+
+def test_concurrent_stream_never_shows_a_torn_index() -> None:
+    """50k small messages streamed by a child while we drain concurrently arrive intact and in
+    order (the indices are read and written whole, never byte by byte)."""
+    num_messages = 50_000
+    q = ShmQueue.create(capacity_bytes=4096, max_message_bytes=64)
+    child = SPAWN.Process(target=_child_put_then_close, args=(q, num_messages, 8))
+    child.start()
+    try:
+        seq = 0
+        with pytest.raises(QueueClosed):
+            while True:
+                msg = q.get(timeout_s=30)
+                assert msg == _message(seq, 8)
+                seq += 1
+        assert seq == num_messages
         child.join(30)
     finally:
         if child.is_alive():
