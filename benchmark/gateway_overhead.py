@@ -278,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     _print_table(rows)
     if args.json_path:
-        out = {"tool": "benchmark.gateway_overhead", "machine": {
+        from benchmark.bench.report import _git_commit
+
+        out = {"tool": "benchmark.gateway_overhead", "commit": _git_commit(), "machine": {
             "platform": platform.platform(), "cpus": os.cpu_count(),
             "python": platform.python_version()},
             "config": {**cfg.__dict__}, "levels": rows}
