@@ -364,11 +364,6 @@ class ShmQueue:
             if is_ready():
                 return True
         words = self._words
-        pidfd = self._peer_pidfd(side)
-        poller = select.poll()
-        for fd in (bell, pidfd):
-            if fd is not None and fd >= 0:
-                poller.register(fd, select.POLLIN)
         while True:
             words[side.waiting] = 1
             self._lock_acquire()  # full fence: the flag store before the re-check's loads
@@ -376,10 +371,15 @@ class ShmQueue:
             try:
                 if is_ready():
                     return True
+                pidfd = self._peer_pidfd(side)  # per sleep: the peer may register meanwhile
                 self._raise_if_peer_gone(side, pidfd)
                 remaining = _MAX_SLEEP_S if deadline is None else min(_MAX_SLEEP_S, deadline - time.monotonic())
                 if remaining <= 0:
                     return False
+                poller = select.poll()
+                poller.register(bell, select.POLLIN)
+                if pidfd is not None:
+                    poller.register(pidfd, select.POLLIN)
                 poller.poll(remaining * 1000)
             finally:
                 words[side.waiting] = 0
@@ -391,8 +391,6 @@ class ShmQueue:
             raise RuntimeError(f"another task is already waiting to {side.role} on this ShmQueue")
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
-        pidfd = self._peer_pidfd(side)
-        fds = [fd for fd in (bell, pidfd) if fd is not None and fd >= 0]
         words = self._words
         self._async_waiters.add(side.role)
         try:
@@ -403,7 +401,9 @@ class ShmQueue:
                 try:
                     if is_ready():
                         return True
+                    pidfd = self._peer_pidfd(side)
                     self._raise_if_peer_gone(side, pidfd)
+                    fds = [bell] if pidfd is None else [bell, pidfd]
                     remaining = _MAX_SLEEP_S if deadline is None else min(_MAX_SLEEP_S, deadline - loop.time())
                     if remaining <= 0:
                         return False
