@@ -138,6 +138,12 @@ class NativeTarget:
         """Connect once to read ``hello`` (fails fast on a wrong URL); keep it in the pool."""
         conn = await self._connect()
         self._pool.append(conn)
+        limit = (self.info.get("limits") or {}).get("max_streams_per_connection")
+        if isinstance(limit, int) and 0 < limit < self.streams_per_connection:
+            # More would only be refused with too_many_streams: share up to the server's limit.
+            self.info["bench_note"] = (f"streams per connection lowered from "
+                                       f"{self.streams_per_connection} to the server's {limit}")
+            self.streams_per_connection = conn.capacity = limit
 
     async def _connect(self) -> _Connection:
         from websockets.asyncio.client import connect
