@@ -21,6 +21,9 @@ from typing import Any
 
 import torch
 
+from engine.llm.attention import AttentionMetadata, KVCacheSpec
+from engine.llm.model_runner import ModelRunner
+
 __all__ = [
     "DEFAULT_DECODE_BUCKETS",
     "DEFAULT_CODEC_BUCKETS",
@@ -28,6 +31,8 @@ __all__ = [
     "pad_decode_metadata",
     "DecodeGraphs",
     "BatchGraphs",
+    "CudaGraphModelRunner",
+    "flashinfer_attention_factory",
 ]
 
 DEFAULT_DECODE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -240,9 +245,7 @@ class DecodeGraphs:
 
     def _scratch_metadata(self, b: int) -> Any:
         """Metadata for ``b`` padding rows only (used to plan the capture)."""
-        from engine.llm.attention import AttentionMetadata
-
-        empty = AttentionMetadata(
+        empty = _EmptyMeta(
             qo_indptr=torch.zeros(1, dtype=torch.int32),
             kv_indptr=torch.zeros(1, dtype=torch.int32),
             kv_indices=torch.zeros(0, dtype=torch.int32),
@@ -255,6 +258,19 @@ class DecodeGraphs:
 
 
 @dataclasses.dataclass
+class _EmptyMeta:
+    """The fields of ``AttentionMetadata`` that padding reads (keeps this module standalone)."""
+
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    kv_last_page_len: torch.Tensor
+    slot_mapping: torch.Tensor
+    positions: torch.Tensor
+    num_decode_seqs: int
+
+
+@dataclasses.dataclass
 class _DecodeGraph:
     graph: torch.cuda.CUDAGraph
     attn: Any
@@ -262,3 +278,63 @@ class _DecodeGraph:
     pos: torch.Tensor
     extras: list[torch.Tensor]
     outs: tuple[torch.Tensor, ...]
+
+
+def flashinfer_attention_factory(spec: KVCacheSpec, kv_caches: list[torch.Tensor]) -> Any:
+    """``attention_backend_factory`` for ``ModelRunner``: eager FlashInfer attention."""
+    from engine.llm.flashinfer_attention import FlashInferAttention
+
+    return FlashInferAttention(kv_caches, num_q_heads=spec.num_qo_heads)
+
+
+class CudaGraphModelRunner(ModelRunner):
+    """``ModelRunner`` on the GPU: FlashInfer attention, decode steps replayed from CUDA graphs.
+
+    The KV cache gets one page more than ``num_pages``: the scratch page that padding rows use
+    (the page allocator must be built with ``num_pages``, so it never hands that page out).
+    Steps with prefill rows, or more decode rows than the largest bucket, run eagerly.
+    Sampling runs eagerly after the graph (it reads per-slot penalty state).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: Any,
+        *,
+        num_pages: int,
+        max_model_len: int,
+        decode_buckets: Sequence[int] = DEFAULT_DECODE_BUCKETS,
+        capture: bool = True,
+        progress: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("attention_backend_factory", flashinfer_attention_factory)
+        super().__init__(model, config, num_pages=num_pages + 1, **kwargs)
+        self.scratch_page = num_pages
+        buckets = [b for b in decode_buckets if b <= self.max_num_seqs] or [self.max_num_seqs]
+        self.graphs = DecodeGraphs(
+            self._graph_step,
+            self.kv_caches,
+            num_q_heads=config.num_attention_heads,
+            scratch_page=self.scratch_page,
+            max_pages_per_seq=-(-max_model_len // self.page_size),
+            buckets=buckets,
+        )
+        self.use_graphs = False
+        if capture:
+            self.capture(progress=progress)
+
+    def capture(self, *, progress: bool = True) -> None:
+        """Capture the decode graphs (start-up; a few seconds)."""
+        self.graphs.capture(progress=progress)
+        self.use_graphs = True
+
+    def _graph_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any) -> torch.Tensor:
+        hidden = self.model(ids, pos, attn)  # [B, hidden]
+        return self.model.compute_logits(hidden, self.vocab_ids)  # [B, K] float32
+
+    def _forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        if self.use_graphs and self.graphs.can_run(meta):
+            (logits,) = self.graphs.run(input_ids, meta)
+            return logits
+        return super()._forward(input_ids, meta)

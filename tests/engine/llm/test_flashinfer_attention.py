@@ -1,0 +1,156 @@
+"""CPU tests of the FlashInfer backend's planning and K/V writes, against a torch stand-in.
+
+The stand-in ``flashinfer`` module below implements the two wrappers' documented semantics
+(paged NHD cache, decode over whole sequences, prefill causal to the end of each sequence) in
+plain torch, so the backend's slicing of mixed batches and its fixed-buffer graph mode are
+checked against ``TorchPagedAttention`` without a GPU. The real kernels are checked on the GPU
+by ``benchmark.gpu_check`` and ``tests/engine/llm/test_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.llm.attention import KVCacheSpec, TorchPagedAttention, allocate_kv_caches, build_attention_metadata
+from engine.llm.cuda_graphs import pad_decode_metadata
+from engine.llm.scheduler import ScheduledBatch
+from engine.llm.sequence import SamplingParams, Sequence
+
+PAGE, HQ, HKV, D = 16, 6, 2, 8
+
+
+def _attend(q, cache, pages, kv_len, causal):  # noqa: ANN001
+    # q [n, Hq, D] over the sequence's first kv_len cached tokens
+    keys = cache[pages, 0].flatten(0, 1)[:kv_len].repeat_interleave(HQ // HKV, 1).transpose(0, 1)
+    vals = cache[pages, 1].flatten(0, 1)[:kv_len].repeat_interleave(HQ // HKV, 1).transpose(0, 1)
+    n = q.shape[0]
+    mask = None
+    if causal:
+        mask = torch.arange(kv_len).unsqueeze(0) <= torch.arange(n).unsqueeze(1) + (kv_len - n)
+    return F.scaled_dot_product_attention(q.transpose(0, 1), keys, vals, attn_mask=mask).transpose(0, 1)
+
+
+class _FakeWrapper:
+    def __init__(self, workspace, layout, use_cuda_graph=False, paged_kv_indptr_buffer=None,  # noqa: ANN001
+                 paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None) -> None:
+        assert layout == "NHD"
+        self.graph = use_cuda_graph
+        self.bufs = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
+        self.qo = None
+
+    def _plan(self, qo, indptr, indices, last, hq, hkv, d, ps, **kw) -> None:  # noqa: ANN001
+        assert (hq, hkv, d, ps) == (HQ, HKV, D, PAGE) and kw["q_data_type"] == kw["kv_data_type"]
+        assert indptr.device.type == last.device.type == "cpu"  # plan must not sync
+        assert int(indptr[0]) == 0 and int(indptr[-1]) == indices.numel()
+        if self.graph:
+            ip, ix, lp = self.bufs
+            assert last.numel() == lp.numel()
+            ip.copy_(indptr), lp.copy_(last), ix[: indices.numel()].copy_(indices)
+        else:
+            self.bufs = (indptr.clone(), indices.clone(), last.clone())
+        self.qo = qo
+
+    def run(self, q, cache, out=None):  # noqa: ANN001
+        ip, ix, lp = self.bufs
+        res = torch.empty_like(q) if out is None else out
+        qo = self.qo if self.qo is not None else torch.arange(lp.numel() + 1)
+        for b in range(lp.numel()):
+            pages = ix[int(ip[b]) : int(ip[b + 1])].long()
+            kv_len = (pages.numel() - 1) * PAGE + int(lp[b])
+            s, e = int(qo[b]), int(qo[b + 1])
+            res[s:e] = _attend(q[s:e], cache, pages, kv_len, causal=self.qo is not None)
+        return res
+
+
+class _FakeDecode(_FakeWrapper):
+    def plan(self, indptr, indices, last, *a, **kw) -> None:  # noqa: ANN001
+        self._plan(None, indptr, indices, last, *a, **kw)
+
+
+class _FakePrefill(_FakeWrapper):
+    def plan(self, qo, indptr, indices, last, *a, causal=False, **kw) -> None:  # noqa: ANN001
+        assert causal
+        self._plan(qo, indptr, indices, last, *a, **kw)
+
+
+@pytest.fixture()
+def fake_flashinfer(monkeypatch):  # noqa: ANN001, ANN201
+    mod = types.ModuleType("flashinfer")
+    mod.BatchDecodeWithPagedKVCacheWrapper = _FakeDecode
+    mod.BatchPrefillWithPagedKVCacheWrapper = _FakePrefill
+    monkeypatch.setitem(sys.modules, "flashinfer", mod)
+    return mod
+
+
+def _spec(num_pages: int = 32) -> KVCacheSpec:
+    return KVCacheSpec(num_layers=2, num_pages=num_pages, page_size=PAGE, num_qo_heads=HQ, num_kv_heads=HKV,
+                       head_dim=D, dtype=torch.float32, device=torch.device("cpu"), max_num_seqs=8)
+
+
+def _mixed_batch() -> ScheduledBatch:
+    """Two decode rows (contexts 20 and 3) then two prefill rows (a fresh 18 and a chunk 5 after 16)."""
+    p = SamplingParams()
+    specs = [(20, 1, [3, 5]), (3, 1, [7]), (0, 18, [9, 10]), (16, 5, [11, 12])]
+    seqs = []
+    for i, (done, new, pages) in enumerate(specs):
+        s = Sequence(seq_id=i, prompt_ids=list(range(done + new)), params=p, pages=pages, slot=i)
+        s.num_computed_tokens = done
+        seqs.append(s)
+    return ScheduledBatch(seqs=seqs, num_new_tokens=[n for _, n, _ in specs], is_sampled=[True] * 4, num_decode_seqs=2)
+
+
+def _run(backend, meta, qkv, layers=(0, 1)):  # noqa: ANN001
+    backend.begin_step(meta)
+    return [backend(layer, *qkv) for layer in layers]
+
+
+def test_mixed_step_matches_torch_paged_attention(fake_flashinfer) -> None:  # noqa: ANN001
+    """Decode and prefill rows of one step give TorchPagedAttention's outputs and cache."""
+    from engine.llm.flashinfer_attention import FlashInferAttention
+
+    torch.manual_seed(0)
+    spec = _spec()
+    ref_caches = allocate_kv_caches(spec)
+    for c in ref_caches:
+        c.normal_()
+    fi_caches = [c.clone() for c in ref_caches]
+    meta = build_attention_metadata(_mixed_batch(), PAGE)
+    t = int(meta.qo_indptr[-1])
+    qkv = (torch.randn(t, HQ, D), torch.randn(t, HKV, D), torch.randn(t, HKV, D))
+    ref = _run(TorchPagedAttention(spec, ref_caches), meta, qkv)
+    got = _run(FlashInferAttention(fi_caches, num_q_heads=HQ, workspace_bytes=16), meta, qkv)
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r)
+    for r, g in zip(ref_caches, fi_caches):
+        torch.testing.assert_close(g, r)
+
+
+def test_graph_attention_on_padded_batch_matches_unpadded(fake_flashinfer) -> None:  # noqa: ANN001
+    """The fixed-buffer graph variant on a padded decode batch gives the real rows' outputs."""
+    from engine.llm.flashinfer_attention import GraphDecodeAttention
+
+    torch.manual_seed(1)
+    spec = _spec()
+    caches = allocate_kv_caches(spec)
+    for c in caches:
+        c.normal_()
+    batch = _mixed_batch()
+    batch = ScheduledBatch(seqs=batch.seqs[:2], num_new_tokens=[1, 1], is_sampled=[True] * 2, num_decode_seqs=2)
+    meta = build_attention_metadata(batch, PAGE)
+    qkv = (torch.randn(2, HQ, D), torch.randn(2, HKV, D), torch.randn(2, HKV, D))
+    ref_caches = [c.clone() for c in caches]
+    ref = _run(TorchPagedAttention(spec, ref_caches), meta, qkv)
+    scratch = spec.num_pages - 1
+    padded = pad_decode_metadata(meta, 4, scratch_page=scratch, page_size=PAGE)
+    attn = GraphDecodeAttention(caches, num_q_heads=HQ, batch_size=4, max_num_pages=4 * 8, workspace=torch.empty(0))
+    pad_qkv = tuple(torch.cat([x, torch.randn(2, *x.shape[1:])]) for x in qkv)
+    got = _run(attn, padded, pad_qkv)
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g[:2], r)
+    for r, g in zip(ref_caches, caches):  # only the scratch page differs
+        torch.testing.assert_close(g[:scratch], r[:scratch])

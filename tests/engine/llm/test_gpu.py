@@ -1,0 +1,98 @@
+"""GPU tests of the FlashInfer backend and CUDA graphs (run on a CUDA machine with flashinfer)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+PAGE = 16
+
+
+def _caches(num_pages: int, hkv: int, d: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    return [torch.randn(num_pages, 2, PAGE, hkv, d, device="cuda").to(dtype) for _ in range(2)]
+
+
+def test_flashinfer_mixed_step_matches_torch_paged_attention() -> None:
+    """FlashInfer decode + prefill rows of one step equal the torch reference (bf16 tolerance)."""
+    pytest.importorskip("flashinfer")
+    from engine.llm.attention import KVCacheSpec, TorchPagedAttention, build_attention_metadata
+    from engine.llm.flashinfer_attention import FlashInferAttention
+    from tests.engine.llm.test_flashinfer_attention import _mixed_batch
+
+    hq, hkv, d = 24, 8, 128
+    spec = KVCacheSpec(num_layers=2, num_pages=32, page_size=PAGE, num_qo_heads=hq, num_kv_heads=hkv,
+                       head_dim=d, dtype=torch.bfloat16, device=torch.device("cuda"), max_num_seqs=8)
+    ref_caches = _caches(32, hkv, d, torch.bfloat16)
+    fi_caches = [c.clone() for c in ref_caches]
+    meta = build_attention_metadata(_mixed_batch(), PAGE)
+    t = int(meta.qo_indptr[-1])
+    q, k, v = (torch.randn(t, h, d, device="cuda", dtype=torch.bfloat16) for h in (hq, hkv, hkv))
+    ref_attn, fi_attn = TorchPagedAttention(spec, ref_caches), FlashInferAttention(fi_caches, num_q_heads=hq)
+    ref_attn.begin_step(meta)
+    fi_attn.begin_step(meta)
+    for layer in (0, 1):
+        torch.testing.assert_close(fi_attn(layer, q, k, v).float(), ref_attn(layer, q, k, v).float(),
+                                   atol=2e-2, rtol=2e-2)
+    for a, b in zip(fi_caches, ref_caches):
+        torch.testing.assert_close(a, b)
+
+
+def test_decode_graph_replay_matches_eager_and_ignores_padding() -> None:
+    """A captured decode step on a padded batch gives the eager step's logits for the real rows."""
+    pytest.importorskip("flashinfer")
+    from engine.llm.attention import build_attention_metadata
+    from engine.llm.cuda_graphs import CudaGraphModelRunner
+    from engine.llm.scheduler import ScheduledBatch
+    from engine.llm.sequence import SamplingParams, Sequence
+    from models.orpheus.config import TINY
+    from models.orpheus.llama import LlamaModel
+
+    cfg = TINY.with_(hidden_size=256, intermediate_size=512, num_attention_heads=6, num_key_value_heads=2,
+                     head_dim=128, num_hidden_layers=2)
+    model = LlamaModel(cfg, max_seq_len=512).init_random_(seed=0).to("cuda", torch.bfloat16)
+    model.setup_rope("cuda")
+    runner = CudaGraphModelRunner(model, cfg, device="cuda", dtype=torch.bfloat16, num_pages=64,
+                                  max_model_len=512, max_num_seqs=8, decode_buckets=(1, 4, 8), progress=False)
+    for c in runner.kv_caches:
+        c.normal_()
+    seqs = []
+    for i, ctx in enumerate((40, 3, 17)):
+        s = Sequence(seq_id=i, prompt_ids=list(range(100, 100 + ctx)), params=SamplingParams(), slot=i)
+        s.output_ids.append(7)
+        s.num_computed_tokens = ctx
+        s.pages = list(range(i * 4, i * 4 + 4))
+        seqs.append(s)
+    batch = ScheduledBatch(seqs=seqs, num_new_tokens=[1, 1, 1], is_sampled=[True] * 3, num_decode_seqs=3)
+    meta = build_attention_metadata(batch, PAGE)
+    ids = torch.tensor([7, 7, 7])
+    with torch.inference_mode():
+        runner.use_graphs = False
+        eager = runner._forward(ids, meta).clone()
+        runner.use_graphs = True
+        graph = runner._forward(ids, meta)
+    torch.testing.assert_close(graph, eager, atol=2e-2, rtol=2e-2)
+    assert torch.equal(graph.argmax(-1), eager.argmax(-1))
+
+
+def test_codec_graph_matches_eager() -> None:
+    """SnacDecoder.decode_windows replayed from a CUDA graph equals the eager call."""
+    pytest.importorskip("snac")
+    from engine.llm.cuda_graphs import BatchGraphs
+    from models.orpheus.codec import SnacDecoder
+    from models.orpheus.loader import load_snac
+
+    dec = SnacDecoder(load_snac(load_format="dummy", device="cuda"))
+    w = 6
+    specs = [((w * m,), torch.int64) for m in (1, 2, 4)] + [((), torch.int64)] * 3
+    graphs = BatchGraphs(dec.decode_windows, specs, buckets=(1, 4), device="cuda")
+    graphs.capture(progress=False)
+    codes = [torch.randint(0, 4096, (3, w * m), device="cuda") for m in (1, 2, 4)]
+    aux = [torch.tensor([0, 5, 9], device="cuda"), torch.tensor([2, 0, 0], device="cuda"),
+           torch.full((3,), w, device="cuda")]
+    (graph,) = graphs.run(*codes, *aux)
+    torch.testing.assert_close(graph, dec.decode_windows(*codes, *aux), atol=1e-5, rtol=1e-4)
