@@ -80,10 +80,11 @@ class DemoPage:
         target = self.stats()["statsReports"] + n
         self.wait(f"window.voxgateDemo.stats().statsReports >= {target}")
 
-    def screenshot(self, name: str) -> Path:
+    def screenshot(self, name: str, *, full_page: bool = False) -> Path:
+        """Save a screenshot under artifacts/ (gitignored; CI keeps it as a test artefact)."""
         ARTIFACTS.mkdir(exist_ok=True)
         path = ARTIFACTS / name
-        self.page.screenshot(path=str(path))
+        self.page.screenshot(path=str(path), full_page=full_page)
         return path
 
 

@@ -17,7 +17,23 @@ REPO = Path(__file__).resolve().parents[2]
 MODULE = REPO / "web_demo" / "msgpack.js"
 HARNESS = Path(__file__).with_name("msgpack_harness.mjs")
 
-pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+
+
+def _node() -> str | None:
+    """A node binary: the system's, else the one bundled inside the playwright package."""
+    found = shutil.which("node")
+    if found:
+        return found
+    try:
+        import playwright
+    except ImportError:
+        return None
+    bundled = Path(playwright.__file__).parent / "driver" / "node"
+    return str(bundled) if bundled.is_file() else None
+
+
+NODE = _node()
+pytestmark = pytest.mark.skipif(NODE is None, reason="needs node (or pip install playwright, which bundles one)")
 
 
 def _tag(v: Any) -> Any:
@@ -126,7 +142,7 @@ def _run_harness(values: list[Any], tmp_path: Path, malformed: list[bytes] = ())
         "malformed": [m.hex() for m in malformed],
     }
     proc = subprocess.run(
-        ["node", str(HARNESS), str(module)], input=json.dumps(payload), capture_output=True,
+        [str(NODE), str(HARNESS), str(module)], input=json.dumps(payload), capture_output=True,
         text=True, timeout=120, check=False,
     )
     assert proc.returncode == 0, proc.stderr

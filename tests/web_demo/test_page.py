@@ -87,4 +87,4 @@ def test_narrow_screen_layout(demo_factory: Any, voxgate_server: Any) -> None:
     assert overflow <= 0
     boxes = [demo.page.locator(sel).bounding_box() for sel in (".input-card", ".metrics-card")]
     assert boxes[1]["y"] >= boxes[0]["y"] + boxes[0]["height"]
-    demo.page.screenshot(path=str(demo.screenshot("demo-narrow.png")), full_page=True)
+    demo.screenshot("demo-narrow.png", full_page=True)

@@ -75,7 +75,7 @@ def test_stop_cuts_the_audio_and_a_new_turn_follows(demo: Any) -> None:
     page = demo.page
     page.click("#tab-llm")
     page.select_option("#paragraph", "2")
-    page.fill("#tps", "8")
+    page.fill("#tps", "5")  # 62 tokens: about 12 s of streaming, so Stop lands mid-turn
     page.click("#llm-start")
     demo.wait("window.voxgateDemo.stats().samplesPlayed > 12000")
     assert demo.stats()["currentTurn"]["status"] == "open"  # still streaming tokens
