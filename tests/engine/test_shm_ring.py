@@ -476,6 +476,29 @@ def test_concurrent_stream_never_shows_a_torn_index() -> None:
         q.close()
 
 
+def test_concurrent_reader_sees_only_committed_indices() -> None:
+    """While a child streams 200k messages, every write index we observe is one the producer
+    committed: it never goes backwards or off the record grid (no half-written index)."""
+    num_messages = 200_000
+    q = ShmQueue.create(capacity_bytes=_record(8) * num_messages, max_message_bytes=64)
+    child = SPAWN.Process(target=_child_put_then_close, args=(q, num_messages, 8))
+    child.start()
+    try:
+        last = 0
+        final = _record(8) * num_messages
+        deadline = time.monotonic() + 120
+        while last < final and time.monotonic() < deadline:
+            seen = q.qsize_bytes()  # nothing is consumed, so this is the write index
+            assert seen >= last and seen % _record(8) == 0, (seen, last)
+            last = seen
+        assert last == final
+        child.join(30)
+    finally:
+        if child.is_alive():
+            child.kill()
+        q.close()
+
+
 def test_attaching_child_leaves_segment_and_no_tracker_warning(tmp_path: Path) -> None:
     """A spawn child that attaches and exits neither unlinks the segment nor triggers a
     resource_tracker warning; the creator's close unlinks it."""
