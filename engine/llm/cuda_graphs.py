@@ -293,6 +293,7 @@ class CudaGraphModelRunner(ModelRunner):
     The KV cache gets one page more than ``num_pages``: the scratch page that padding rows use
     (the page allocator must be built with ``num_pages``, so it never hands that page out).
     Steps with prefill rows, or more decode rows than the largest bucket, run eagerly.
+    ``max_model_len`` bounds a graphed row's context (it sizes the page-index buffers).
     Sampling runs eagerly after the graph (it reads per-slot penalty state).
     """
 
@@ -302,7 +303,7 @@ class CudaGraphModelRunner(ModelRunner):
         config: Any,
         *,
         num_pages: int,
-        max_model_len: int,
+        max_model_len: int = 4096,
         decode_buckets: Sequence[int] = DEFAULT_DECODE_BUCKETS,
         capture: bool = True,
         progress: bool = True,
