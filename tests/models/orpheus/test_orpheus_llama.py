@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from dense_attention import DenseAttention
+from tests.models.orpheus.dense_attention import DenseAttention
 
 from models.orpheus.loader import load_orpheus
 
