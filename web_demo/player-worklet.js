@@ -36,7 +36,6 @@ class PlayerProcessor extends AudioWorkletProcessor {
       case "push":
         this.chunks.push(msg.samples);
         this.buffered += msg.samples.length;
-        this.final = false;
         if (this.state === "idle") this.setState("buffering");
         break;
       case "config":
