@@ -182,8 +182,8 @@ class StreamingDecoder:
 
     After ``n`` frames have arrived, samples up to ``n * 2048 - lookahead_samples`` are final:
     the decoder is a finite stack of convolutions, so a sample only depends on codes within its
-    receptive field (measured on random SNAC 24 kHz weights: about 2.4 frames, ~4.9k samples,
-    each side). Each new frame decodes the last ``window_frames`` frames (the window ends at the
+    receptive field (measured by perturbing one frame: 4,757 samples = 2.32 frames each side;
+    ``python -m models.orpheus.measure_streaming``). Each new frame decodes the last ``window_frames`` frames (the window ends at the
     newest frame, with the decoder's own zero padding there, and starts at frame 0's padding
     for the first frames) and emits the 2048 samples that just became final. ``finish()``
     decodes the tail against the true end, as the whole-sequence decode does.
@@ -192,8 +192,10 @@ class StreamingDecoder:
     ``(W - 1) * 2048 - 5120 = 5120`` samples. Both sides cover the receptive field, so streaming
     equals the whole-sequence decode up to float rounding (max abs difference ~1e-6 measured,
     asserted < 1e-4 in tests). Latency: the first samples leave after 3 frames = 21 generated
-    tokens (1024 samples); then 2048 samples (85.3 ms) per 7 tokens. Decode cost per frame:
-    one 6-frame window. Smaller lookaheads trade exactness for latency (see docs/orpheus.md).
+    tokens (1024 samples); then 2048 samples (85.3 ms) per 7 tokens; ``finish`` emits the last
+    5120. Decode cost per frame: one 6-frame window. Any lookahead in [4096, 6144) gives the
+    same 3-frame start, so nothing is gained by cutting into the receptive field; smaller
+    lookaheads trade exactness for latency (error table in docs/orpheus.md).
     """
 
     def __init__(self, decoder: SnacDecoder | None = None, *, window_frames: int = DEFAULT_WINDOW_FRAMES,
