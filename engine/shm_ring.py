@@ -68,6 +68,10 @@ _META = struct.Struct("<IIQQ")
 _MAGIC, _VERSION = 0x56585152, 2  # "VXQR"
 _RECORD_HEADER = 8
 _MAX_SLEEP_S = 0.25
+# A waiting get/put first busy-polls this long (a peer on another core answers within a few
+# microseconds), then polls with sched_yield() between checks until spin_s, so that a peer
+# sharing our core gets to run instead of waiting for our time slice to end.
+_BUSY_SPIN_S = 10e-6
 
 
 class _Side(NamedTuple):
@@ -160,7 +164,9 @@ class ShmQueue:
 
         ``capacity_bytes`` (a multiple of 8) bounds the bytes in flight, record headers
         included; every message up to ``max_message_bytes`` must fit in an empty ring.
-        ``spin_s``: how long a blocking ``get``/``put`` polls the ring before it sleeps.
+        ``spin_s``: how long a blocking ``get``/``put`` polls the ring before it sleeps (busy
+        for the first ``_BUSY_SPIN_S``, then yielding the CPU between checks); 0 sleeps at once.
+        The asyncio calls never poll.
         """
         if capacity_bytes <= 0 or capacity_bytes % 8:
             raise ValueError(f"capacity_bytes must be a positive multiple of 8, got {capacity_bytes}")
@@ -360,9 +366,15 @@ class ShmQueue:
         now = time.monotonic()
         deadline = None if timeout_s is None else now + timeout_s
         spin_end = now + self.spin_s
-        while time.monotonic() < spin_end:  # cheap when the peer answers within microseconds
+        busy_end = now + _BUSY_SPIN_S
+        while True:
             if is_ready():
                 return True
+            t = time.monotonic()
+            if t >= spin_end:
+                break
+            if t >= busy_end:
+                os.sched_yield()
         words = self._words
         while True:
             words[side.waiting] = 1
