@@ -183,13 +183,17 @@ def build_orpheus_backend(
     KV cache: ``num_pages`` if given; on CUDA, what fits in ``total * gpu_memory_utilization``
     after the weights, minus ``reserve_bytes`` for activations and graphs; on the CPU,
     ``cpu_kv_cache_bytes``. Never more than ``max_num_seqs`` full-length sequences need, never
-    less than one. One extra page (``runner.scratch_page``) is owned by no sequence: CUDA-graph
-    padding rows write there. ``max_num_batched_tokens`` defaults to
+    less than one. One page (``runner.scratch_page``) is owned by no sequence: CUDA-graph
+    padding rows write there. On CUDA with flashinfer installed the runner is
+    ``CudaGraphModelRunner`` (``enable_cuda_graphs``, default) or ``ModelRunner`` with
+    FlashInfer attention; ``runner_factory`` / ``attention_backend_factory`` override. ``max_num_batched_tokens`` defaults to
     ``max(512, max_num_seqs)`` (decodes plus one prefill chunk).
     """
+    import functools
+    import importlib.util
+
     import torch
 
-    from engine.llm.attention import torch_paged_attention_factory
     from engine.llm.model_runner import kv_bytes_per_page, num_pages_for_memory
     from engine.llm.page_allocator import PageAllocator
     from engine.llm.program import OrpheusProgram
@@ -233,29 +237,32 @@ def build_orpheus_backend(
         else:
             num_pages = cpu_kv_cache_bytes // kv_bytes_per_page(llama_config, page_size, torch_dtype)
         num_pages = min(num_pages, max_num_seqs * pages_per_seq + 1)
-    if num_pages - 1 < pages_per_seq:
+    if num_pages - 1 < pages_per_seq:  # (one page may become the scratch page)
         raise ValueError(
             f"the KV cache ({num_pages} pages of {page_size}) cannot hold one sequence of "
             f"max_model_len={max_model_len}; lower max_model_len or give it more memory"
         )
-    if attention_backend_factory is None:
-        attention_backend_factory = torch_paged_attention_factory
-        if device == "cuda":
-            import importlib.util
+    if runner_factory is None and device == "cuda":
+        from engine.llm.cuda_graphs import CudaGraphModelRunner, flashinfer_attention_factory
 
-            if importlib.util.find_spec("flashinfer") is not None:
-                from engine.llm.flashinfer_attention import FlashInferAttention
-
-                def attention_backend_factory(spec, kv_caches):  # noqa: F811
-                    return FlashInferAttention(kv_caches, num_q_heads=spec.num_qo_heads)
-            else:
-                log.warning("flashinfer is not installed: using the plain torch paged attention")
+        if importlib.util.find_spec("flashinfer") is None:
+            log.warning("flashinfer is not installed: plain torch paged attention, no CUDA graphs")
+        elif pick(None, "enable_cuda_graphs", True):
+            runner_factory = functools.partial(CudaGraphModelRunner, max_model_len=max_model_len)
+        else:
+            attention_backend_factory = attention_backend_factory or flashinfer_attention_factory
+    runner_kw: dict[str, Any] = {}
+    if attention_backend_factory is not None:
+        runner_kw["attention_backend_factory"] = attention_backend_factory
     runner = (runner_factory or ModelRunner)(
-        model, llama_config, device=device, dtype=torch_dtype, num_pages=num_pages,
-        page_size=page_size, attention_backend_factory=attention_backend_factory,
+        model, llama_config, device=device, dtype=torch_dtype, num_pages=num_pages, page_size=page_size,
         max_num_seqs=max_num_seqs, vocab_ids=program.vocab_ids, allowed_table=program.allowed_table,
+        **runner_kw,
     )
-    runner.scratch_page = num_pages - 1  # outside the allocator's range: no sequence owns it
+    allocator_pages = num_pages
+    if runner.scratch_page is None:  # keep the last page out of the allocator's range
+        allocator_pages = num_pages - 1
+        runner.scratch_page = allocator_pages
     scheduler = Scheduler(
         SchedulerConfig(
             max_num_seqs=max_num_seqs,
@@ -263,7 +270,7 @@ def build_orpheus_backend(
             max_model_len=max_model_len,
             max_waiting=max_waiting,
         ),
-        PageAllocator(num_pages - 1, page_size),
+        PageAllocator(allocator_pages, page_size),
     )
     backend = LMBackend(program, runner, scheduler)
     if warmup:

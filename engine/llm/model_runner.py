@@ -90,6 +90,9 @@ class ModelRunner:
         self.dtype = dtype
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs
+        # A KV page no sequence owns (CUDA-graph padding rows write there); set by subclasses
+        # that allocate one, or by ``build_orpheus_backend``.
+        self.scratch_page: int | None = None
         self.spec = KVCacheSpec(
             num_layers=config.num_hidden_layers,
             num_pages=num_pages,
@@ -164,6 +167,8 @@ class ModelRunner:
             steps=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64).to(dev),
             seen=self.seen.index_select(0, slots),
             allowed=allowed,
+            all_greedy=all(p.temperature <= 0 for p in params),
+            any_top_p=any(p.top_p < 1 for p in params),
         )  # [B]
         keep = torch.tensor(batch.is_sampled, dtype=torch.bool).to(dev)  # [B]
         self.seen[slots, cols] = self.seen[slots, cols] | keep

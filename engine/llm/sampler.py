@@ -17,45 +17,72 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["Sampler", "gumbel_noise", "uniform_noise"]
+__all__ = ["Sampler", "bits_to_unit", "gumbel_noise", "uniform_noise"]
 
 _MASK32 = 0xFFFFFFFF
-
-
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for x in [0, 2**32) without int64 overflow (16-bit halves of c)."""
-    lo = x * (c & 0xFFFF)  # < 2**48
-    hi = ((x * (c >> 16)) & 0xFFFF) << 16  # < 2**32
-    return (lo + hi) & _MASK32
+# Odd multipliers below 2**31: a 32-bit value times one stays below 2**63 (no int64 overflow).
+_M1 = 0x7FEB352D
+_M2 = 0x1B873593
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finaliser (xor-shift-multiply); input/output int64 in [0, 2**32)."""
+    """A 32-bit xor-shift-multiply finaliser; int64 in, int64 in [0, 2**32) out."""
     x = x & _MASK32
     x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
+    x = (x * _M1) & _MASK32
     x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
+    x = (x * _M2) & _MASK32
     return x ^ (x >> 16)
 
 
-def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, num_cols: int) -> torch.Tensor:
-    """float32 [B, num_cols] in (0, 1), a pure function of (seed, step, column) per element."""
+def _row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """int64 [B] in [0, 2**32): one hash of (seed, step) per row."""
     row = _mix32((seeds & _MASK32) ^ 0x9E3779B9)
     row = _mix32(row ^ ((seeds >> 32) & _MASK32))
-    row = _mix32(row ^ (steps & _MASK32))  # [B]
-    cols = _mix32(torch.arange(num_cols, device=seeds.device, dtype=torch.int64) + 0x632BE5AB)  # [K]
-    bits = _mix32(row.unsqueeze(1) ^ cols.unsqueeze(0)) >> 8  # [B, K] 24 random bits
-    return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return _mix32(row ^ (steps & _MASK32))
 
 
-def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, num_cols: int) -> torch.Tensor:
-    """float32 [B, num_cols] standard Gumbel noise."""
-    return -torch.log(-torch.log(uniform_noise(seeds, steps, num_cols)))
+def _col_keys(num_cols: int, device: torch.device) -> torch.Tensor:
+    """int64 [K] in [0, 2**32): one hash per column index."""
+    return _mix32(torch.arange(num_cols, device=device, dtype=torch.int64) + 0x632BE5AB)
+
+
+def uniform_noise(
+    seeds: torch.Tensor, steps: torch.Tensor, num_cols: int, col_keys: torch.Tensor | None = None
+) -> torch.Tensor:
+    """float32 [B, num_cols] in (0, 1), a pure function of (seed, step, column) per element.
+
+    Both keys are fully mixed, so one more xor-shift-multiply round over their xor suffices.
+    """
+    cols = _col_keys(num_cols, seeds.device) if col_keys is None else col_keys  # [K]
+    x = _row_keys(seeds, steps).unsqueeze(1) ^ cols.unsqueeze(0)  # [B, K]
+    x = x ^ (x >> 16)
+    x = (x * _M1) & _MASK32
+    x = x ^ (x >> 15)
+    return bits_to_unit(x >> 9)  # [B, K] from the top 23 bits
+
+
+def bits_to_unit(bits: torch.Tensor) -> torch.Tensor:
+    """int64 in [0, 2**23) -> float32 (bits + 0.5) / 2**23, strictly inside (0, 1).
+
+    23 bits, not 24: (bits + 0.5) must be exact in float32's 24-bit significand, else the top
+    value rounds to 1.0 and the Gumbel noise -log(-log(1)) becomes +inf.
+    """
+    return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 23))
+
+
+def gumbel_noise(
+    seeds: torch.Tensor, steps: torch.Tensor, num_cols: int, col_keys: torch.Tensor | None = None
+) -> torch.Tensor:
+    """float32 [B, num_cols] standard Gumbel noise, always finite (|g| < 17)."""
+    return -torch.log(-torch.log(uniform_noise(seeds, steps, num_cols, col_keys)))
 
 
 class Sampler:
     """``__call__`` returns column indices [B] (into the logits' last dim)."""
+
+    def __init__(self) -> None:
+        self._col_keys: torch.Tensor | None = None  # cached per (K, device)
 
     def __call__(
         self,
@@ -68,6 +95,8 @@ class Sampler:
         steps: torch.Tensor,  # int64 [B] tokens this row generated so far
         seen: torch.Tensor | None = None,  # bool [B, K] tokens this row generated
         allowed: torch.Tensor | None = None,  # bool [B, K] columns a row may emit
+        all_greedy: bool = False,  # host-side hint: every temperature is 0, skip the sampling
+        any_top_p: bool = True,  # host-side hint: False when every top_p is 1, skip the sort
     ) -> torch.Tensor:
         logits = logits.float()
         if seen is not None:
@@ -77,15 +106,23 @@ class Sampler:
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
         greedy = logits.argmax(dim=-1)  # [B]
+        if all_greedy:
+            return greedy
 
         is_greedy = temperature <= 0  # [B]
         temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
         scaled = logits / temp.unsqueeze(1)  # [B, K]
-        probs = torch.softmax(scaled, dim=-1)
-        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [B, K]
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        drop_sorted = mass_before >= top_p.unsqueeze(1)  # the top token is always kept
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
-        sampled = (scaled + gumbel_noise(seeds, steps, logits.shape[1])).argmax(dim=-1)  # [B]
+        drop = torch.isneginf(logits)  # disallowed columns, [B, K]
+        if any_top_p:
+            probs = torch.softmax(scaled, dim=-1)
+            sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [B, K]
+            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            drop_sorted = mass_before >= top_p.unsqueeze(1)  # the top token is always kept
+            drop = drop | torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        k = logits.shape[1]
+        if self._col_keys is None or self._col_keys.numel() != k or self._col_keys.device != logits.device:
+            self._col_keys = _col_keys(k, logits.device)
+        noise = gumbel_noise(seeds, steps, k, self._col_keys)  # [B, K]
+        # Mask after adding the noise, so a dropped column can never win (no -inf + x = NaN).
+        sampled = (scaled + noise).masked_fill(drop, float("-inf")).argmax(dim=-1)  # [B]
         return torch.where(is_greedy, greedy, sampled)

@@ -20,7 +20,7 @@ from engine.llm.model_runner import ModelRunner
 from engine.llm.page_allocator import PageAllocator
 from engine.llm.scheduler import Scheduler, SchedulerConfig
 from engine.llm.sequence import SamplingParams
-from tests.models.orpheus.conftest import save_tiny_checkpoint
+from tests.models.orpheus.orpheus_fixtures import save_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -138,7 +138,7 @@ def make_orpheus_program(codec, **kw):
     """An ``OrpheusProgram`` on the shared test tokenizer that also records each job's tokens
     (``program.tokens[options["tag"]]``)."""
     from engine.llm.program import OrpheusProgram
-    from tests.models.orpheus.conftest import build_tokenizer
+    from tests.models.orpheus.orpheus_fixtures import build_tokenizer
 
     class Recording(OrpheusProgram):
         def __init__(self) -> None:

@@ -75,3 +75,12 @@ def test_noise_is_uniform_and_keyed_by_seed_and_step():
     assert 0 < u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
     assert torch.equal(u, uniform_noise(seeds, steps, 50_000))
     assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+
+
+def test_noise_endpoints_stay_finite():
+    """The extreme random words map strictly inside (0, 1), so Gumbel noise is never infinite."""
+    from engine.llm.sampler import bits_to_unit
+
+    u = bits_to_unit(torch.tensor([0, 2**23 - 1]))
+    assert 0 < u[0] and u[1] < 1
+    assert torch.isfinite(-torch.log(-torch.log(u))).all()
