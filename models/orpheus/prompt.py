@@ -79,16 +79,16 @@ def _range_text(name: str) -> str:
 def validate_options(voice: str | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Check a stream's voice and sampling options; return them with defaults filled in.
 
-    Raises ``OptionError("bad_voice", ...)`` listing the voices, or
-    ``OptionError("bad_option", ...)`` naming the field and its range.
+    Raises ``OptionError("unknown_voice", ...)`` listing the voices, or
+    ``OptionError("invalid_option", ...)`` naming the field and its range.
     """
     voice = DEFAULT_VOICE if voice is None else voice
     if voice not in VOICES:
-        raise OptionError("bad_voice", f"unknown voice {voice!r}; voices: {', '.join(VOICES)}")
+        raise OptionError("unknown_voice", f"unknown voice {voice!r}; voices: {', '.join(VOICES)}")
     unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
     if unknown:
         raise OptionError(
-            "bad_option", f"unknown option {unknown[0]!r}; options: {', '.join(DEFAULT_OPTIONS)}"
+            "invalid_option", f"unknown option {unknown[0]!r}; options: {', '.join(DEFAULT_OPTIONS)}"
         )
     out = dict(DEFAULT_OPTIONS)
     for name, value in options.items():
@@ -96,16 +96,16 @@ def validate_options(voice: str | None, options: dict[str, Any]) -> tuple[str, d
             continue
         if name == "seed":
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
-                raise OptionError("bad_option", f"seed must be an integer in [0, 2^63), got {value!r}")
+                raise OptionError("invalid_option", f"seed must be an integer in [0, 2^63), got {value!r}")
             out[name] = value
             continue
         is_int = name == "max_tokens"
         ok_type = isinstance(value, int) if is_int else isinstance(value, (int, float))
         if isinstance(value, bool) or not ok_type or not math.isfinite(value):
             kind = "an integer" if is_int else "a number"
-            raise OptionError("bad_option", f"{name} must be {kind} in {_range_text(name)}, got {value!r}")
+            raise OptionError("invalid_option", f"{name} must be {kind} in {_range_text(name)}, got {value!r}")
         low, high, low_inclusive = OPTION_RANGES[name]
         if not ((value >= low if low_inclusive else value > low) and value <= high):
-            raise OptionError("bad_option", f"{name} must be in {_range_text(name)}, got {value!r}")
+            raise OptionError("invalid_option", f"{name} must be in {_range_text(name)}, got {value!r}")
         out[name] = int(value) if is_int else float(value)
     return voice, out

@@ -55,7 +55,7 @@ def test_unknown_voice_lists_voices():
     """An unknown voice raises OptionError whose message lists all eight voices."""
     with pytest.raises(OptionError) as e:
         validate_options("bob", {})
-    assert e.value.code == "bad_voice"
+    assert e.value.code == "unknown_voice"
     assert all(v in str(e.value) for v in VOICES)
 
 
@@ -75,7 +75,7 @@ def test_out_of_range_option_names_field_and_range(field, value, range_text):
     """A bad sampling value raises OptionError naming the field and its range."""
     with pytest.raises(OptionError) as e:
         validate_options("leah", {field: value})
-    assert e.value.code == "bad_option"
+    assert e.value.code == "invalid_option"
     assert field in str(e.value) and range_text in str(e.value)
 
 
