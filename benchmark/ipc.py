@@ -111,10 +111,10 @@ def _time_loop(send: Callable[[bytes], object], recv: Callable[[], object], payl
     return samples
 
 
-def bench_shm(size_bytes: int, iterations: int, warmup: int, pin: bool, *, use_async: bool = False) -> Result:
+def bench_shm(size_bytes: int, iterations: int, warmup: int, pin: bool, *, use_async: bool = False, spin_s: float = 100e-6) -> Result:
     ctx = mp.get_context("spawn")
-    to_child = ShmQueue.create(capacity_bytes=1 << 20, max_message_bytes=64 << 10)
-    to_parent = ShmQueue.create(capacity_bytes=1 << 20, max_message_bytes=64 << 10)
+    to_child = ShmQueue.create(capacity_bytes=1 << 20, max_message_bytes=64 << 10, spin_s=spin_s)
+    to_parent = ShmQueue.create(capacity_bytes=1 << 20, max_message_bytes=64 << 10, spin_s=spin_s)
     child = ctx.Process(target=_echo_shm, args=(to_child, to_parent, iterations + warmup, 1 if pin else None))
     child.start()
     payload = os.urandom(size_bytes)

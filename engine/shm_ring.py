@@ -68,10 +68,11 @@ _META = struct.Struct("<IIQQ")
 _MAGIC, _VERSION = 0x56585152, 2  # "VXQR"
 _RECORD_HEADER = 8
 _MAX_SLEEP_S = 0.25
-# A waiting get/put first busy-polls this long (a peer on another core answers within a few
-# microseconds), then polls with sched_yield() between checks until spin_s, so that a peer
-# sharing our core gets to run instead of waiting for our time slice to end.
-_BUSY_SPIN_S = 10e-6
+# Adaptive spinning: a wait whose spin ran out (the answer came later, or the peer shares our
+# core and cannot answer while we spin) makes the next _NUM_SHORT_SPINS waits spin only
+# _SHORT_SPIN_S; a spin that catches the answer restores the full spin_s.
+_SHORT_SPIN_S = 10e-6
+_NUM_SHORT_SPINS = 15
 
 
 class _Side(NamedTuple):
@@ -157,6 +158,7 @@ class ShmQueue:
         self._is_closed = False
         self._peer_pid, self._peer_pidfd_cached = 0, -1  # pidfd of the last peer we watched
         self._async_waiters: set[str] = set()
+        self._num_short_spins = 0  # see _SHORT_SPIN_S
 
     @classmethod
     def create(cls, *, capacity_bytes: int = 16 << 20, max_message_bytes: int = 4 << 20, spin_s: float = 100e-6) -> ShmQueue:
@@ -164,9 +166,9 @@ class ShmQueue:
 
         ``capacity_bytes`` (a multiple of 8) bounds the bytes in flight, record headers
         included; every message up to ``max_message_bytes`` must fit in an empty ring.
-        ``spin_s``: how long a blocking ``get``/``put`` polls the ring before it sleeps (busy
-        for the first ``_BUSY_SPIN_S``, then yielding the CPU between checks); 0 sleeps at once.
-        The asyncio calls never poll.
+        ``spin_s``: how long a blocking ``get``/``put`` busy-polls the ring before it sleeps
+        (shortened after spins that failed, see ``_SHORT_SPIN_S``); 0 sleeps at once. The
+        asyncio calls never poll.
         """
         if capacity_bytes <= 0 or capacity_bytes % 8:
             raise ValueError(f"capacity_bytes must be a positive multiple of 8, got {capacity_bytes}")
@@ -365,16 +367,17 @@ class ShmQueue:
         """Block until ``is_ready()`` (True) or the timeout (False); raise if the peer is gone."""
         now = time.monotonic()
         deadline = None if timeout_s is None else now + timeout_s
-        spin_end = now + self.spin_s
-        busy_end = now + _BUSY_SPIN_S
-        while True:
+        if self._num_short_spins:
+            self._num_short_spins -= 1
+            spin_end = now + min(self.spin_s, _SHORT_SPIN_S)
+        else:
+            spin_end = now + self.spin_s
+        while time.monotonic() < spin_end:
             if is_ready():
+                self._num_short_spins = 0
                 return True
-            t = time.monotonic()
-            if t >= spin_end:
-                break
-            if t >= busy_end:
-                os.sched_yield()
+        if self.spin_s > _SHORT_SPIN_S and not self._num_short_spins:
+            self._num_short_spins = _NUM_SHORT_SPINS
         words = self._words
         while True:
             words[side.waiting] = 1
