@@ -235,7 +235,10 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError("--iterations must be > 0 and --warmup >= 0")
     print(f"machine: {machine_description()}")
     print(f"round trips: {args.iterations} timed after {args.warmup} warm-up, pinned: {not args.no_pin}")
-    print(format_table(run_all(args.iterations, args.warmup, not args.no_pin)))
+    load_before = os.getloadavg()[0]
+    table = format_table(run_all(args.iterations, args.warmup, not args.no_pin))
+    print(f"load average (1 min): {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+    print(table)
 
 
 if __name__ == "__main__":
