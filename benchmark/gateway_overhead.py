@@ -220,6 +220,10 @@ def _summarize(traces: list[StreamTrace], a: dict[str, float], b: dict[str, floa
         "cpu_cores": {k: v / window_s for k, v in cpu.items()},
         "gateway_cpu_per_stream_pct_core": 100 * cpu["gateway"] / window_s / num_streams,
         "gateway_cpu_us_per_chunk": 1e6 * cpu["gateway"] / chunks if chunks else None,
+        # What one stream costs the gateway when it keeps real time (25 chunks/s): robust to
+        # streams falling behind on an overloaded machine, unlike the per-stream figure above.
+        "gateway_cpu_pct_core_per_realtime_stream":
+            100 * cpu["gateway"] / chunks * 1000 / CHUNK_MS if chunks else None,
         "errors_by_code": errors,
         # Other work on the machine inflates every figure here: say how busy it was.
         "loadavg_1min": [a["load1"], b["load1"]],
@@ -229,6 +233,7 @@ def _summarize(traces: list[StreamTrace], a: dict[str, float], b: dict[str, floa
 def _print_table(rows: list[dict[str, Any]]) -> None:
     print(f"{'streams':>7} {'active':>6} {'chunks/s':>9} {'added p50 ms':>12} {'p99 ms':>8} "
           f"{'max ms':>8} {'client lag p99':>14} {'gw CPU %core/stream':>19} "
+          f"{'(at real time)':>14} "
           f"{'gw us/chunk':>11} {'gw cores':>8} {'engine':>6} {'client':>6} {'load':>5} errors")
     for r in rows:
         lat = r["added_latency_ms"]
@@ -237,6 +242,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
               f"{r['chunks_per_s']:>9.0f} {f(lat['p50']):>12} {f(lat['p99']):>8} "
               f"{f(lat['max']):>8} {f(r['client_loop_lag_ms']['p99']):>14} "
               f"{r['gateway_cpu_per_stream_pct_core']:>19.3f} "
+              f"{f(r['gateway_cpu_pct_core_per_realtime_stream'], 3):>14} "
               f"{f(r['gateway_cpu_us_per_chunk'], 1):>11} {r['cpu_cores']['gateway']:>8.2f} "
               f"{r['cpu_cores']['engine']:>6.2f} {r['cpu_cores']['client']:>6.2f} "
               f"{r['loadavg_1min'][1]:>5.1f} {r['errors_by_code'] or ''}")
