@@ -68,11 +68,13 @@ _META = struct.Struct("<IIQQ")
 _MAGIC, _VERSION = 0x56585152, 2  # "VXQR"
 _RECORD_HEADER = 8
 _MAX_SLEEP_S = 0.25
-# Adaptive spinning: a wait whose spin ran out (the answer came later, or the peer shares our
-# core and cannot answer while we spin) makes the next _NUM_SHORT_SPINS waits spin only
-# _SHORT_SPIN_S; a spin that catches the answer restores the full spin_s.
+# Adaptive spinning: after _NUM_MISSES_TO_SHORTEN waits in a row whose spin ran out (the
+# answer comes late, or the peer shares our core and cannot answer while we spin), waits spin
+# only _SHORT_SPIN_S, with a full spin every _PROBE_EVERY misses to notice when spinning pays
+# again. A spin that catches the answer resets the count.
 _SHORT_SPIN_S = 10e-6
-_NUM_SHORT_SPINS = 15
+_NUM_MISSES_TO_SHORTEN = 4
+_PROBE_EVERY = 16
 
 
 class _Side(NamedTuple):
@@ -158,7 +160,7 @@ class ShmQueue:
         self._is_closed = False
         self._peer_pid, self._peer_pidfd_cached = 0, -1  # pidfd of the last peer we watched
         self._async_waiters: set[str] = set()
-        self._num_short_spins = 0  # see _SHORT_SPIN_S
+        self._num_spin_misses = 0  # consecutive waits whose spin ran out (see _SHORT_SPIN_S)
 
     @classmethod
     def create(cls, *, capacity_bytes: int = 16 << 20, max_message_bytes: int = 4 << 20, spin_s: float = 100e-6) -> ShmQueue:
@@ -367,17 +369,14 @@ class ShmQueue:
         """Block until ``is_ready()`` (True) or the timeout (False); raise if the peer is gone."""
         now = time.monotonic()
         deadline = None if timeout_s is None else now + timeout_s
-        if self._num_short_spins:
-            self._num_short_spins -= 1
-            spin_end = now + min(self.spin_s, _SHORT_SPIN_S)
-        else:
-            spin_end = now + self.spin_s
+        misses = self._num_spin_misses
+        is_short = misses >= _NUM_MISSES_TO_SHORTEN and misses % _PROBE_EVERY
+        spin_end = now + (min(self.spin_s, _SHORT_SPIN_S) if is_short else self.spin_s)
         while time.monotonic() < spin_end:
             if is_ready():
-                self._num_short_spins = 0
+                self._num_spin_misses = 0
                 return True
-        if self.spin_s > _SHORT_SPIN_S and not self._num_short_spins:
-            self._num_short_spins = _NUM_SHORT_SPINS
+        self._num_spin_misses = misses + 1
         words = self._words
         while True:
             words[side.waiting] = 1
