@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from engine.llm.attention import AttentionMetadata, KVCacheSpec
+from engine.llm.attention import AttentionMetadata, KVCacheSpec, build_attention_metadata
 from engine.llm.model_runner import ModelRunner
 
 __all__ = [
@@ -292,9 +292,11 @@ class CudaGraphModelRunner(ModelRunner):
 
     The KV cache gets one page more than ``num_pages``: the scratch page that padding rows use
     (the page allocator must be built with ``num_pages``, so it never hands that page out).
-    Steps with prefill rows, or more decode rows than the largest bucket, run eagerly.
-    ``max_model_len`` bounds a graphed row's context (it sizes the page-index buffers).
-    Sampling runs eagerly after the graph (it reads per-slot penalty state).
+    A graphed decode step is the whole step on the device: forward, head, sampling (with the
+    per-slot repetition-penalty state) and the penalty update; the host builds the metadata,
+    plans attention, replays and reads the tokens. Steps with prefill rows, or more decode rows
+    than the largest bucket, run eagerly. ``max_model_len`` bounds a graphed row's context (it
+    sizes the page-index buffers). ``fused`` uses ``FusedLlamaForward`` (fewer kernels).
     """
 
     def __init__(
@@ -307,12 +309,23 @@ class CudaGraphModelRunner(ModelRunner):
         decode_buckets: Sequence[int] = DEFAULT_DECODE_BUCKETS,
         capture: bool = True,
         progress: bool = True,
+        fused: bool = True,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("attention_backend_factory", flashinfer_attention_factory)
         super().__init__(model, config, num_pages=num_pages + 1, **kwargs)
         self.scratch_page = num_pages
+        self.forward_fn: Callable[..., torch.Tensor] = model
+        if fused:
+            from engine.llm.gpu_forward import FusedLlamaForward
+
+            self.forward_fn = FusedLlamaForward.for_model(model)
+        # Penalty state with one extra row (index max_num_seqs) that padding rows update; the
+        # base class sees the first max_num_seqs rows as ``seen``.
+        self._seen_rows = torch.zeros(self.max_num_seqs + 1, self.seen.shape[1], dtype=torch.bool, device=self.device)
+        self.seen = self._seen_rows[: self.max_num_seqs]
         buckets = [b for b in decode_buckets if b <= self.max_num_seqs] or [self.max_num_seqs]
+        f32, i64 = torch.float32, torch.int64
         self.graphs = DecodeGraphs(
             self._graph_step,
             self.kv_caches,
@@ -320,6 +333,8 @@ class CudaGraphModelRunner(ModelRunner):
             scratch_page=self.scratch_page,
             max_pages_per_seq=-(-max_model_len // self.page_size),
             buckets=buckets,
+            # temperature, top_p, repetition penalty, seed, step, slot + 1 (0 = padding), allowed row, keep
+            extra_specs=[((), f32), ((), f32), ((), f32), ((), i64), ((), i64), ((), i64), ((), i64), ((), torch.bool)],
         )
         self.use_graphs = False
         if capture:
@@ -330,12 +345,63 @@ class CudaGraphModelRunner(ModelRunner):
         self.graphs.capture(progress=progress)
         self.use_graphs = True
 
-    def _graph_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any) -> torch.Tensor:
-        hidden = self.model(ids, pos, attn)  # [B, hidden]
-        return self.model.compute_logits(hidden, self.vocab_ids)  # [B, K] float32
+    def _graph_step(
+        self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, temperature: torch.Tensor, top_p: torch.Tensor,
+        penalty: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, slot1: torch.Tensor,
+        allowed_rows: torch.Tensor, keep: torch.Tensor,
+    ) -> torch.Tensor:
+        hidden = self.forward_fn(ids, pos, attn)  # [B, hidden]
+        logits = self.model.compute_logits(hidden, self.vocab_ids)  # [B, K] float32
+        rows = (slot1 - 1).remainder(self.max_num_seqs + 1)  # padding (0) -> the extra row
+        allowed = None
+        if self.allowed_table is not None:
+            allowed = self.allowed_table.index_select(0, allowed_rows)  # [B, K]
+        cols = self.sampler(
+            logits, temperature=temperature, top_p=top_p, repetition_penalty=penalty, seeds=seeds,
+            steps=steps, seen=self._seen_rows.index_select(0, rows), allowed=allowed,
+        )  # [B]
+        self._seen_rows[rows, cols] = self._seen_rows[rows, cols] | keep
+        return cols if self.vocab_ids is None else self.vocab_ids.index_select(0, cols)
+
+    @torch.inference_mode()
+    def execute(self, batch: Any) -> torch.Tensor:
+        meta = build_attention_metadata(batch, self.page_size)
+        if not (self.use_graphs and self.graphs.can_run(meta)):
+            return self._execute_eager(batch, meta)
+        seqs = batch.seqs
+        params = [s.params for s in seqs]
+        f32, i64 = torch.float32, torch.int64
+        host = [
+            torch.tensor([s.token_slice(s.num_computed_tokens, s.num_computed_tokens + 1)[0] for s in seqs], dtype=i64),
+            torch.tensor([p.temperature for p in params], dtype=f32),
+            torch.tensor([p.top_p for p in params], dtype=f32),
+            torch.tensor([p.repetition_penalty for p in params], dtype=f32),
+            torch.tensor([p.seed for p in params], dtype=i64),
+            torch.tensor([s.num_output_tokens for s in seqs], dtype=i64),
+            torch.tensor([s.slot + 1 for s in seqs], dtype=i64),
+            torch.tensor([getattr(s, "allowed_row", 0) for s in seqs], dtype=i64),
+            torch.tensor(batch.is_sampled, dtype=torch.bool),
+        ]
+        ids, *extras = (t.to(self.device, non_blocking=True) for t in host)
+        (tokens,) = self.graphs.run(ids, meta, *extras)
+        return tokens.cpu()  # the step's only host sync
+
+    def _execute_eager(self, batch: Any, meta: AttentionMetadata) -> torch.Tensor:
+        input_ids = torch.tensor(
+            [t for s, n in zip(batch.seqs, batch.num_new_tokens)
+             for t in s.token_slice(s.num_computed_tokens, s.num_computed_tokens + n)],
+            dtype=torch.int64,
+        )  # [T]
+        logits = self._forward(input_ids, meta)  # [B, K]
+        cols = self._sample(logits, batch)  # [B]
+        tokens = cols if self.vocab_ids is None else self.vocab_ids.index_select(0, cols)
+        return tokens.cpu()
 
     def _forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        if self.use_graphs and self.graphs.can_run(meta):
-            (logits,) = self.graphs.run(input_ids, meta)
-            return logits
-        return super()._forward(input_ids, meta)
+        """Eager forward (prefill / mixed steps) through ``forward_fn``: float32 logits [B, K]."""
+        self.attn.begin_step(meta)
+        ids = input_ids.to(self.device, non_blocking=True)
+        positions = meta.positions.to(self.device, non_blocking=True)
+        hidden = self.forward_fn(ids, positions, self.attn)  # [T, hidden]
+        last = (meta.qo_indptr[1:].to(torch.int64) - 1).to(self.device, non_blocking=True)  # [B]
+        return self.model.compute_logits(hidden.index_select(0, last), self.vocab_ids)
