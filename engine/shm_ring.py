@@ -68,6 +68,7 @@ _META = struct.Struct("<IIQQ")
 _MAGIC, _VERSION = 0x56585152, 2  # "VXQR"
 _RECORD_HEADER = 8
 _MAX_SLEEP_S = 0.25
+
 # Adaptive spinning: after _NUM_MISSES_TO_SHORTEN waits in a row whose spin ran out (the
 # answer comes late, or the peer shares our core and cannot answer while we spin), waits spin
 # only _SHORT_SPIN_S, with a full spin every _PROBE_EVERY misses to notice when spinning pays
@@ -78,7 +79,7 @@ _PROBE_EVERY = 16
 
 
 class _Side(NamedTuple):
-    """The header words and doorbell that one waiting side uses."""
+    """The header words that one waiting side (a getter or a putter) uses."""
 
     waiting: int
     peer_pid: int
