@@ -1,0 +1,50 @@
+"""build_orpheus_backend: loads a local HF checkpoint + SNAC dir, warms up, and serves a job."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from engine.backend import OptionError
+from tests.engine.llm.conftest import drain
+
+
+@pytest.fixture(scope="module")
+def small_snac_dir(tmp_path_factory):
+    """A random narrow SNAC 24 kHz in the snac package's directory format."""
+    import snac
+
+    from models.orpheus.loader import SNAC_24KHZ_CONFIG
+
+    d = tmp_path_factory.mktemp("snac_small")
+    cfg = {**SNAC_24KHZ_CONFIG, "decoder_dim": 64, "encoder_dim": 8}
+    torch.manual_seed(0)
+    torch.save(snac.SNAC(**cfg).state_dict(), d / "pytorch_model.bin")
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_build_serve_and_validate_on_cpu(llm_tiny_dir, small_snac_dir):
+    """The built backend announces Orpheus' voices, rejects bad options, and streams audio."""
+    from engine.llm.backend import build_orpheus_backend
+
+    backend = build_orpheus_backend(
+        str(llm_tiny_dir), device="cpu", codec_path=str(small_snac_dir), max_num_seqs=2, max_model_len=128,
+    )
+    assert backend.info.sample_rate == 24000 and "tara" in backend.info.voices
+    assert backend.runner.scratch_page == backend.scheduler.allocator.num_pages
+    with pytest.raises(OptionError, match="voices"):
+        backend.validate("nobody", {})
+    with pytest.raises(OptionError, match="top_p"):
+        backend.validate("tara", {"top_p": 3})
+    voice, opts = backend.validate("leo", {"max_tokens": 28, "seed": 1})
+    backend.add_job(1, "hello world", voice, opts)
+    outs = drain(backend)
+    assert outs[-1].is_finished and not any(o.error for o in outs)
+    pcm = np.concatenate([o.pcm for o in outs if o.pcm is not None])
+    assert pcm.dtype == np.float32 and pcm.size % 2048 == 0 and pcm.size > 0
+    backend.close()
+    assert not backend.has_work()
