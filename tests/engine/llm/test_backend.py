@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from engine.llm.backend import MAX_CHUNK_SAMPLES
 from tests.engine.llm.conftest import drain, make_backend, make_orpheus_program
