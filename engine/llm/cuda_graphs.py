@@ -349,7 +349,7 @@ class CudaGraphModelRunner(ModelRunner):
         self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, temperature: torch.Tensor, top_p: torch.Tensor,
         penalty: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, slot1: torch.Tensor,
         allowed_rows: torch.Tensor, keep: torch.Tensor,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.forward_fn(ids, pos, attn)  # [B, hidden]
         logits = self.model.compute_logits(hidden, self.vocab_ids)  # [B, K] float32
         rows = (slot1 - 1).remainder(self.max_num_seqs + 1)  # padding (0) -> the extra row
@@ -361,13 +361,20 @@ class CudaGraphModelRunner(ModelRunner):
             steps=steps, seen=self._seen_rows.index_select(0, rows), allowed=allowed,
         )  # [B]
         self._seen_rows[rows, cols] = self._seen_rows[rows, cols] | keep
-        return cols if self.vocab_ids is None else self.vocab_ids.index_select(0, cols)
+        tokens = cols if self.vocab_ids is None else self.vocab_ids.index_select(0, cols)
+        return tokens, logits  # [B] token ids, [B, K] raw logits (for checks)
 
     @torch.inference_mode()
     def execute(self, batch: Any) -> torch.Tensor:
         meta = build_attention_metadata(batch, self.page_size)
         if not (self.use_graphs and self.graphs.can_run(meta)):
             return self._execute_eager(batch, meta)
+        ids, *extras = self.graph_inputs(batch)
+        tokens, _ = self.graphs.run(ids, meta, *extras)
+        return tokens.cpu()  # the step's only host sync
+
+    def graph_inputs(self, batch: Any) -> list[torch.Tensor]:
+        """A decode batch's graph inputs on the device: ids, then the sampler's per-row extras."""
         seqs = batch.seqs
         params = [s.params for s in seqs]
         f32, i64 = torch.float32, torch.int64
@@ -382,9 +389,7 @@ class CudaGraphModelRunner(ModelRunner):
             torch.tensor([getattr(s, "allowed_row", 0) for s in seqs], dtype=i64),
             torch.tensor(batch.is_sampled, dtype=torch.bool),
         ]
-        ids, *extras = (t.to(self.device, non_blocking=True) for t in host)
-        (tokens,) = self.graphs.run(ids, meta, *extras)
-        return tokens.cpu()  # the step's only host sync
+        return [t.to(self.device, non_blocking=True) for t in host]
 
     def _execute_eager(self, batch: Any, meta: AttentionMetadata) -> torch.Tensor:
         input_ids = torch.tensor(

@@ -71,10 +71,10 @@ def test_decode_graph_replay_matches_eager_and_ignores_padding() -> None:
     meta = build_attention_metadata(batch, PAGE)
     ids = torch.tensor([7, 7, 7])
     with torch.inference_mode():
-        runner.use_graphs = False
         eager = runner._forward(ids, meta).clone()
-        runner.use_graphs = True
-        graph = runner._forward(ids, meta)
+        g_ids, *extras = runner.graph_inputs(batch)
+        assert g_ids.tolist() == ids.tolist()
+        _, graph = runner.graphs.run(g_ids, meta, *extras)
     torch.testing.assert_close(graph, eager, atol=2e-2, rtol=2e-2)
     assert torch.equal(graph.argmax(-1), eager.argmax(-1))
 

@@ -105,7 +105,7 @@ def test_graph_step_function_samples_like_the_eager_runner() -> None:
                        torch.tensor([s.slot + 1 for s in gseqs] + [0]), torch.zeros(4, dtype=torch.int64),
                        torch.tensor([True, True, True, False])]
             with torch.inference_mode():
-                toks["graph"] = runner._graph_step(ids, meta.positions, pad_attn, *extras)[:3]
+                toks["graph"] = runner._graph_step(ids, meta.positions, pad_attn, *extras)[0][:3]
         assert toks["graph"].tolist() == toks["eager"].tolist()
         for name in ("eager", "graph"):
             for s, t in zip(seqs[name], toks[name].tolist()):
