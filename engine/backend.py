@@ -28,7 +28,22 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["BackendInfo", "JobError", "JobOutput", "Backend", "OptionError"]
+__all__ = [
+    "BackendInfo",
+    "JobError",
+    "JobOutput",
+    "Backend",
+    "OptionError",
+    "PRIORITY_FIRST_AUDIO",
+    "PRIORITY_PLAYING",
+    "PRIORITY_LOOKAHEAD",
+]
+
+# Urgency classes the engine core gives jobs (lower is more urgent). A backend may serve them in
+# this order through an optional ``set_priority(job_id, priority)``; one without it is FIFO.
+PRIORITY_FIRST_AUDIO = 0  # the head segment of a stream that has sent no audio yet
+PRIORITY_PLAYING = 1  # the head segment of a stream whose audio is playing
+PRIORITY_LOOKAHEAD = 2  # a segment generated ahead; its audio waits for the one before
 
 
 @dataclass(frozen=True)

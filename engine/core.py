@@ -19,7 +19,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine.backend import Backend, JobOutput, OptionError
+from engine.backend import (
+    PRIORITY_FIRST_AUDIO,
+    PRIORITY_LOOKAHEAD,
+    PRIORITY_PLAYING,
+    Backend,
+    JobOutput,
+    OptionError,
+)
 from engine.messages import Audio, Done, Error, Message, Started
 from engine.segmenter import Segment, Segmenter
 
@@ -80,6 +87,7 @@ class EngineCore:
         self._streams: dict[int, _Stream] = {}
         self._job_owner: dict[int, int] = {}  # job id -> stream key
         self._next_job_id = 1
+        self._set_priority = getattr(backend, "set_priority", None)
 
     # --- commands --------------------------------------------------------------------------
 
@@ -167,7 +175,19 @@ class EngineCore:
             stream.jobs.append(job)
             self._job_owner[job.job_id] = stream.key
             self.backend.add_job(job.job_id, segment.text, stream.voice, stream.options)
+            self._prioritise(stream, job)
         return []
+
+    def _prioritise(self, stream: _Stream, job: _Job) -> None:
+        if self._set_priority is None:
+            return
+        if job is not stream.jobs[0]:
+            priority = PRIORITY_LOOKAHEAD
+        elif stream.t_first_audio is None:
+            priority = PRIORITY_FIRST_AUDIO
+        else:
+            priority = PRIORITY_PLAYING
+        self._set_priority(job.job_id, priority)
 
     def _on_output(self, stream: _Stream, result: JobOutput) -> list[Message]:
         if result.error is not None:
@@ -199,6 +219,8 @@ class EngineCore:
                 head = stream.jobs[0]
                 out.extend(self._audio(stream, head, pcm) for pcm in head.held)
                 head.held.clear()
+                if not head.is_finished:
+                    self._prioritise(stream, head)
         self._submit(stream)
         out.extend(self._maybe_done(stream))
         return out

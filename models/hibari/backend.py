@@ -4,8 +4,10 @@ hibari runs about 100x real time on one core and ships its "heart" voice inside 
 the server speaks on any machine with no download. Other hibari voices are offered only when
 their model file is already in hibari's cache (this backend never downloads).
 
-Scheduling: jobs are served first in, first out. A job's text is split into hibari's sentences
-(G2P on its first step); each ``step`` synthesises ONE sentence of the head job, so a step lasts
+Scheduling: one sentence per step, from the most urgent job (``set_priority``: a stream's first
+audio before playing streams before segments generated ahead), round-robin within a class, then
+first in, first out. A job's text is split into hibari's sentences
+(G2P on its first step); each ``step`` synthesises ONE sentence of the chosen job, so a step lasts
 tens of milliseconds at most, and returns that sentence's audio cut into chunks of at most
 ``chunk_ms``. The last chunk of a job's last sentence carries ``is_finished``. Nothing is held
 back between steps, so ``abort_job`` only has queued work to drop.
@@ -52,6 +54,8 @@ class _Job:
     rng: np.random.Generator
     phonemes: list[str] | None = None  # hibari's sentences, filled on the first step
     num_done: int = 0  # sentences synthesised so far
+    priority: int = 0  # engine.backend.PRIORITY_*: lower is served first
+    last_served: int = 0  # step number of its last sentence, for round-robin within a class
 
 
 class HibariBackend:
@@ -80,7 +84,8 @@ class HibariBackend:
             },
         )
         self.chunk_samples = max(1, round(SAMPLE_RATE * chunk_ms / 1000.0))
-        self._jobs: OrderedDict[int, _Job] = OrderedDict()  # insertion order = FIFO
+        self._jobs: OrderedDict[int, _Job] = OrderedDict()  # insertion order breaks ties
+        self._num_steps = 0
         if warmup:
             # Loads the G2P lexicons and runs the model once, so the first request is fast.
             for tts in self._tts.values():
@@ -129,6 +134,12 @@ class HibariBackend:
     def abort_job(self, job_id: int) -> None:
         self._jobs.pop(job_id, None)
 
+    def set_priority(self, job_id: int, priority: int) -> None:
+        """Serve more urgent jobs first (``engine.backend.PRIORITY_*``); unknown ids are ignored."""
+        job = self._jobs.get(job_id)
+        if job is not None:
+            job.priority = priority
+
     def has_work(self) -> bool:
         return bool(self._jobs)
 
@@ -142,7 +153,10 @@ class HibariBackend:
         """Synthesise the head job's next sentence; return its audio in chunks."""
         if not self._jobs:
             return []
-        job = next(iter(self._jobs.values()))
+        # The most urgent class first; within it, round-robin by sentence (then arrival order).
+        job = min(self._jobs.values(), key=lambda j: (j.priority, j.last_served))
+        self._num_steps += 1
+        job.last_served = self._num_steps
         try:
             pcm, is_last = self._synthesize_next(job)
         except Exception as exc:  # a bad segment fails its job only

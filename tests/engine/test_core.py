@@ -109,3 +109,25 @@ def test_audio_is_float32_little_endian() -> None:
     out = core.end(1) + _run(core)
     pcm = next(x for x in out if isinstance(x, m.Audio)).pcm
     assert np.allclose(np.frombuffer(pcm, dtype="<f4"), 0.25)
+
+
+class _PriorityRecorder(FakeBackend):
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.priorities: dict[int, list[int]] = {}
+
+    def set_priority(self, job_id: int, priority: int) -> None:
+        self.priorities.setdefault(job_id, []).append(priority)
+
+
+def test_priorities_first_audio_playing_lookahead() -> None:
+    """Head jobs of silent streams are most urgent, lookahead least; a promoted head becomes playing."""
+    backend = _PriorityRecorder(chunks_per_job=1)
+    core = EngineCore(backend, CoreConfig(first_segment_min_chars=5, min_segment_chars=10,
+                                          max_segment_chars=60))
+    core.open(1, None, {})
+    core.add_text(1, "First part here. Second part here. Third part here. ")
+    first, second = (job_id for job_id, _ in backend.added[:2])
+    assert backend.priorities[first] == [0] and backend.priorities[second] == [2]
+    core.step()  # the first job finishes; the second becomes the head of a playing stream
+    assert backend.priorities[second] == [2, 1]

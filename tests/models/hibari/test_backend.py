@@ -172,3 +172,16 @@ def test_synthesis_error_fails_that_job_only(backend: HibariBackend, monkeypatch
     out = run_to_end(backend)
     assert [(o.job_id, o.error.code) for o in out if o.error] == [(1, "model_error")]
     assert out[-1].job_id == 2 and out[-1].is_finished
+
+
+def test_urgent_jobs_are_served_first(backend) -> None:
+    """A job marked first-audio is synthesised before an older lookahead job."""
+    from engine.backend import PRIORITY_FIRST_AUDIO, PRIORITY_LOOKAHEAD
+
+    voice, options = backend.validate(None, {})
+    backend.add_job(1, "This one was generated ahead.", voice, options)
+    backend.set_priority(1, PRIORITY_LOOKAHEAD)
+    backend.add_job(2, "Hello there.", voice, options)
+    backend.set_priority(2, PRIORITY_FIRST_AUDIO)
+    assert {out.job_id for out in backend.step()} == {2}
+    backend.abort_job(1)
