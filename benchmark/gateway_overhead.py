@@ -202,9 +202,12 @@ def _summarize(traces: list[StreamTrace], a: dict[str, float], b: dict[str, floa
     active = sum(1 for tr in traces if tr.chunk_t and tr.chunk_t[0] <= a["t"]
                  and (tr.t_done or 0) >= b["t"])
     errors: dict[str, int] = {}
+    examples: dict[str, str] = {}
     for tr in traces:
         if not tr.is_ok:
-            errors[tr.error_code or "no_audio"] = errors.get(tr.error_code or "no_audio", 0) + 1
+            code = tr.error_code or "no_audio"
+            errors[code] = errors.get(code, 0) + 1
+            examples.setdefault(code, tr.error_message or "")
     cpu = {k: b[k] - a[k] for k in ("gateway", "engine", "client")}
     chunks = len(added)
     return {
@@ -225,6 +228,7 @@ def _summarize(traces: list[StreamTrace], a: dict[str, float], b: dict[str, floa
         "gateway_cpu_pct_core_per_realtime_stream":
             100 * cpu["gateway"] / chunks * 1000 / CHUNK_MS if chunks else None,
         "errors_by_code": errors,
+        "error_examples": examples,
         # Other work on the machine inflates every figure here: say how busy it was.
         "loadavg_1min": [a["load1"], b["load1"]],
     }
