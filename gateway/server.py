@@ -152,7 +152,6 @@ class Gateway:
         self._by_key.clear()
         for conn in list(self._connections):
             self._apply(conn, conn.session.on_engine_lost())
-        self._update_stream_gauge()
 
     def _apply(self, conn: _Connection, actions: list[Action]) -> None:
         """Carry out a session's actions that need no waiting (engine sends are queued)."""
@@ -170,7 +169,6 @@ class Gateway:
                 conn.request_close(action.code, action.reason)
         if conn.is_closing and conn.session.num_active_streams:
             self._on_closing(conn)
-        self._update_stream_gauge()
 
     def _on_closing(self, conn: _Connection) -> None:
         """A connection being closed (slow consumer, idle) stops its streams in the engine now,
@@ -181,6 +179,7 @@ class Gateway:
         asyncio.get_running_loop().call_later(_CLOSE_GRACE_S, conn.ws.transport.abort)
 
     def _update_stream_gauge(self) -> None:
+        """Set at scrape time: summing per action would cost O(connections) per audio chunk."""
         self.metrics.active_streams.set(sum(c.session.num_active_streams
                                             for c in self._connections))
 
@@ -225,7 +224,6 @@ class Gateway:
             await writer
             self._connections.discard(conn)
             self.metrics.connections.set(len(self._connections))
-            self._update_stream_gauge()
 
     async def _writer(self, conn: _Connection) -> None:
         ws = conn.ws
@@ -263,6 +261,7 @@ class Gateway:
         if path == "/health":
             return self._json(*self.engine.health())
         if path == "/metrics":
+            self._update_stream_gauge()
             return self._respond(http.HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE_LATEST)
         if path == "/v1/voices":
             hello = self.engine.hello
