@@ -136,6 +136,26 @@ def check_tiny(report: dict[str, Any]) -> None:
         for s, n, t in zip(batch_seqs, new, tokens):
             s.num_computed_tokens += n
             s.output_ids.append(t)
+    # One fresh prompt alone in its step: the prefill graph (SDPA) against eager FlashInfer and CPU.
+    solo = new_seq(7, 29)
+    solo.slot = 5
+    pages.grow(solo, 29)
+    batch = _batch([solo], [29], 0)
+    meta = build_attention_metadata(batch, PAGE)
+    ids = _inputs(batch)
+    with torch.inference_mode():
+        ref = cpu._forward(ids, meta)
+        eager = gpu._forward(ids, meta).float()
+        _, *extras = gpu.graph_inputs(batch)
+        _, graph = gpu.prefill_graphs.run(ids, meta.slot_mapping, *extras)
+    row = {"step": "single prompt prefill: graph"}
+    row["max_abs"], row["rel"] = _rel(graph, ref)
+    row["eager_rel"] = _rel(eager, ref)[1]
+    row["graph_vs_eager_rel"] = _rel(graph, eager)[1]
+    row["top1_agree"] = float((graph.cpu().argmax(-1) == ref.argmax(-1)).float().mean())
+    worst = max(worst, row["rel"]) if row["rel"] == row["rel"] else float("inf")
+    rows.append(row)
+    _log(f"tiny {row['step']}: {row}")
     report["tiny_steps"] = rows
     report["tiny_worst_rel"] = worst
     report["tiny_worst_graph_rel"] = worst_graph

@@ -295,7 +295,9 @@ class CudaGraphModelRunner(ModelRunner):
     A graphed decode step is the whole step on the device: forward, head, sampling (with the
     per-slot repetition-penalty state) and the penalty update; the host builds the metadata,
     plans attention, replays and reads the tokens. Steps with prefill rows, or more decode rows
-    than the largest bucket, run eagerly. ``max_model_len`` bounds a graphed row's context (it
+    than the largest bucket, run eagerly, except the prefill of one fresh sequence alone in its
+    step, replayed from ``PrefillGraphs`` (``prefill_buckets``: token counts; ``()`` = none;
+    default: those of ``DEFAULT_PREFILL_BUCKETS`` up to ``max_model_len``). ``max_model_len`` bounds a graphed row's context (it
     sizes the page-index buffers). ``fused`` uses ``FusedLlamaForward`` (fewer kernels).
     """
 
@@ -307,6 +309,7 @@ class CudaGraphModelRunner(ModelRunner):
         num_pages: int,
         max_model_len: int = 4096,
         decode_buckets: Sequence[int] = DEFAULT_DECODE_BUCKETS,
+        prefill_buckets: Sequence[int] | None = None,
         capture: bool = True,
         progress: bool = True,
         fused: bool = True,
@@ -336,23 +339,45 @@ class CudaGraphModelRunner(ModelRunner):
             # temperature, top_p, repetition penalty, seed, step, slot + 1 (0 = padding), allowed row, keep
             extra_specs=[((), f32), ((), f32), ((), f32), ((), i64), ((), i64), ((), i64), ((), i64), ((), torch.bool)],
         )
+        from engine.llm.prefill_graphs import DEFAULT_PREFILL_BUCKETS, PrefillGraphs
+
+        if prefill_buckets is None:
+            prefill_buckets = [t for t in DEFAULT_PREFILL_BUCKETS if t <= max_model_len]
+        self.prefill_graphs = PrefillGraphs(
+            self._prefill_step, self.kv_caches, num_q_heads=config.num_attention_heads,
+            scratch_page=self.scratch_page, buckets=prefill_buckets or [max_model_len],
+            extra_specs=self.graphs.extra_specs,
+        ) if prefill_buckets != () else None
         self.use_graphs = False
         if capture:
             self.capture(progress=progress)
 
     def capture(self, *, progress: bool = True) -> None:
-        """Capture the decode graphs (start-up; a few seconds)."""
+        """Capture the decode (and single-prompt prefill) graphs; start-up, a few seconds."""
         self.graphs.capture(progress=progress)
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.capture(progress=progress)
         self.use_graphs = True
 
-    def _graph_step(
-        self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, temperature: torch.Tensor, top_p: torch.Tensor,
-        penalty: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, slot1: torch.Tensor,
-        allowed_rows: torch.Tensor, keep: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _graph_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, *extras: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.forward_fn(ids, pos, attn)  # [B, hidden]
+        return self._sample_in_graph(hidden, *extras, fresh=False)
+
+    def _prefill_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, last: torch.Tensor,
+                      *extras: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.forward_fn(ids, pos, attn).index_select(0, last)  # [1, hidden]
+        return self._sample_in_graph(hidden, *extras, fresh=True)
+
+    def _sample_in_graph(
+        self, hidden: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, penalty: torch.Tensor,
+        seeds: torch.Tensor, steps: torch.Tensor, slot1: torch.Tensor, allowed_rows: torch.Tensor,
+        keep: torch.Tensor, *, fresh: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.model.compute_logits(hidden, self.vocab_ids)  # [B, K] float32
         rows = (slot1 - 1).remainder(self.max_num_seqs + 1)  # padding (0) -> the extra row
+        if fresh:  # a new sequence took this slot: forget its predecessor's tokens
+            self._seen_rows.index_fill_(0, rows, False)
         allowed = None
         if self.allowed_table is not None:
             allowed = self.allowed_table.index_select(0, allowed_rows)  # [B, K]
@@ -367,6 +392,11 @@ class CudaGraphModelRunner(ModelRunner):
     @torch.inference_mode()
     def execute(self, batch: Any) -> torch.Tensor:
         meta = build_attention_metadata(batch, self.page_size)
+        if self.use_graphs and self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+            _, *extras = self.graph_inputs(batch)
+            tokens, _ = self.prefill_graphs.run(torch.tensor(batch.seqs[0].prompt_ids, dtype=torch.int64),
+                                                meta.slot_mapping, *extras)
+            return tokens.cpu()
         if not (self.use_graphs and self.graphs.can_run(meta)):
             return self._execute_eager(batch, meta)
         ids, *extras = self.graph_inputs(batch)

@@ -112,3 +112,38 @@ def test_graph_step_function_samples_like_the_eager_runner() -> None:
                 s.num_computed_tokens = s.num_tokens
                 s.output_ids.append(t)
     assert torch.equal(runner.seen, eager.seen)  # penalty state identical; padding touched the extra row only
+
+
+def test_prefill_step_function_matches_eager_prefill() -> None:
+    """The graphed single-prompt prefill's function (padded at the end, causal SDPA over the new
+    tokens) gives the eager runner's token, logits and K/V for a fresh sequence."""
+    from engine.llm.prefill_graphs import GraphPrefillAttention, pad_prefill_slots
+
+    params = SamplingParams(temperature=0.7, top_p=0.9, repetition_penalty=1.3, seed=5)
+    ref_model = _model(4)
+    eager = ModelRunner(ref_model, TINY, device="cpu", dtype=torch.float32, num_pages=32, page_size=PAGE,
+                        max_num_seqs=8)
+    runner = CudaGraphModelRunner(copy.deepcopy(ref_model), TINY, device="cpu", dtype=torch.float32, num_pages=32,
+                                  page_size=PAGE, max_num_seqs=8, capture=False,
+                                  attention_backend_factory=torch_paged_attention_factory)
+    runner.forward_fn = FusedLlamaForward(runner.model, compile=False)
+    runner._seen_rows[2, :50] = True  # a predecessor's penalty state in the slot: must be forgotten
+    (e_seq,), (g_seq,) = _seqs([21], params), _seqs([21], params)
+    e_seq.slot = g_seq.slot = 2
+    batch = ScheduledBatch(seqs=[e_seq], num_new_tokens=[21], is_sampled=[True], num_decode_seqs=0)
+    meta = build_attention_metadata(batch, PAGE)
+    with torch.inference_mode():
+        ref_logits = eager._forward(torch.tensor(e_seq.prompt_ids), meta)
+        ref_token = eager.execute(batch)
+        attn = GraphPrefillAttention(runner.kv_caches, num_q_heads=TINY.num_attention_heads, num_tokens=32)
+        attn.begin_step(pad_prefill_slots(meta.slot_mapping, 32, scratch_page=runner.scratch_page, page_size=PAGE))
+        gbatch = ScheduledBatch(seqs=[g_seq], num_new_tokens=[21], is_sampled=[True], num_decode_seqs=0)
+        _, *extras = runner.graph_inputs(gbatch)
+        ids = torch.tensor(g_seq.prompt_ids + [0] * 11)
+        token, logits = runner._prefill_step(ids, torch.arange(32), attn, torch.tensor([20]), *extras)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
+    assert token.tolist() == ref_token.tolist()
+    assert torch.equal(runner.seen, eager.seen)
+    pages = e_seq.pages[:2]
+    for a, b in zip(runner.kv_caches, eager.kv_caches):
+        torch.testing.assert_close(a[pages], b[pages], atol=1e-5, rtol=1e-5)
