@@ -73,6 +73,7 @@ class OrpheusProgram:
         constrain_positions: bool = True,
         window_frames: int | None = None,
         lookahead_samples: int | None = None,
+        first_lookahead_samples: int | None = 1024,
         decode_fn: Callable[[list[Any]], list[np.ndarray]] | None = None,
         seed_rng: random.Random | None = None,
     ) -> None:
@@ -82,6 +83,10 @@ class OrpheusProgram:
         With ``constrain_positions`` the k-th audio token may only be one of the 4096 ids of
         its frame position (and stop only at a frame boundary); the model was trained to emit
         exactly these, so this only removes ids that would be undecodable.
+
+        ``first_lookahead_samples`` (default 1024) starts each segment's audio after its first
+        frame instead of its third (``StreamingDecoder``'s fast-start ramp; the first 171 ms are
+        decoded with less right context); ``None`` keeps the decoder exact from the first sample.
         """
         from models.orpheus import codec as codec_mod
         from models.orpheus import prompt, tokens
@@ -96,6 +101,8 @@ class OrpheusProgram:
             "window_frames": window_frames or codec_mod.DEFAULT_WINDOW_FRAMES,
             "lookahead_samples": codec_mod.DEFAULT_LOOKAHEAD_SAMPLES if lookahead_samples is None
             else lookahead_samples,
+            "first_lookahead_samples": None if first_lookahead_samples is None else min(
+                first_lookahead_samples, lookahead_samples or codec_mod.DEFAULT_LOOKAHEAD_SAMPLES),
         }
         self.stop_ids = frozenset({prompt.STOP_ID})
         self.vocab_ids = tokens.audio_token_ids()  # [K] = 7*4096 audio ids, then STOP_ID

@@ -33,12 +33,13 @@ from models.orpheus.tokens import CODEBOOK_SIZE, SAMPLES_PER_FRAME, TOKENS_PER_F
 
 __all__ = [
     "SnacDecoder", "StreamingDecoder", "WindowRequest", "decode_requests",
-    "DEFAULT_WINDOW_FRAMES", "DEFAULT_LOOKAHEAD_SAMPLES",
+    "DEFAULT_WINDOW_FRAMES", "DEFAULT_LOOKAHEAD_SAMPLES", "FAST_START_LOOKAHEAD_SAMPLES",
 ]
 
 LATENT_PER_FRAME = 4  # SNAC 24 kHz: hop 512 samples, codebook 0 at stride 4
 DEFAULT_WINDOW_FRAMES = 6
 DEFAULT_LOOKAHEAD_SAMPLES = 5120  # 2.5 frames; see StreamingDecoder
+FAST_START_LOOKAHEAD_SAMPLES = 1024  # first-frame lookahead of the serving default (ramp)
 
 
 def _plain_conv(m: nn.Module) -> nn.Module:
@@ -177,6 +178,9 @@ class WindowRequest:
     emit_to: int
 
 
+_RAMP_STEP_SAMPLES = 1024  # fast start: lookahead growth per frame (audio out per frame meanwhile)
+
+
 class StreamingDecoder:
     """Per-stream incremental SNAC decoding: each sample emitted exactly once.
 
@@ -196,10 +200,21 @@ class StreamingDecoder:
     5120. Decode cost per frame: one 6-frame window. Any lookahead in [4096, 6144) gives the
     same 3-frame start, so nothing is gained by cutting into the receptive field; smaller
     lookaheads trade exactness for latency (error table in docs/orpheus.md).
+
+    Fast start (``first_lookahead_samples``): the k-th frame (k = 1, 2, ...) uses a lookahead of
+    ``min(lookahead_samples, first_lookahead_samples + (k - 1) * 1024)``, so with 1024 the first
+    1024 samples leave after ONE frame (7 tokens), and each later frame releases 1024 samples
+    until the lookahead reaches ``lookahead_samples`` (frame 5 for the defaults); from then on
+    the decoder is exact. Every sample is still emitted exactly once, and at every frame at
+    least as many samples are out as without the ramp. The price: samples in the first
+    ``lookahead_samples - first_lookahead_samples`` (4096, 171 ms) see less right context than
+    the receptive field (errors per context in docs/orpheus.md: about 9e-2 for the first 1024
+    samples, 2e-2, 6e-3, 3e-4 for the next ones) -- the stream's leading edge only.
     """
 
     def __init__(self, decoder: SnacDecoder | None = None, *, window_frames: int = DEFAULT_WINDOW_FRAMES,
-                 lookahead_samples: int = DEFAULT_LOOKAHEAD_SAMPLES) -> None:
+                 lookahead_samples: int = DEFAULT_LOOKAHEAD_SAMPLES,
+                 first_lookahead_samples: int | None = None) -> None:
         if window_frames < 1:
             raise ValueError(f"window_frames must be >= 1, got {window_frames}")
         if not 0 <= lookahead_samples <= (window_frames - 1) * SAMPLES_PER_FRAME:
@@ -207,9 +222,14 @@ class StreamingDecoder:
                 f"lookahead_samples must be in [0, {(window_frames - 1) * SAMPLES_PER_FRAME}] "
                 f"for window_frames={window_frames}, got {lookahead_samples}"
             )
+        first = lookahead_samples if first_lookahead_samples is None else first_lookahead_samples
+        if not 0 <= first <= lookahead_samples:
+            raise ValueError(
+                f"first_lookahead_samples must be in [0, {lookahead_samples}], got {first}")
         self.decoder = decoder
         self.window_frames = window_frames
         self.lookahead_samples = lookahead_samples
+        self.first_lookahead_samples = first
         self.num_frames = 0
         self.num_emitted = 0  # samples handed out so far
         self.is_finished = False
@@ -224,7 +244,9 @@ class StreamingDecoder:
             raise ValueError(f"a frame is {TOKENS_PER_FRAME} codes in [0, {CODEBOOK_SIZE}), got {codes!r}")
         self._recent = torch.cat((self._recent[1:], frame[None]))
         self.num_frames += 1
-        return self._request(self.num_frames * SAMPLES_PER_FRAME - self.lookahead_samples)
+        lookahead = min(self.lookahead_samples,
+                        self.first_lookahead_samples + (self.num_frames - 1) * _RAMP_STEP_SAMPLES)
+        return self._request(self.num_frames * SAMPLES_PER_FRAME - lookahead)
 
     def finish(self) -> WindowRequest | None:
         """End of stream: the window that emits the remaining samples (None if there are none)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from engine.llm.backend import MAX_CHUNK_SAMPLES
 from tests.engine.llm.conftest import drain, make_backend, make_orpheus_program
@@ -78,12 +79,14 @@ def test_too_long_prompt_is_refused_with_a_clear_error(llm_model):
     assert out.error.code == "too_long" and not out.error.retryable
 
 
-def test_orpheus_stream_equals_whole_sequence_decode(llm_model, small_codec):
+@pytest.mark.parametrize("first_lookahead", [None, 1024], ids=["exact", "fast-start"])
+def test_orpheus_stream_equals_whole_sequence_decode(llm_model, small_codec, first_lookahead):
     """Audio chunks (<= 100 ms) of a job concatenate to the codec's whole-sequence decode of
-    the job's generated tokens; every sampled id is an audio id valid at its position."""
+    the job's generated tokens (with fast start: past its 4096-sample leading edge); every
+    sampled id is an audio id valid at its position."""
     from models.orpheus.tokens import tokens_to_codes
 
-    program = make_orpheus_program(small_codec)
+    program = make_orpheus_program(small_codec, first_lookahead_samples=first_lookahead)
     backend = make_backend(llm_model, program, runner_kw=dict(num_pages=128))
     backend.add_job(7, "hello world", "tara", dict(tag=7, temperature=0.9, top_p=0.95, seed=3, max_tokens=70))
     outs = drain(backend)
@@ -95,4 +98,5 @@ def test_orpheus_stream_equals_whole_sequence_decode(llm_model, small_codec):
     codes = tokens_to_codes(tokens[:whole])  # raises if a token is invalid at its position
     ref = small_codec.decode(codes)[0].numpy()
     assert pcm.shape == ref.shape == (whole // 7 * 2048,)
-    np.testing.assert_allclose(pcm, ref, atol=1e-4)
+    edge = 0 if first_lookahead is None else 4096
+    np.testing.assert_allclose(pcm[edge:], ref[edge:], atol=1e-4)

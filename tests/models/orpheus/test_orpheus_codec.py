@@ -173,3 +173,18 @@ def test_streaming_rejects_bad_frames_and_settings(small):
         sd.push_frame([0, 1, 2])
     with pytest.raises(ValueError, match="lookahead_samples"):
         StreamingDecoder(window_frames=2, lookahead_samples=4096)
+
+
+def test_fast_start_ramp_emits_first_samples_after_one_frame(small):
+    """Fast start: 1024 samples per frame from frame 1, then exact; every sample once, exact past 4096."""
+    dec = SnacDecoder(small)
+    codes = _codes(9, seed=11)
+    chunks = _stream(dec, codes, first_lookahead_samples=1024)
+    assert [len(c) for c in chunks] == [1024] * 5 + [2048] * 4 + [5120]
+    out = np.concatenate(chunks)
+    full = dec.decode(codes)[0].numpy()
+    assert out.shape == full.shape
+    assert float(np.abs(out[4096:] - full[4096:]).max()) < STREAM_ATOL
+    exact_lens = [len(c) for c in _stream(dec, codes)]
+    ramp_out, exact_out = np.cumsum([len(c) for c in chunks]), np.cumsum(exact_lens)
+    assert (ramp_out >= exact_out).all()  # never behind the exact schedule
