@@ -33,6 +33,21 @@ from engine.segmenter import Segment, Segmenter
 __all__ = ["CoreConfig", "EngineCore"]
 
 
+def _f32le(pcm: np.ndarray) -> bytes:
+    return np.ascontiguousarray(pcm, dtype="<f4").tobytes()
+
+
+def _s16le(pcm: np.ndarray) -> bytes:
+    scaled = np.multiply(pcm, np.float32(32767.0), dtype=np.float32)
+    np.clip(scaled, -32767.0, 32767.0, out=scaled)
+    return scaled.astype("<i2").tobytes()
+
+
+# The engine encodes PCM in each stream's format, so that the gateway's one event loop only
+# forwards bytes.
+_ENCODERS = {"pcm_f32le": _f32le, "pcm_s16le": _s16le}
+
+
 @dataclass(frozen=True)
 class CoreConfig:
     lookahead_jobs: int = 1  # segments generated ahead of the one being spoken
@@ -62,6 +77,7 @@ class _Stream:
     voice: str
     options: dict[str, Any]
     segmenter: Segmenter
+    fmt: str  # PCM format of this stream's Audio messages
     pending: deque[Segment] = field(default_factory=deque)  # not yet given to the backend
     jobs: deque[_Job] = field(default_factory=deque)  # submitted, in speaking order
     is_ended: bool = False
@@ -91,7 +107,8 @@ class EngineCore:
 
     # --- commands --------------------------------------------------------------------------
 
-    def open(self, key: int, voice: str | None, options: dict[str, Any]) -> list[Message]:
+    def open(self, key: int, voice: str | None, options: dict[str, Any],
+             fmt: str = "pcm_f32le") -> list[Message]:
         if key in self._streams:
             return [Error(key, "stream_exists", f"stream key {key} is already open", False)]
         if len(self._streams) >= self.config.max_streams:
@@ -106,7 +123,10 @@ class EngineCore:
             min_segment_chars=cfg.min_segment_chars,
             max_segment_chars=cfg.max_segment_chars,
         )
-        self._streams[key] = _Stream(key, voice, options, segmenter, t_open=self._clock())
+        if fmt not in _ENCODERS:
+            return [Error(key, "unsupported_format", f"format must be one of {sorted(_ENCODERS)}",
+                          False)]
+        self._streams[key] = _Stream(key, voice, options, segmenter, fmt, t_open=self._clock())
         return [Started(key, voice, options)]
 
     def add_text(self, key: int, text: str) -> list[Message]:
@@ -230,7 +250,7 @@ class EngineCore:
         if stream.t_first_audio is None:
             stream.t_first_audio = now
         stream.samples += int(pcm.size)
-        data = np.ascontiguousarray(pcm, dtype="<f4").tobytes()
+        data = _ENCODERS[stream.fmt](pcm)
         return Audio(stream.key, data, (job.segment.start, job.segment.end), now)
 
     def _maybe_done(self, stream: _Stream) -> list[Message]:

@@ -75,6 +75,7 @@ class Open(Message):
     key: int
     voice: str | None
     options: dict[str, Any] = field(default_factory=dict)
+    format: str = "pcm_f32le"  # the PCM format of this stream's Audio: pcm_f32le | pcm_s16le
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class Started(Message):
 
 @dataclass(frozen=True)
 class Audio(Message):
-    """A chunk of float32 little-endian mono PCM.
+    """A chunk of mono little-endian PCM in the format the stream was opened with.
 
     ``span`` is the [start, end) character range of the stream's text this segment speaks;
     ``t_emit`` is ``time.monotonic()`` in the engine when the chunk left it (CLOCK_MONOTONIC is
@@ -203,7 +204,9 @@ def decode(data: bytes | memoryview) -> Message:
     names = _FIELDS[cls]
     if len(items) - 1 != len(names):
         raise DecodeError(f"{cls.__name__}: expected {len(names)} fields, got {len(items) - 1}")
-    values = dict(zip(names, items[1:]))
-    if cls is Audio and values["span"] is not None:
-        values["span"] = tuple(values["span"])
-    return cls(**values)
+    if cls is Audio and items[3] is not None:
+        items[3] = tuple(items[3])  # span
+    try:
+        return cls(*items[1:])
+    except TypeError as exc:
+        raise DecodeError(f"{cls.__name__}: {exc}") from None

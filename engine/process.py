@@ -79,7 +79,7 @@ class EngineLoop:
         core = self.core
         try:
             if isinstance(msg, m.Open):
-                out = core.open(msg.key, msg.voice, msg.options)
+                out = core.open(msg.key, msg.voice, msg.options, msg.format)
             elif isinstance(msg, m.Text):
                 out = core.add_text(msg.key, msg.text)
             elif isinstance(msg, m.Flush):

@@ -12,8 +12,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Union
 
-import numpy as np
-
 from engine import messages as em
 from gateway import protocol as p
 from gateway.protocol import ErrorCode, ProtocolError
@@ -78,11 +76,7 @@ class _Stream:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _to_format(pcm_f32: bytes, fmt: str) -> bytes:
-    if fmt == "pcm_f32le":
-        return pcm_f32
-    samples = np.frombuffer(pcm_f32, dtype="<f4")
-    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+_SAMPLE_BYTES = {"pcm_s16le": 2, "pcm_f32le": 4}
 
 
 class Session:
@@ -185,7 +179,7 @@ class Session:
         stream = _Stream(msg.stream, self._allocate_key(), msg.format, t_start=self._clock())
         self._streams[stream.id] = stream
         self._by_key[stream.key] = stream
-        return [ToEngine(em.Open(stream.key, msg.voice, dict(msg.options)))]
+        return [ToEngine(em.Open(stream.key, msg.voice, dict(msg.options), msg.format))]
 
     def _text(self, stream: _Stream, text: str) -> list[Action]:
         if len(stream.text) + len(text) > self._max_text:
@@ -256,7 +250,7 @@ class Session:
         elif stream.t_last_audio is not None:
             self._metrics.observe_chunk_gap(now - stream.t_last_audio)
         stream.t_last_audio = now
-        pcm = _to_format(msg.pcm, stream.fmt)
+        pcm = msg.pcm  # the engine encodes in the stream's format
         text = None
         if msg.span is not None and msg.span != stream.last_span:
             stream.last_span = msg.span
@@ -266,7 +260,7 @@ class Session:
         if self._debug_timestamps:
             out["engine_t"] = msg.t_emit
         stream.seq += 1
-        stream.samples += len(msg.pcm) // 4
+        stream.samples += len(pcm) // _SAMPLE_BYTES[stream.fmt]
         return out
 
     def _done_msg(self, stream: _Stream, reason: str) -> dict[str, Any]:

@@ -101,6 +101,18 @@ def test_empty_stream_ends_with_zero_samples() -> None:
     assert len(out) == 1 and isinstance(out[0], m.Done) and out[0].samples == 0
 
 
+def test_audio_encoded_in_the_stream_format() -> None:
+    """pcm_s16le streams get clipped 16-bit samples; unknown formats are refused."""
+    core, _ = _core()
+    core.open(1, None, {}, "pcm_s16le")
+    core.add_text(1, "Hello world. ")
+    out = core.end(1) + _run(core)
+    pcm = next(x for x in out if isinstance(x, m.Audio)).pcm
+    assert np.frombuffer(pcm, dtype="<i2").tolist() == [8191] * 240  # 0.25 * 32767
+    [err] = core.open(2, None, {}, "mp3")
+    assert isinstance(err, m.Error) and err.code == "unsupported_format"
+
+
 def test_audio_is_float32_little_endian() -> None:
     """Audio bytes decode as float32 samples equal to what the backend produced."""
     core, _ = _core()

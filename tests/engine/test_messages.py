@@ -8,7 +8,7 @@ from engine import messages as m
 
 EXAMPLES: list[m.Message] = [
     m.Open(7, "heart", {"seed": 3, "temperature": 0.5}),
-    m.Open(8, None, {}),
+    m.Open(8, None, {}, "pcm_s16le"),
     m.Text(7, "héllo, wörld ✓"),
     m.Flush(7),
     m.End(7),

@@ -55,7 +55,8 @@ def test_greeting_has_fixed_fields() -> None:
 def test_start_text_end_forwarded_to_engine() -> None:
     """start/text/flush/end become Open/Text/Flush/End for one engine key."""
     s, _ = _session()
-    assert _engine(_send(s, type="start", stream="x", voice="b")) == [em.Open(1, "b", {})]
+    assert _engine(_send(s, type="start", stream="x", voice="b")) == [
+        em.Open(1, "b", {}, "pcm_s16le")]
     assert _engine(_send(s, type="text", stream="x", text="Hi")) == [em.Text(1, "Hi")]
     assert _engine(_send(s, type="flush", stream="x")) == [em.Flush(1)]
     assert _engine(_send(s, type="end", stream="x")) == [em.End(1)]
@@ -65,7 +66,7 @@ def test_json_text_frames_accepted() -> None:
     """A JSON text frame is parsed like msgpack."""
     s, _ = _session()
     actions = s.receive_frame(json.dumps({"type": "start", "stream": "j"}))
-    assert _engine(actions) == [em.Open(1, None, {})]
+    assert _engine(actions) == [em.Open(1, None, {}, "pcm_s16le")]
 
 
 @pytest.mark.parametrize("frame,code", [
@@ -138,16 +139,16 @@ def test_engine_not_ready_is_retryable() -> None:
     assert err["code"] == "engine_unavailable" and err["retryable"]
 
 
-def test_audio_converted_and_numbered() -> None:
-    """Engine float32 audio becomes s16le with seq, offset, span and the span's text."""
+def test_audio_numbered_with_span_text() -> None:
+    """Engine audio (already s16le) goes out with seq, offset in samples, span and the span's text."""
     s, clock = _session()
     _send(s, type="start", stream="x")
     _send(s, type="text", stream="x", text="Hello world")
-    pcm = np.array([0.5, -0.5, 1.5], dtype="<f4").tobytes()
+    pcm = np.array([16383, -16383, 32767], dtype="<i2").tobytes()
     clock.t += 0.05
     [a0] = _client(s.on_engine(em.Audio(1, pcm, (0, 5), 0.0)))
     [a1] = _client(s.on_engine(em.Audio(1, pcm, (0, 5), 0.0)))
-    assert np.frombuffer(a0["pcm"], "<i2").tolist() == [16383, -16383, 32767]
+    assert a0["pcm"] == pcm
     assert (a0["seq"], a0["offset"], a0["span"], a0["text"]) == (0, 0, [0, 5], "Hello")
     assert (a1["seq"], a1["offset"], "text" in a1) == (1, 3, False)
     [done] = _client(s.on_engine(em.Done(1, "end", 6, {})))
