@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Serving figures on the GPU machine, in one device call (issue 5): the gateway's added latency
+# with the synthetic engine at 100/500/1,000 streams, then Orpheus-3B (random weights) served by
+# `voxgate serve` and loaded by `voxgate bench` at several concurrencies.
+#
+#   bash benchmark/h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]
+#
+# Needs the wheels in .whl/ (../shared/device/fetch-wheels.sh) and, to skip FlashInfer's JIT
+# compile, its kernel cache in .fi_cache/fi_cache.tgz (optional).
+set -uo pipefail
+out=${1:?usage: h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]}
+levels=${2:-1,32,128,256}
+max_tokens=${3:-287}  # 41 frames = 3.5 s per segment; a 30-50 word prompt is ~3 segments
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site
+if [ -f .fi_cache/fi_cache.tgz ]; then mkdir -p ~/.cache && tar -xzf .fi_cache/fi_cache.tgz -C ~/.cache; fi
+if [ -f .fi_cache/inductor.tgz ]; then tar -xzf .fi_cache/inductor.tgz -C /tmp; fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+lscpu | grep -E 'Model name|^CPU\(s\)' | tee -a "$out/gpu.txt"
+
+echo "== gateway overhead (synthetic engine, CPU only)"
+timeout 200 python3 -m benchmark.gateway_overhead --streams 100,500,1000 --ramp-s 3 \
+  --settle-s 2 --measure-s 8 --json "$out/overhead.json" 2>&1 | tail -6 | tee "$out/overhead.txt"
+
+echo "== orpheus serve"
+python3 -m gateway.cli serve --model orpheus --load-format dummy --device cuda \
+  --max-num-seqs 512 --port 8765 --log-level WARNING > "$out/serve.log" 2>&1 &
+server=$!
+for _ in $(seq 300); do
+  grep -q "serving on" "$out/serve.log" && break
+  kill -0 $server 2>/dev/null || { tail -30 "$out/serve.log"; exit 1; }
+  sleep 1
+done
+grep "serving on" "$out/serve.log" || { tail -30 "$out/serve.log"; kill $server; exit 1; }
+nvidia-smi dmon -s u -d 1 > "$out/dmon.txt" 2>&1 &
+dmon=$!
+python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c "$levels" --warmup 2 --duration 15 \
+  --option max_tokens="$max_tokens" --min-words 30 --max-words 50 --no-progress \
+  --json "$out/bench.json" --plots "$out" 2>&1 | tail -15 | tee "$out/bench.txt"
+kill $dmon $server 2>/dev/null
+wait $server 2>/dev/null
+awk 'NR>2 {s+=$2; n++} END {if (n) printf "GPU utilisation (sm %%), mean over the run: %.0f\n", s/n}' \
+  "$out/dmon.txt" | tee -a "$out/bench.txt"
