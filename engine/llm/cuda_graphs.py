@@ -280,6 +280,15 @@ class _DecodeGraph:
     outs: tuple[torch.Tensor, ...]
 
 
+def _sub_batch(batch: Any, start: int, stop: int) -> Any:
+    """Rows ``[start, stop)`` of a ``ScheduledBatch`` (decode rows come first)."""
+    nd = max(0, min(batch.num_decode_seqs, stop) - start)
+    return dataclasses.replace(
+        batch, seqs=batch.seqs[start:stop], num_new_tokens=batch.num_new_tokens[start:stop],
+        is_sampled=batch.is_sampled[start:stop], num_decode_seqs=nd,
+    )
+
+
 def flashinfer_attention_factory(spec: KVCacheSpec, kv_caches: list[torch.Tensor]) -> Any:
     """``attention_backend_factory`` for ``ModelRunner``: eager FlashInfer attention."""
     from engine.llm.flashinfer_attention import FlashInferAttention
@@ -391,17 +400,42 @@ class CudaGraphModelRunner(ModelRunner):
 
     @torch.inference_mode()
     def execute(self, batch: Any) -> torch.Tensor:
-        meta = build_attention_metadata(batch, self.page_size)
-        if self.use_graphs and self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
-            _, *extras = self.graph_inputs(batch)
-            tokens, _ = self.prefill_graphs.run(torch.tensor(batch.seqs[0].prompt_ids, dtype=torch.int64),
-                                                meta.slot_mapping, *extras)
-            return tokens.cpu()
-        if not (self.use_graphs and self.graphs.can_run(meta)):
-            return self._execute_eager(batch, meta)
-        ids, *extras = self.graph_inputs(batch)
-        tokens, _ = self.graphs.run(ids, meta, *extras)
-        return tokens.cpu()  # the step's only host sync
+        if self.use_graphs:
+            tokens = self._execute_graphs(batch)
+            if tokens is not None:
+                return tokens.cpu()  # the step's only host sync
+        return self._execute_eager(batch, build_attention_metadata(batch, self.page_size))
+
+    def _execute_graphs(self, batch: Any) -> torch.Tensor | None:
+        """Device tokens [B] from graph replays, or None when some row cannot be graphed.
+
+        Decode rows replay a decode graph; one fresh whole-prompt prefill row (alone, or after
+        the decode rows of a mixed step) replays a prefill graph. Rows are sampled
+        independently, so splitting a step in two replays changes no token.
+        """
+        nd = batch.num_decode_seqs
+        parts = []
+        if nd > 0:
+            dec = _sub_batch(batch, 0, nd)
+            meta = build_attention_metadata(dec, self.page_size)
+            if not self.graphs.can_run(meta):
+                return None
+            parts.append((self.graphs, dec, meta))
+        if len(batch.seqs) > nd:
+            pre = _sub_batch(batch, nd, len(batch.seqs))
+            if self.prefill_graphs is None or not self.prefill_graphs.can_run(pre):
+                return None
+            parts.append((self.prefill_graphs, pre, build_attention_metadata(pre, self.page_size)))
+        outs = []
+        for graphs, sub, meta in parts:
+            ids, *extras = self.graph_inputs(sub)
+            if graphs is self.prefill_graphs:
+                ids, key = torch.tensor(sub.seqs[0].prompt_ids, dtype=torch.int64), meta.slot_mapping
+            else:
+                key = meta
+            tokens, _ = graphs.run(ids, key, *extras)
+            outs.append(tokens)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)  # a copy: the next replay may overwrite
 
     def graph_inputs(self, batch: Any) -> list[torch.Tensor]:
         """A decode batch's graph inputs on the device: ids, then the sampler's per-row extras."""

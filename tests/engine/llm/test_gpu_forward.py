@@ -147,3 +147,56 @@ def test_prefill_step_function_matches_eager_prefill() -> None:
     pages = e_seq.pages[:2]
     for a, b in zip(runner.kv_caches, eager.kv_caches):
         torch.testing.assert_close(a[pages], b[pages], atol=1e-5, rtol=1e-5)
+
+
+def test_execute_splits_mixed_step_into_decode_and_prefill_graphs() -> None:
+    """A step of decode rows plus one fresh prompt runs as two (emulated) graph replays and
+    gives the eager runner's tokens; a chunked prefill falls back to the eager path."""
+    from engine.llm.prefill_graphs import GraphPrefillAttention, pad_prefill_slots
+
+    params = SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.3, seed=2)
+    ref_model = _model(6)
+    eager = ModelRunner(ref_model, TINY, device="cpu", dtype=torch.float32, num_pages=32, page_size=PAGE,
+                        max_num_seqs=8)
+    runner = CudaGraphModelRunner(copy.deepcopy(ref_model), TINY, device="cpu", dtype=torch.float32, num_pages=32,
+                                  page_size=PAGE, max_num_seqs=8, capture=False, prefill_buckets=(32,),
+                                  attention_backend_factory=torch_paged_attention_factory)
+    runner.forward_fn = FusedLlamaForward(runner.model, compile=False)
+    replays = []
+
+    def decode_run(ids, meta, *extras):  # noqa: ANN001, ANN202  (replay = the step function, eagerly)
+        replays.append("decode")
+        attn = TorchPagedAttention(runner.spec, runner.kv_caches)
+        attn.begin_step(meta)
+        return runner._graph_step(ids, meta.positions, attn, *extras)
+
+    def prefill_run(ids, slots, *extras):  # noqa: ANN001, ANN202
+        replays.append("prefill")
+        attn = GraphPrefillAttention(runner.kv_caches, num_q_heads=TINY.num_attention_heads, num_tokens=32)
+        attn.begin_step(pad_prefill_slots(slots, 32, scratch_page=runner.scratch_page, page_size=PAGE))
+        n = ids.numel()
+        padded = torch.cat([ids, torch.zeros(32 - n, dtype=torch.int64)])
+        return runner._prefill_step(padded, torch.arange(32), attn, torch.tensor([n - 1]), *extras)
+
+    runner.graphs.run = decode_run
+    runner.prefill_graphs.run = prefill_run
+    runner.prefill_graphs._graphs = {32: None}
+    runner.use_graphs = True
+    seqs = {name: _seqs([7, 12, 20], params) for name in ("eager", "graph")}
+    for name in seqs:  # the third sequence arrives later
+        seqs[name][2].slot = 2
+    steps = [([0, 1], 0), ([0, 1], 2), ([0, 1, 2], 2), ([0, 1, 2], 3)]
+    for rows, nd in steps:
+        toks = {}
+        for name, runner_ in (("eager", eager), ("graph", runner)):
+            ss = [seqs[name][i] for i in rows]
+            batch = ScheduledBatch(seqs=ss, num_new_tokens=[s.num_uncomputed_tokens for s in ss],
+                                   is_sampled=[True] * len(ss), num_decode_seqs=nd)
+            toks[name] = runner_.execute(batch).tolist()
+            for s, t in zip(ss, toks[name]):
+                s.num_computed_tokens = s.num_tokens
+                s.output_ids.append(t)
+        assert toks["graph"] == toks["eager"]
+    # step 1: two prompts at once -> eager; step 2: 2 decodes; step 3: 2 decodes + a fresh prompt
+    assert replays == ["decode", "decode", "prefill", "decode"]
+    assert torch.equal(runner.seen, eager.seen)
