@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Serving figures on the GPU machine, in one device call (issue 5): the gateway's added latency
-# with the synthetic engine at 100/500/1,000 streams, then Orpheus-3B (random weights) served by
-# `voxgate serve` and loaded by `voxgate bench` at several concurrencies.
+# Serving figures on the GPU machine, in one device call (issue 5): Orpheus-3B (random weights)
+# served by `voxgate serve` and loaded by `voxgate bench` at several concurrencies, then the
+# gateway's added latency with the synthetic engine (OVERHEAD_LEVELS streams).
 #
 #   bash benchmark/h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]
 #
@@ -21,10 +21,6 @@ if [ -f .fi_cache/inductor.tgz ]; then tar -xzf .fi_cache/inductor.tgz -C /tmp; 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 lscpu | grep -E 'Model name|^CPU\(s\)' | tee -a "$out/gpu.txt"
 
-echo "== gateway overhead (synthetic engine, CPU only)"
-timeout 200 python3 -m benchmark.gateway_overhead --streams 100,500,1000 --ramp-s 3 \
-  --settle-s 2 --measure-s 8 --json "$out/overhead.json" 2>&1 | tail -6 | tee "$out/overhead.txt"
-
 echo "== orpheus serve"
 python3 -m gateway.cli serve --model orpheus --load-format dummy --device cuda \
   --max-num-seqs 512 --port 8765 --log-level WARNING > "$out/serve.log" 2>&1 &
@@ -37,10 +33,15 @@ done
 grep "serving on" "$out/serve.log" || { tail -30 "$out/serve.log"; kill $server; exit 1; }
 nvidia-smi dmon -s u -d 1 > "$out/dmon.txt" 2>&1 &
 dmon=$!
-python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c "$levels" --warmup 2 --duration 15 \
+python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c "$levels" --warmup 2 --duration ${DURATION_S:-15} \
   --option max_tokens="$max_tokens" --min-words 30 --max-words 50 --no-progress \
   --json "$out/bench.json" --plots "$out" 2>&1 | tail -15 | tee "$out/bench.txt"
 kill $dmon $server 2>/dev/null
 wait $server 2>/dev/null
 awk 'NR>2 {s+=$2; n++} END {if (n) printf "GPU utilisation (sm %%), mean over the run: %.0f\n", s/n}' \
   "$out/dmon.txt" | tee -a "$out/bench.txt"
+
+echo "== gateway overhead (synthetic engine, CPU only)"
+timeout 200 python3 -m benchmark.gateway_overhead --streams ${OVERHEAD_LEVELS:-100,500,1000} --ramp-s 3 \
+  --settle-s 2 --measure-s 6 --json "$out/overhead.json" 2>&1 | tail -6 | tee "$out/overhead.txt"
+

@@ -225,7 +225,13 @@ def build_orpheus_backend(
         model_path_or_id, device=device, dtype=torch_dtype, load_format=load_format, max_seq_len=max_model_len
     )
     codec = SnacDecoder(load_snac(codec_path, device=device, load_format=load_format)).to(device)
-    program = OrpheusProgram(tokenizer, codec, model_name=str(model_path_or_id))
+    decode_fn = None
+    if (device == "cuda" and pick(None, "enable_cuda_graphs", True)
+            and importlib.util.find_spec("flashinfer") is not None):
+        from engine.llm.codec_graphs import make_graph_decode_fn
+
+        decode_fn = make_graph_decode_fn(codec)  # SNAC windows of all streams, one graph replay
+    program = OrpheusProgram(tokenizer, codec, model_name=str(model_path_or_id), decode_fn=decode_fn)
 
     pages_per_seq = -(-max_model_len // page_size)
     if num_pages is None:
