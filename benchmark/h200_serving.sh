@@ -16,7 +16,7 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site
-if [ -f .fi_cache/fi_cache.tgz ]; then mkdir -p ~/.cache && tar -xzf .fi_cache/fi_cache.tgz -C ~/.cache; fi
+if [ -f .fi_cache/fi_cache.tgz ]; then tar -xzf .fi_cache/fi_cache.tgz -C ~; fi
 if [ -f .fi_cache/inductor.tgz ]; then tar -xzf .fi_cache/inductor.tgz -C /tmp; fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 lscpu | grep -E 'Model name|^CPU\(s\)' | tee -a "$out/gpu.txt"
@@ -35,13 +35,13 @@ nvidia-smi dmon -s u -d 1 > "$out/dmon.txt" 2>&1 &
 dmon=$!
 python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c "$levels" --warmup 2 --duration ${DURATION_S:-15} \
   --option max_tokens="$max_tokens" --min-words 30 --max-words 50 --no-progress \
-  --json "$out/bench.json" --plots "$out" 2>&1 | tail -15 | tee "$out/bench.txt"
+  --json "$out/bench.json" 2>&1 | tail -15 | tee "$out/bench.txt"
 kill $dmon $server 2>/dev/null
 wait $server 2>/dev/null
 awk 'NR>2 {s+=$2; n++} END {if (n) printf "GPU utilisation (sm %%), mean over the run: %.0f\n", s/n}' \
   "$out/dmon.txt" | tee -a "$out/bench.txt"
 
 echo "== gateway overhead (synthetic engine, CPU only)"
-timeout 200 python3 -m benchmark.gateway_overhead --streams ${OVERHEAD_LEVELS:-100,500,1000} --ramp-s 3 \
+timeout 100 python3 -m benchmark.gateway_overhead --streams ${OVERHEAD_LEVELS:-100,500,1000} --ramp-s 3 \
   --settle-s 2 --measure-s 6 --json "$out/overhead.json" 2>&1 | tail -6 | tee "$out/overhead.txt"
 
