@@ -17,6 +17,10 @@ Contract:
 - ``step`` does a bounded amount of work (one decode step, or one chunk of audio) and returns
   what it produced. It must not block waiting for new jobs.
 - Audio is float32 mono in [-1, 1] at ``info.sample_rate``; a chunk is at most about 100 ms.
+- Optional ``set_deadline(job_id, deadline_s)``: the ``time.monotonic()`` by which the job's
+  next audio is needed (the engine core keeps it current: a stream's first audio soon, a playing
+  stream's when its client would run dry, a segment generated ahead later). A backend that
+  can choose what to run next serves the earliest deadline first; one without it is FIFO.
 - A job ends with exactly one ``JobOutput`` whose ``is_finished`` is true (possibly carrying
   the last audio) or whose ``error`` is set. An error fails that job only.
 """
@@ -34,16 +38,8 @@ __all__ = [
     "JobOutput",
     "Backend",
     "OptionError",
-    "PRIORITY_FIRST_AUDIO",
-    "PRIORITY_PLAYING",
-    "PRIORITY_LOOKAHEAD",
 ]
 
-# Urgency classes the engine core gives jobs (lower is more urgent). A backend may serve them in
-# this order through an optional ``set_priority(job_id, priority)``; one without it is FIFO.
-PRIORITY_FIRST_AUDIO = 0  # the head segment of a stream that has sent no audio yet
-PRIORITY_PLAYING = 1  # the head segment of a stream whose audio is playing
-PRIORITY_LOOKAHEAD = 2  # a segment generated ahead; its audio waits for the one before
 
 
 @dataclass(frozen=True)

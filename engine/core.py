@@ -19,14 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine.backend import (
-    PRIORITY_FIRST_AUDIO,
-    PRIORITY_LOOKAHEAD,
-    PRIORITY_PLAYING,
-    Backend,
-    JobOutput,
-    OptionError,
-)
+from engine.backend import Backend, JobOutput, OptionError
 from engine.messages import Audio, Done, Error, Message, Started
 from engine.segmenter import Segment, Segmenter
 
@@ -55,6 +48,11 @@ class CoreConfig:
     min_segment_chars: int = 40
     max_segment_chars: int = 300
     max_streams: int = 4096
+    # Deadlines given to backends that schedule by them (``set_deadline``): a stream's first
+    # audio is due this long after its first segment; a segment generated ahead is due this
+    # long after its stream's audio so far would have played out.
+    first_audio_budget_s: float = 0.15
+    lookahead_slack_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.lookahead_jobs < 0:
@@ -103,7 +101,7 @@ class EngineCore:
         self._streams: dict[int, _Stream] = {}
         self._job_owner: dict[int, int] = {}  # job id -> stream key
         self._next_job_id = 1
-        self._set_priority = getattr(backend, "set_priority", None)
+        self._set_deadline = getattr(backend, "set_deadline", None)
 
     # --- commands --------------------------------------------------------------------------
 
@@ -195,19 +193,21 @@ class EngineCore:
             stream.jobs.append(job)
             self._job_owner[job.job_id] = stream.key
             self.backend.add_job(job.job_id, segment.text, stream.voice, stream.options)
-            self._prioritise(stream, job)
+            self._schedule(stream, job)
         return []
 
-    def _prioritise(self, stream: _Stream, job: _Job) -> None:
-        if self._set_priority is None:
+    def _schedule(self, stream: _Stream, job: _Job) -> None:
+        """Tell a deadline-aware backend when this job's next audio is needed."""
+        if self._set_deadline is None:
             return
+        cfg = self.config
+        if stream.t_first_audio is None:
+            due = self._clock() + cfg.first_audio_budget_s  # not yet speaking: soon
+        else:  # when the client's playback, started at the first audio, runs dry
+            due = stream.t_first_audio + stream.samples / self.backend.info.sample_rate
         if job is not stream.jobs[0]:
-            priority = PRIORITY_LOOKAHEAD
-        elif stream.t_first_audio is None:
-            priority = PRIORITY_FIRST_AUDIO
-        else:
-            priority = PRIORITY_PLAYING
-        self._set_priority(job.job_id, priority)
+            due += cfg.lookahead_slack_s
+        self._set_deadline(job.job_id, due)
 
     def _on_output(self, stream: _Stream, result: JobOutput) -> list[Message]:
         if result.error is not None:
@@ -222,6 +222,8 @@ class EngineCore:
         if result.pcm is not None and result.pcm.size:
             if job is stream.jobs[0]:
                 out.append(self._audio(stream, job, result.pcm))
+                if not result.is_finished:
+                    self._schedule(stream, job)  # more audio sent: its next is due later
             else:
                 job.held.append(result.pcm)
         if result.is_finished:
@@ -240,7 +242,7 @@ class EngineCore:
                 out.extend(self._audio(stream, head, pcm) for pcm in head.held)
                 head.held.clear()
                 if not head.is_finished:
-                    self._prioritise(stream, head)
+                    self._schedule(stream, head)
         self._submit(stream)
         out.extend(self._maybe_done(stream))
         return out

@@ -4,9 +4,9 @@ hibari runs about 100x real time on one core and ships its "heart" voice inside 
 the server speaks on any machine with no download. Other hibari voices are offered only when
 their model file is already in hibari's cache (this backend never downloads).
 
-Scheduling: one sentence per step, from the most urgent job (``set_priority``: a stream's first
-audio before playing streams before segments generated ahead), round-robin within a class, then
-first in, first out. A job's text is split into hibari's sentences
+Scheduling: one sentence per step, from the job whose audio is due first (``set_deadline``,
+kept current by the engine core: a playing stream about to run dry before a new stream's first
+audio before segments generated ahead), then first in, first out. A job's text is split into hibari's sentences
 (G2P on its first step); each ``step`` synthesises ONE sentence of the chosen job, so a step lasts
 tens of milliseconds at most, and returns that sentence's audio cut into chunks of at most
 ``chunk_ms``. The last chunk of a job's last sentence carries ``is_finished``. Nothing is held
@@ -54,8 +54,7 @@ class _Job:
     rng: np.random.Generator
     phonemes: list[str] | None = None  # hibari's sentences, filled on the first step
     num_done: int = 0  # sentences synthesised so far
-    priority: int = 0  # engine.backend.PRIORITY_*: lower is served first
-    last_served: int = 0  # step number of its last sentence, for round-robin within a class
+    deadline_s: float = 0.0  # time.monotonic() by which its next audio is needed
 
 
 class HibariBackend:
@@ -85,7 +84,6 @@ class HibariBackend:
         )
         self.chunk_samples = max(1, round(SAMPLE_RATE * chunk_ms / 1000.0))
         self._jobs: OrderedDict[int, _Job] = OrderedDict()  # insertion order breaks ties
-        self._num_steps = 0
         if warmup:
             # Loads the G2P lexicons and runs the model once, so the first request is fast.
             for tts in self._tts.values():
@@ -134,11 +132,11 @@ class HibariBackend:
     def abort_job(self, job_id: int) -> None:
         self._jobs.pop(job_id, None)
 
-    def set_priority(self, job_id: int, priority: int) -> None:
-        """Serve more urgent jobs first (``engine.backend.PRIORITY_*``); unknown ids are ignored."""
+    def set_deadline(self, job_id: int, deadline_s: float) -> None:
+        """Serve the earliest deadline first (see ``engine.backend``); unknown ids are ignored."""
         job = self._jobs.get(job_id)
         if job is not None:
-            job.priority = priority
+            job.deadline_s = deadline_s
 
     def has_work(self) -> bool:
         return bool(self._jobs)
@@ -153,10 +151,8 @@ class HibariBackend:
         """Synthesise the head job's next sentence; return its audio in chunks."""
         if not self._jobs:
             return []
-        # The most urgent class first; within it, round-robin by sentence (then arrival order).
-        job = min(self._jobs.values(), key=lambda j: (j.priority, j.last_served))
-        self._num_steps += 1
-        job.last_served = self._num_steps
+        # Earliest deadline first; ties (and backends' callers that set none) in arrival order.
+        job = min(self._jobs.values(), key=lambda j: j.deadline_s)
         try:
             pcm, is_last = self._synthesize_next(job)
         except Exception as exc:  # a bad segment fails its job only

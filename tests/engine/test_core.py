@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from engine import messages as m
 from engine.core import CoreConfig, EngineCore
@@ -123,23 +124,37 @@ def test_audio_is_float32_little_endian() -> None:
     assert np.allclose(np.frombuffer(pcm, dtype="<f4"), 0.25)
 
 
-class _PriorityRecorder(FakeBackend):
+class _DeadlineRecorder(FakeBackend):
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
-        self.priorities: dict[int, list[int]] = {}
+        self.deadlines: dict[int, list[float]] = {}
 
-    def set_priority(self, job_id: int, priority: int) -> None:
-        self.priorities.setdefault(job_id, []).append(priority)
+    def set_deadline(self, job_id: int, deadline_s: float) -> None:
+        self.deadlines.setdefault(job_id, []).append(deadline_s)
 
 
-def test_priorities_first_audio_playing_lookahead() -> None:
-    """Head jobs of silent streams are most urgent, lookahead least; a promoted head becomes playing."""
-    backend = _PriorityRecorder(chunks_per_job=1)
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 10.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_deadlines_first_audio_playing_lookahead() -> None:
+    """First audio is due within the budget; a playing head when its audio runs out; lookahead later."""
+    backend = _DeadlineRecorder(chunks_per_job=2, chunk_samples=2400)  # 100 ms chunks
+    clock = _Clock()
     core = EngineCore(backend, CoreConfig(first_segment_min_chars=5, min_segment_chars=10,
-                                          max_segment_chars=60))
+                                          max_segment_chars=60, first_audio_budget_s=0.15,
+                                          lookahead_slack_s=1.0), clock=clock)
     core.open(1, None, {})
     core.add_text(1, "First part here. Second part here. Third part here. ")
     first, second = (job_id for job_id, _ in backend.added[:2])
-    assert backend.priorities[first] == [0] and backend.priorities[second] == [2]
-    core.step()  # the first job finishes; the second becomes the head of a playing stream
-    assert backend.priorities[second] == [2, 1]
+    assert backend.deadlines[first] == [pytest.approx(10.15)]
+    assert backend.deadlines[second] == [pytest.approx(11.15)]
+    clock.t = 10.05
+    core.step()  # first chunk (0.1 s) of the head: its next audio is due when that has played
+    assert backend.deadlines[first][-1] == pytest.approx(10.05 + 0.1)
+    core.step()  # the head finishes; the lookahead job, promoted, releases its held chunk
+    assert backend.deadlines[second][-1] == pytest.approx(10.05 + 0.3)  # 3 chunks sent

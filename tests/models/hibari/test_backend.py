@@ -174,14 +174,12 @@ def test_synthesis_error_fails_that_job_only(backend: HibariBackend, monkeypatch
     assert out[-1].job_id == 2 and out[-1].is_finished
 
 
-def test_urgent_jobs_are_served_first(backend) -> None:
-    """A job marked first-audio is synthesised before an older lookahead job."""
-    from engine.backend import PRIORITY_FIRST_AUDIO, PRIORITY_LOOKAHEAD
-
+def test_earliest_deadline_is_served_first(backend) -> None:
+    """A job due sooner is synthesised before an older job due later."""
     voice, options = backend.validate(None, {})
     backend.add_job(1, "This one was generated ahead.", voice, options)
-    backend.set_priority(1, PRIORITY_LOOKAHEAD)
+    backend.set_deadline(1, 100.0)
     backend.add_job(2, "Hello there.", voice, options)
-    backend.set_priority(2, PRIORITY_FIRST_AUDIO)
+    backend.set_deadline(2, 50.0)
     assert {out.job_id for out in backend.step()} == {2}
     backend.abort_job(1)
