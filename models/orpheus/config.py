@@ -179,21 +179,13 @@ ORPHEUS_3B = LlamaConfig(
 )
 
 # Same vocabulary (so real Orpheus token ids are valid), toy sizes: for tests and smoke runs.
-TINY = LlamaConfig(
-    vocab_size=156940,
+TINY = ORPHEUS_3B.with_(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=16,
-    rms_norm_eps=1e-5,
-    rope_theta=500000.0,
-    rope_scaling=_LLAMA3_ROPE,
-    max_position_embeddings=131072,
-    tie_word_embeddings=True,
-    bos_token_id=128000,
-    eos_token_id=128009,
 )
 
 PRESETS: dict[str, LlamaConfig] = {"orpheus-3b": ORPHEUS_3B, "tiny": TINY}
