@@ -233,16 +233,20 @@ class StreamingDecoder:
         self.num_frames = 0
         self.num_emitted = 0  # samples handed out so far
         self.is_finished = False
-        self._recent = torch.zeros(window_frames, TOKENS_PER_FRAME, dtype=torch.long)  # ring [W, 7]
+        # The last W frames [W, 7]; numpy, since per-frame torch calls on tiny CPU tensors cost
+        # ~100 us each and the engine pushes one frame per stream every 7 steps.
+        self._recent = np.zeros((window_frames, TOKENS_PER_FRAME), dtype=np.int64)
 
     def push_frame(self, codes: Sequence[int] | Tensor) -> WindowRequest | None:
         """Add one frame (7 per-position codes); the window to decode if samples became final."""
         if self.is_finished:
             raise ValueError("push_frame after finish")
-        frame = torch.as_tensor(codes, dtype=torch.long).flatten()
-        if frame.numel() != TOKENS_PER_FRAME or bool(((frame < 0) | (frame >= CODEBOOK_SIZE)).any()):
+        frame = codes.flatten().tolist() if isinstance(codes, Tensor) else [int(c) for c in codes]
+        if len(frame) != TOKENS_PER_FRAME or not all(0 <= c < CODEBOOK_SIZE for c in frame):
             raise ValueError(f"a frame is {TOKENS_PER_FRAME} codes in [0, {CODEBOOK_SIZE}), got {codes!r}")
-        self._recent = torch.cat((self._recent[1:], frame[None]))
+        recent = self._recent
+        recent[:-1] = recent[1:]
+        recent[-1] = frame
         self.num_frames += 1
         lookahead = min(self.lookahead_samples,
                         self.first_lookahead_samples + (self.num_frames - 1) * _RAMP_STEP_SAMPLES)
@@ -259,8 +263,9 @@ class StreamingDecoder:
         w, n = self.window_frames, self.num_frames
         start = n - w  # window = frames [n - W, n), ending at the newest frame
         valid_from = max(0, -start)
-        frames = self._recent.clone()
-        frames[:valid_from] = 0
+        window = self._recent.copy()
+        window[:valid_from] = 0
+        frames = torch.from_numpy(window)
         base = start * SAMPLES_PER_FRAME
         req = WindowRequest(frames, start, valid_from, w, self.num_emitted - base, final_upto - base)
         self.num_emitted = final_upto
