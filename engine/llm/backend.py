@@ -67,6 +67,10 @@ class LMBackend:
         self.scheduler.abort(job_id)
         self._pending = [o for o in self._pending if o.job_id != job_id]
 
+    def set_deadline(self, job_id: int, deadline_s: float) -> None:
+        """Admission and prefill order (``engine.backend``); decodes all run every step anyway."""
+        self.scheduler.set_deadline(job_id, deadline_s)
+
     def has_work(self) -> bool:
         return bool(self._pending) or self.scheduler.has_work()
 

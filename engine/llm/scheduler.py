@@ -5,14 +5,17 @@ Policy (written down because callers depend on it):
   from waiting to running, so a running sequence never runs out of KV cache and nothing is
   ever preempted: no out-of-memory crash by construction. The price is capacity held for
   tokens that may never be generated (a stream that stops early frees its pages then).
-- Waiting jobs are admitted first-come first-served (no overtaking, so no starvation) while a
-  batch slot and enough pages are free. ``add`` refuses a job with a retryable
+- Waiting jobs are admitted earliest deadline first (``set_deadline``: the engine core's time by
+  which a job's audio is needed, so a new stream's first segment, due in 150 ms, goes before a
+  segment generated ahead for a stream with seconds of audio buffered), ties and jobs without a
+  deadline first-come first-served; deadlines are absolute times, so nothing starves. Admission
+  happens while a batch slot and enough pages are free. ``add`` refuses a job with a retryable
   ``capacity`` error when ``max_waiting`` jobs already wait.
 - A prompt of ``max_model_len`` tokens or more is refused (``too_long``, not retryable): the
   engine core's segmenter must split text before it gets here. If prompt + max_tokens exceeds
   ``max_model_len``, ``max_tokens`` is capped to fit (the job still ends normally, at the cap).
 - Every step, each running sequence with exactly one uncomputed token (a decode) is scheduled
-  first; the remaining token budget goes to prefill chunks in admission order. Decodes are
+  first; the remaining token budget goes to prefill chunks, earliest deadline first. Decodes are
   never skipped for a prefill, so running streams never stall behind a long prompt.
 """
 
@@ -78,6 +81,10 @@ class ScheduledBatch:
         return sum(self.num_new_tokens)
 
 
+def _by_deadline(seq: Sequence) -> float:
+    return seq.deadline_s
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, allocator: PageAllocator) -> None:
         capacity = allocator.num_pages * allocator.page_size
@@ -90,6 +97,17 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
+        self._live: dict[int, Sequence] = {}  # waiting and running, by seq_id
+        self._is_waiting_sorted = True
+
+    def set_deadline(self, seq_id: int, deadline_s: float) -> None:
+        """When this sequence's next audio is needed (unknown or finished ids are ignored)."""
+        seq = self._live.get(seq_id)
+        if seq is None:
+            return
+        seq.deadline_s = deadline_s
+        if seq.status is SequenceStatus.WAITING:
+            self._is_waiting_sorted = False
 
     # -- queues ---------------------------------------------------------------------------
 
@@ -120,6 +138,8 @@ class Scheduler:
             )
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+        self._live[seq.seq_id] = seq
+        self._is_waiting_sorted = False
         self._admit()
 
     def abort(self, seq_id: int) -> Sequence | None:
@@ -127,6 +147,7 @@ class Scheduler:
         for seq in self.waiting:
             if seq.seq_id == seq_id:
                 self.waiting.remove(seq)
+                self._live.pop(seq_id, None)
                 seq.status = SequenceStatus.FINISHED
                 return seq
         for seq in self.running:
@@ -138,6 +159,7 @@ class Scheduler:
     def finish(self, seq: Sequence) -> None:
         """A running sequence is done: free its pages and slot."""
         self.running.remove(seq)
+        self._live.pop(seq.seq_id, None)
         self.allocator.deallocate(seq.pages)
         seq.pages = []
         self._free_slots.append(seq.slot)
@@ -163,6 +185,9 @@ class Scheduler:
         return self.allocator.can_allocate(num_pages_for(seq.max_num_tokens, self.allocator.page_size))
 
     def _admit(self) -> None:
+        if not self._is_waiting_sorted:  # stable: equal deadlines keep arrival order
+            self.waiting = deque(sorted(self.waiting, key=_by_deadline))
+            self._is_waiting_sorted = True
         while self.waiting and self._can_admit(self.waiting[0]):
             seq = self.waiting.popleft()
             seq.pages = self.allocator.allocate(
@@ -181,7 +206,7 @@ class Scheduler:
             return None
         budget = self.config.max_num_batched_tokens
         decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
-        prefills = [s for s in self.running if s.num_uncomputed_tokens > 1]
+        prefills = sorted((s for s in self.running if s.num_uncomputed_tokens > 1), key=_by_deadline)
         seqs: list[Sequence] = list(decodes)
         counts = [1] * len(decodes)
         budget -= len(decodes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,9 @@ class Sequence:
     # program sets it, e.g. to the codebook of the next audio position); 0 when unused.
     allowed_row: int = 0
     program_state: Any = None
+    # time.monotonic() by which this job's next audio is needed (engine.backend set_deadline);
+    # orders admission and prefill. Infinity (none given) keeps arrival order.
+    deadline_s: float = math.inf
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

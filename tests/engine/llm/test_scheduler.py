@@ -86,3 +86,31 @@ def test_config_validation():
         SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4)
     with pytest.raises(ValueError):
         Scheduler(SchedulerConfig(max_model_len=4096), PageAllocator(10, 16))
+
+
+def test_waiting_jobs_are_admitted_earliest_deadline_first():
+    """When a slot frees, the waiting job due soonest goes in; equal deadlines keep arrival order."""
+    s = _sched(num_pages=4, page_size=4, max_model_len=16, max_waiting=4)
+    s.add(_seq(0, 8, max_tokens=8))  # takes the whole cache
+    for i in (1, 2, 3):
+        s.add(_seq(i, 8, max_tokens=8))
+    s.set_deadline(3, 10.0)  # a new stream's first segment
+    s.set_deadline(1, 11.0)  # a segment generated ahead
+    s.set_deadline(99, 1.0)  # unknown ids are ignored
+    s.abort(0)
+    s.schedule()
+    assert [q.seq_id for q in s.running] == [3]
+    s.abort(3)
+    s.schedule()
+    assert [q.seq_id for q in s.running] == [1]  # 11.0 before 2's none (infinity)
+
+
+def test_prefill_budget_goes_to_the_earliest_deadline():
+    """Two prompts compete for a small prefill budget: the one due sooner is prefilled first."""
+    s = _sched(num_pages=64, max_num_batched_tokens=6)
+    s.add(_seq(0, 6))
+    s.add(_seq(1, 6))
+    s.set_deadline(1, 5.0)
+    s.set_deadline(0, 9.0)
+    batch = s.schedule()
+    assert [q.seq_id for q in batch.seqs] == [1] and batch.num_new_tokens == [6]
