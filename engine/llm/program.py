@@ -177,10 +177,7 @@ class OrpheusProgram:
                 if req is not None:
                     rows.append(i)
                     requests.append(req)
-        out: list[np.ndarray | None] = [None] * len(states)
-        for i, pcm in zip(rows, self.decode_fn(requests) if requests else []):
-            out[i] = _as_pcm(pcm)
-        return out
+        return self._decode_rows(len(states), rows, requests)
 
     def finish(self, states: list[OrpheusState]) -> list[np.ndarray | None]:
         """The sequences ended: decode each one's tail against its true end, in one batch.
@@ -196,7 +193,11 @@ class OrpheusProgram:
             if req is not None:
                 rows.append(i)
                 requests.append(req)
-        out: list[np.ndarray | None] = [None] * len(states)
+        return self._decode_rows(len(states), rows, requests)
+
+    def _decode_rows(self, num_rows: int, rows: list[int], requests: list[Any]) -> list[np.ndarray | None]:
+        """Decode ``requests`` in one batch; row ``rows[k]`` gets the audio of ``requests[k]``."""
+        out: list[np.ndarray | None] = [None] * num_rows
         for i, pcm in zip(rows, self.decode_fn(requests) if requests else []):
             out[i] = _as_pcm(pcm)
         return out
