@@ -1,0 +1,149 @@
+"""Where one engine step's time goes, on the real Orpheus backend (GPU machine).
+
+Builds ``build_orpheus_backend`` (Orpheus-3B, ``--load-format dummy`` random weights by default),
+keeps ``B`` jobs decoding, and times each ``LMBackend.step`` and its phases: ``schedule``,
+``execute`` (inputs, attention plan, graph replay and the wait for the tokens: GPU time is in
+here), ``update``, ``postprocess`` minus the codec, and ``codec`` (the program's ``decode_fn``,
+GPU included). ``other`` is the rest of the step. Medians over the measured steps.
+
+    python -m benchmark.engine_profile --batch 1,64,128,256 --steps 100 [--profile 256] [--json F]
+
+``--model tiny --device cpu`` runs the same path on the CPU (for tests of this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import json
+import platform
+import pstats
+import statistics
+import time
+from collections import defaultdict
+from typing import Any
+
+__all__ = ["main", "measure"]
+
+PHASES = ("schedule", "execute", "update", "postprocess", "codec", "other")
+TEXT = "Hello there, this is a test of the engine on a long enough sentence to keep it busy."
+
+
+def _timed(store: dict[str, float], name: str, fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            store[name] += time.perf_counter() - t0
+
+    return wrapper
+
+
+def _instrument(backend: Any) -> dict[str, float]:
+    store: dict[str, float] = defaultdict(float)
+    backend.scheduler.schedule = _timed(store, "schedule", backend.scheduler.schedule)
+    backend.scheduler.update = _timed(store, "update", backend.scheduler.update)
+    backend.runner.execute = _timed(store, "execute", backend.runner.execute)
+    backend._postprocess = _timed(store, "postprocess", backend._postprocess)
+    backend.program.decode_fn = _timed(store, "codec", backend.program.decode_fn)
+    return store
+
+
+def _uninstrument(backend: Any) -> None:
+    for obj, name in ((backend.scheduler, "schedule"), (backend.scheduler, "update"), (backend.runner, "execute"),
+                      (backend, "_postprocess"), (backend.program, "decode_fn")):
+        fn = getattr(obj, name)
+        setattr(obj, name, getattr(fn, "__wrapped__", fn))
+        if name in vars(obj) and getattr(fn, "__wrapped__", None) is not None and name != "decode_fn":
+            delattr(obj, name)  # back to the class's method
+
+
+def measure(backend: Any, batch: int, steps: int, *, max_tokens: int, profile: bool = False,
+            sync: Any = None) -> dict[str, Any]:
+    """Keep ``batch`` jobs running; per-step wall time and phase medians in ms."""
+    voice, options = backend.validate(None, {"max_tokens": max_tokens, "seed": 1})
+    for job in range(batch):
+        backend.add_job(job, TEXT, voice, options)
+    for _ in range(30):  # prefill, then into steady decode
+        backend.step()
+    store = _instrument(backend)
+    prof = cProfile.Profile() if profile else None
+    rows: list[dict[str, float]] = []
+    running: list[int] = []
+    for _ in range(steps):
+        store.clear()
+        if prof:
+            prof.enable()
+        t0 = time.perf_counter()
+        backend.step()
+        total = time.perf_counter() - t0
+        if prof:
+            prof.disable()
+        row = {name: store.get(name, 0.0) * 1e3 for name in PHASES[:-1]}
+        row["postprocess"] -= row["codec"]
+        row["other"] = total * 1e3 - sum(row.values())
+        row["total"] = total * 1e3
+        rows.append(row)
+        running.append(backend.scheduler.num_running)
+    for job in range(batch):
+        backend.abort_job(job)
+    _uninstrument(backend)
+    if sync is not None:
+        sync()
+    if prof:
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+    med = {k: statistics.median(r[k] for r in rows) for k in (*PHASES, "total")}
+    totals = sorted(r["total"] for r in rows)
+    return {"batch": batch, "running_median": statistics.median(running), "steps": steps,
+            "median_ms": med, "p90_total_ms": totals[int(0.9 * (len(totals) - 1))]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="orpheus")
+    parser.add_argument("--load-format", default="dummy")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batch", default="1,64,128,256")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--max-tokens", type=int, default=1400)
+    parser.add_argument("--profile", type=int, default=0, help="cProfile the steps at this batch size")
+    parser.add_argument("--json", default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+    try:
+        batches = [int(b) for b in args.batch.split(",")]
+    except ValueError:
+        parser.error(f"--batch must be comma-separated integers, got {args.batch!r}")
+    if any(b < 1 for b in batches) or args.steps < 5:
+        parser.error("--batch sizes must be >= 1 and --steps >= 5")
+
+    import torch
+
+    from engine.llm.backend import build_orpheus_backend
+
+    backend = build_orpheus_backend(
+        args.model, device=args.device, load_format=args.load_format, max_num_seqs=max(batches),
+        max_model_len=2048, max_waiting=4 * max(batches),
+    )
+    sync = torch.cuda.synchronize if args.device == "cuda" else None
+    name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
+    print(f"engine step on {name}; model {args.model} ({args.load_format}); torch {torch.__version__}")
+    header = f"{'batch':>6} {'running':>7} " + " ".join(f"{p:>11}" for p in PHASES) + f" {'total':>8} {'p90':>8}"
+    print(header + "   (medians, ms)")
+    results = []
+    for b in batches:
+        r = measure(backend, b, args.steps, max_tokens=args.max_tokens, profile=(b == args.profile), sync=sync)
+        results.append(r)
+        m = r["median_ms"]
+        print(f"{b:>6} {r['running_median']:>7.0f} " + " ".join(f"{m[p]:>11.2f}" for p in PHASES)
+              + f" {m['total']:>8.2f} {r['p90_total_ms']:>8.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "model": args.model, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
