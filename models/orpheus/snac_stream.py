@@ -303,7 +303,7 @@ class StreamCursor:
 
     Per device step for this stream call ``push()`` (the step carries a real frame) or
     ``flush()`` (a flush step after ``finish()``); each returns ``(lo, hi)``: emit
-    ``audio[lo:hi]`` of that step's 2048 samples (maybe empty). Pass ``end_frames`` with the step.
+    ``audio[lo:hi]`` of that step's 2048 samples (``(0, 0)`` when nothing). Pass ``end_frames`` with the step.
     """
 
     __slots__ = ("delay_samples", "num_frames", "num_steps", "is_finished")
@@ -358,6 +358,6 @@ class StreamCursor:
         stop = start + SAMPLES_PER_FRAME
         if self.is_finished:
             stop = min(stop, self.num_frames * SAMPLES_PER_FRAME)
-        lo = min(max(0, -start), SAMPLES_PER_FRAME)
-        return lo, max(lo, stop - start)
+        lo, hi = max(0, -start), stop - start
+        return (lo, hi) if lo < hi else (0, 0)
 
