@@ -1,0 +1,97 @@
+"""``StreamingSnac.step`` replayed from CUDA graphs per batch bucket (eager on the CPU).
+
+Each engine step, every stream that completed a frame (or is flushing after its last one)
+contributes one row: (slot, 7 frame codes, end_frames). ``StreamingCodecGraphs.decode`` runs
+them all in one replay (or a few, beyond the largest bucket) and copies the audio to the host
+once. Padding rows of a bucket carry slot index 0 in the graph's inputs, which the captured
+function maps to the pool's scratch slot (inputs hold ``slot + 1``), and end_frames 0, so
+they are fully masked and touch no real stream's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from engine.llm.cuda_graphs import DEFAULT_CODEC_BUCKETS, BatchGraphs
+from models.orpheus.snac_stream import StreamingSnac
+from models.orpheus.tokens import SAMPLES_PER_FRAME, TOKENS_PER_FRAME
+
+__all__ = ["StreamingCodecGraphs", "CodecRow"]
+
+CodecRow = tuple[int, Sequence[int], int]  # (slot, 7 per-position codes, end_frames)
+
+
+class StreamingCodecGraphs:
+    """Batched streaming SNAC steps: CUDA graphs on a CUDA device, eager elsewhere.
+
+    ``buckets`` above ``snac.max_streams`` are dropped, and ``max_streams`` is added as the
+    largest bucket when the given ones stop short of it, so one replay always holds every
+    stream. ``capture=False`` (or a CPU device) runs ``StreamingSnac.step`` eagerly.
+    """
+
+    def __init__(self, snac: StreamingSnac, *, buckets: Sequence[int] = DEFAULT_CODEC_BUCKETS,
+                 capture: bool = True, progress: bool = True) -> None:
+        self.snac = snac
+        self.device = snac.device
+        sizes = sorted({b for b in buckets if 1 <= b <= snac.max_streams})
+        if not sizes or sizes[-1] < snac.max_streams:
+            sizes.append(snac.max_streams)
+        self.buckets = tuple(sizes)
+        self._graphs: BatchGraphs | None = None
+        if capture and self.device.type == "cuda":
+            i64 = torch.int64
+            specs = [((), i64), ((TOKENS_PER_FRAME,), i64), ((), i64)]
+            self._graphs = BatchGraphs(self._graph_step, specs, buckets=self.buckets, device=self.device)
+            self._graphs.capture(progress=progress, desc="streaming codec graphs")
+
+    @property
+    def is_graphed(self) -> bool:
+        return self._graphs is not None
+
+    def _graph_step(self, slot1: torch.Tensor, frames: torch.Tensor, end_frames: torch.Tensor) -> torch.Tensor:
+        slots = (slot1 - 1).remainder(self.snac.max_streams + 1)  # padding (0) -> scratch slot
+        return self.snac.step(slots, frames, end_frames)
+
+    def reset(self, slots: Sequence[int]) -> None:
+        """Zero the state of ``slots`` (a new stream takes them); device work, no sync."""
+        if slots:
+            self.snac.reset(torch.tensor(list(slots), dtype=torch.int64).to(self.device, non_blocking=True))
+
+    def step(self, slots: torch.Tensor, frames: torch.Tensor, end_frames: torch.Tensor) -> torch.Tensor:
+        """Device rows in (slots [n], frames [n, 7], end_frames [n]) -> device audio [n, 2048].
+
+        Graphed: the result may be a view of a graph's output buffer; consume it before the
+        next call.
+        """
+        if self._graphs is None:
+            return self.snac.step(slots, frames, end_frames)
+        n = slots.shape[0]
+        largest = self._graphs.max_batch_size
+        outs = []
+        for i in range(0, n, largest):
+            (audio,) = self._graphs.run(slots[i:i + largest] + 1, frames[i:i + largest], end_frames[i:i + largest])
+            outs.append(audio if n <= largest else audio.clone())
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def decode(self, rows: Sequence[CodecRow]) -> np.ndarray:
+        """One step for each row (slot, codes, end_frames): host float32 audio [n, 2048].
+
+        Row i's audio is at the positions ``StreamingSnac.step`` documents (``StreamCursor``
+        says which part to emit). One host-to-device copy of the inputs, one copy back.
+        """
+        if not rows:
+            return np.zeros((0, SAMPLES_PER_FRAME), dtype=np.float32)
+        slots = [r[0] for r in rows]
+        if len(set(slots)) != len(rows):
+            raise ValueError("a slot appears twice in one codec step")
+        if not 0 <= min(slots) <= max(slots) < self.snac.max_streams:
+            raise ValueError(f"slots must be in [0, {self.snac.max_streams}), got {slots}")
+        host = torch.tensor([[slot, end, *codes] for slot, codes, end in rows], dtype=torch.int64)  # [n, 9]
+        if host.shape[1] != 2 + TOKENS_PER_FRAME:
+            raise ValueError(f"each row needs {TOKENS_PER_FRAME} codes")
+        dev = host.to(self.device, non_blocking=True)
+        audio = self.step(dev[:, 0], dev[:, 2:], dev[:, 1])  # [n, 2048]
+        return audio.cpu().numpy()
