@@ -191,7 +191,8 @@ def build_orpheus_backend(
     padding rows write there. On CUDA with flashinfer installed the runner is
     ``CudaGraphModelRunner`` (``enable_cuda_graphs``, default) or ``ModelRunner`` with
     FlashInfer attention; ``runner_factory`` / ``attention_backend_factory`` override. ``max_num_batched_tokens`` defaults to
-    ``max(512, max_num_seqs)`` (decodes plus one prefill chunk).
+    ``max(512, max_num_seqs + 256)`` (every decode plus at least 256 prompt tokens). With prefill
+    graphs the scheduler packs whole fresh prompts only, up to the graphs' row limit per step.
     """
     import functools
     import importlib.util
@@ -273,12 +274,16 @@ def build_orpheus_backend(
     if runner.scratch_page is None:  # keep the last page out of the allocator's range
         allocator_pages = num_pages - 1
         runner.scratch_page = allocator_pages
+    prefill_graphs = getattr(runner, "prefill_graphs", None)
     scheduler = Scheduler(
         SchedulerConfig(
             max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens or max(512, max_num_seqs),
+            max_num_batched_tokens=max_num_batched_tokens or max(512, max_num_seqs + 256),
             max_model_len=max_model_len,
             max_waiting=max_waiting,
+            # whole fresh prompts, as many as one packed prefill graph holds
+            max_num_prefill_seqs=prefill_graphs.max_num_seqs if prefill_graphs is not None else 0,
+            whole_prompts=prefill_graphs is not None,
         ),
         PageAllocator(allocator_pages, page_size),
     )

@@ -303,10 +303,11 @@ class CudaGraphModelRunner(ModelRunner):
     (the page allocator must be built with ``num_pages``, so it never hands that page out).
     A graphed decode step is the whole step on the device: forward, head, sampling (with the
     per-slot repetition-penalty state) and the penalty update; the host builds the metadata,
-    plans attention, replays and reads the tokens. Steps with prefill rows, or more decode rows
-    than the largest bucket, run eagerly, except the prefill of one fresh sequence alone in its
-    step, replayed from ``PrefillGraphs`` (``prefill_buckets``: token counts; ``()`` = none;
-    default: those of ``DEFAULT_PREFILL_BUCKETS`` up to ``max_model_len``). ``max_model_len`` bounds a graphed row's context (it
+    plans attention, replays and reads the tokens. Fresh whole prompts (up to
+    ``prefill_row_buckets[-1]`` of them, alone or after the decode rows of a mixed step) are
+    packed into one replay of ``PrefillGraphs`` (``prefill_buckets``: token counts; ``()`` =
+    none; default: those of ``DEFAULT_PREFILL_BUCKETS`` up to ``max_model_len``). Other steps
+    (chunked or continued prefills, more decode rows than the largest bucket) run eagerly. ``max_model_len`` bounds a graphed row's context (it
     sizes the page-index buffers). ``fused`` uses ``FusedLlamaForward`` (fewer kernels).
     """
 
@@ -319,6 +320,7 @@ class CudaGraphModelRunner(ModelRunner):
         max_model_len: int = 4096,
         decode_buckets: Sequence[int] = DEFAULT_DECODE_BUCKETS,
         prefill_buckets: Sequence[int] | None = None,
+        prefill_row_buckets: Sequence[int] | None = None,
         capture: bool = True,
         progress: bool = True,
         fused: bool = True,
@@ -348,14 +350,14 @@ class CudaGraphModelRunner(ModelRunner):
             # temperature, top_p, repetition penalty, seed, step, slot + 1 (0 = padding), allowed row, keep
             extra_specs=[((), f32), ((), f32), ((), f32), ((), i64), ((), i64), ((), i64), ((), i64), ((), torch.bool)],
         )
-        from engine.llm.prefill_graphs import DEFAULT_PREFILL_BUCKETS, PrefillGraphs
+        from engine.llm.prefill_graphs import DEFAULT_PREFILL_BUCKETS, DEFAULT_PREFILL_ROW_BUCKETS, PrefillGraphs
 
         if prefill_buckets is None:
             prefill_buckets = [t for t in DEFAULT_PREFILL_BUCKETS if t <= max_model_len]
         self.prefill_graphs = PrefillGraphs(
             self._prefill_step, self.kv_caches, num_q_heads=config.num_attention_heads,
             scratch_page=self.scratch_page, buckets=prefill_buckets or [max_model_len],
-            extra_specs=self.graphs.extra_specs,
+            row_buckets=prefill_row_buckets or DEFAULT_PREFILL_ROW_BUCKETS, extra_specs=self.graphs.extra_specs,
         ) if prefill_buckets != () else None
         self.use_graphs = False
         if capture:
@@ -409,8 +411,8 @@ class CudaGraphModelRunner(ModelRunner):
     def _execute_graphs(self, batch: Any) -> torch.Tensor | None:
         """Device tokens [B] from graph replays, or None when some row cannot be graphed.
 
-        Decode rows replay a decode graph; one fresh whole-prompt prefill row (alone, or after
-        the decode rows of a mixed step) replays a prefill graph. Rows are sampled
+        Decode rows replay a decode graph; fresh whole-prompt prefill rows (alone, or after
+        the decode rows of a mixed step) replay one packed prefill graph. Rows are sampled
         independently, so splitting a step in two replays changes no token.
         """
         nd = batch.num_decode_seqs
@@ -430,10 +432,12 @@ class CudaGraphModelRunner(ModelRunner):
         for graphs, sub, meta in parts:
             ids, *extras = self.graph_inputs(sub)
             if graphs is self.prefill_graphs:
-                ids, key = torch.tensor(sub.seqs[0].prompt_ids, dtype=torch.int64), meta.slot_mapping
+                from engine.llm.prefill_graphs import pack_prefill
+
+                ids, positions, seg, last = pack_prefill([s.prompt_ids for s in sub.seqs])
+                tokens, _ = graphs.run(ids, positions, seg, meta.slot_mapping, last, *extras)
             else:
-                key = meta
-            tokens, _ = graphs.run(ids, key, *extras)
+                tokens, _ = graphs.run(ids, meta, *extras)
             outs.append(tokens)
         return outs[0] if len(outs) == 1 else torch.cat(outs)  # a copy: the next replay may overwrite
 

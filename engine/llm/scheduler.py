@@ -16,7 +16,10 @@ Policy (written down because callers depend on it):
   ``max_model_len``, ``max_tokens`` is capped to fit (the job still ends normally, at the cap).
 - Every step, each running sequence with exactly one uncomputed token (a decode) is scheduled
   first; the remaining token budget goes to prefill chunks, earliest deadline first. Decodes are
-  never skipped for a prefill, so running streams never stall behind a long prompt.
+  never skipped for a prefill, so running streams never stall behind a long prompt. With
+  ``whole_prompts`` a prompt that would fit a step on its own is never split: it waits for the
+  next step instead (so the step stays replayable from a CUDA graph); ``max_num_prefill_seqs``
+  caps the prefill rows of a step.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int = 4096
     max_waiting: int = 256
+    # Prefill rows per step (0 = no limit); a CUDA-graph runner packs at most this many prompts.
+    max_num_prefill_seqs: int = 0
+    # True: a prompt is split across steps only when it cannot fit a step on its own; one that
+    # does not fit what is left of this step's budget waits for the next step (whole fresh
+    # prompts can be replayed from a graph, chunks cannot).
+    whole_prompts: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -58,6 +67,8 @@ class SchedulerConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.max_num_prefill_seqs < 0:
+            raise ValueError(f"max_num_prefill_seqs must be >= 0, got {self.max_num_prefill_seqs}")
 
 
 @dataclass
@@ -210,10 +221,14 @@ class Scheduler:
         seqs: list[Sequence] = list(decodes)
         counts = [1] * len(decodes)
         budget -= len(decodes)
+        cfg = self.config
         for seq in prefills:
-            if budget <= 0:
+            if budget <= 0 or (cfg.max_num_prefill_seqs and len(seqs) - len(decodes) >= cfg.max_num_prefill_seqs):
                 break
             n = min(seq.num_uncomputed_tokens, budget)
+            if (cfg.whole_prompts and n < seq.num_uncomputed_tokens and len(seqs) > len(decodes)
+                    and seq.num_uncomputed_tokens <= cfg.max_num_batched_tokens - len(decodes)):
+                break  # fits a later step whole: wait (earliest deadline first is kept)
             seqs.append(seq)
             counts.append(n)
             budget -= n

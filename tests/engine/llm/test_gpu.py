@@ -99,7 +99,7 @@ def test_codec_graph_matches_eager() -> None:
 
 
 def test_prefill_graph_matches_eager_flashinfer() -> None:
-    """One fresh prompt replayed from the prefill graph gives eager FlashInfer's logits."""
+    """One fresh prompt, and three packed in one replay, give eager FlashInfer's logits."""
     pytest.importorskip("flashinfer")
     from engine.llm.attention import build_attention_metadata
     from engine.llm.cuda_graphs import CudaGraphModelRunner
@@ -114,17 +114,25 @@ def test_prefill_graph_matches_eager_flashinfer() -> None:
     model.setup_rope("cuda")
     runner = CudaGraphModelRunner(model, cfg, device="cuda", dtype=torch.bfloat16, num_pages=64, max_model_len=512,
                                   max_num_seqs=8, decode_buckets=(1,), prefill_buckets=(32, 64), progress=False)
-    seq = Sequence(seq_id=0, prompt_ids=list(range(500, 541)), params=SamplingParams(), slot=0)
-    seq.pages = [3, 4, 5]
-    batch = ScheduledBatch(seqs=[seq], num_new_tokens=[41], is_sampled=[True], num_decode_seqs=0)
-    assert runner.prefill_graphs.can_run(batch)
-    meta = build_attention_metadata(batch, PAGE)
-    ids = torch.tensor(seq.prompt_ids)
-    with torch.inference_mode():
-        eager = runner._forward(ids, meta).clone()
-        _, *extras = runner.graph_inputs(batch)
-        _, graph = runner.prefill_graphs.run(ids, meta.slot_mapping, *extras)
-    torch.testing.assert_close(graph, eager, atol=5e-2, rtol=5e-2)
+    from engine.llm.prefill_graphs import pack_prefill
+
+    seqs = []
+    for i, n in enumerate((41, 7, 13)):  # alone, then three prompts packed in one replay
+        seq = Sequence(seq_id=i, prompt_ids=[500 + 3 * i + j for j in range(n)], params=SamplingParams(), slot=i)
+        seq.pages = [3 * i + 3, 3 * i + 4, 3 * i + 5]
+        seqs.append(seq)
+    for rows in (seqs[:1], seqs):
+        batch = ScheduledBatch(seqs=rows, num_new_tokens=[s.num_tokens for s in rows], is_sampled=[True] * len(rows),
+                               num_decode_seqs=0)
+        assert runner.prefill_graphs.can_run(batch)
+        meta = build_attention_metadata(batch, PAGE)
+        ids, positions, seg, last = pack_prefill([s.prompt_ids for s in rows])
+        with torch.inference_mode():
+            eager = runner._forward(ids, meta).clone()
+            _, *extras = runner.graph_inputs(batch)
+            _, graph = runner.prefill_graphs.run(ids, positions, seg, meta.slot_mapping, last, *extras)
+        assert graph.shape == eager.shape == (len(rows), graph.shape[1])
+        torch.testing.assert_close(graph, eager, atol=5e-2, rtol=5e-2)
 
 
 def test_graph_decode_fn_matches_eager_decode_requests() -> None:

@@ -150,8 +150,8 @@ def test_prefill_step_function_matches_eager_prefill() -> None:
 
 
 def test_execute_splits_mixed_step_into_decode_and_prefill_graphs() -> None:
-    """A step of decode rows plus one fresh prompt runs as two (emulated) graph replays and
-    gives the eager runner's tokens; a chunked prefill falls back to the eager path."""
+    """Two fresh prompts packed in one (emulated) prefill replay, then decode rows, then decode
+    rows plus a fresh prompt as two replays: the eager runner's tokens at every step."""
     from engine.llm.prefill_graphs import GraphPrefillAttention, pad_prefill_slots
 
     params = SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.3, seed=2)
@@ -170,13 +170,14 @@ def test_execute_splits_mixed_step_into_decode_and_prefill_graphs() -> None:
         attn.begin_step(meta)
         return runner._graph_step(ids, meta.positions, attn, *extras)
 
-    def prefill_run(ids, slots, *extras):  # noqa: ANN001, ANN202
+    def prefill_run(ids, positions, seg, slots, last, *extras):  # noqa: ANN001, ANN202
         replays.append("prefill")
         attn = GraphPrefillAttention(runner.kv_caches, num_q_heads=TINY.num_attention_heads, num_tokens=32)
-        attn.begin_step(pad_prefill_slots(slots, 32, scratch_page=runner.scratch_page, page_size=PAGE))
         n = ids.numel()
-        padded = torch.cat([ids, torch.zeros(32 - n, dtype=torch.int64)])
-        return runner._prefill_step(padded, torch.arange(32), attn, torch.tensor([n - 1]), *extras)
+        pad = torch.zeros(32 - n, dtype=torch.int64)
+        attn.begin_step(pad_prefill_slots(slots, 32, scratch_page=runner.scratch_page, page_size=PAGE),
+                        torch.cat([seg, pad + 99]))
+        return runner._prefill_step(torch.cat([ids, pad]), torch.cat([positions, pad]), attn, last, *extras)
 
     runner.graphs.run = decode_run
     runner.prefill_graphs.run = prefill_run
@@ -197,6 +198,6 @@ def test_execute_splits_mixed_step_into_decode_and_prefill_graphs() -> None:
                 s.num_computed_tokens = s.num_tokens
                 s.output_ids.append(t)
         assert toks["graph"] == toks["eager"]
-    # step 1: two prompts at once -> eager; step 2: 2 decodes; step 3: 2 decodes + a fresh prompt
-    assert replays == ["decode", "decode", "prefill", "decode"]
+    # step 1: two prompts packed; step 2: 2 decodes; step 3: 2 decodes + a fresh prompt; step 4: 3 decodes
+    assert replays == ["prefill", "decode", "decode", "prefill", "decode"]
     assert torch.equal(runner.seen, eager.seen)

@@ -114,3 +114,33 @@ def test_prefill_budget_goes_to_the_earliest_deadline():
     s.set_deadline(0, 9.0)
     batch = s.schedule()
     assert [q.seq_id for q in batch.seqs] == [1] and batch.num_new_tokens == [6]
+
+
+def test_whole_prompts_wait_for_the_next_step_instead_of_being_split():
+    """With whole_prompts a prompt that fits a step on its own is never split; one that cannot
+    fit any step alone is still chunked; max_num_prefill_seqs caps the prefill rows."""
+    s = _sched(num_pages=64, page_size=4, max_num_batched_tokens=10, max_num_seqs=8, max_waiting=8,
+               whole_prompts=True, max_num_prefill_seqs=2)
+    for i, n in enumerate([4, 5, 2, 3]):
+        s.add(_seq(i, n))
+    batch = _run_step(s)
+    assert [q.seq_id for q in batch.seqs] == [0, 1] and batch.num_new_tokens == [4, 5]  # 2 would fit, cap
+    batch = _run_step(s)  # two decodes, then 2 and 3 whole
+    assert [q.seq_id for q in batch.seqs] == [0, 1, 2, 3] and batch.num_new_tokens == [1, 1, 2, 3]
+    s.add(_seq(4, 7))  # 4 decodes leave 6: 7 fits no step whole after 4 decodes -> chunked
+    s.add(_seq(5, 3))
+    batch = _run_step(s)
+    assert batch.num_new_tokens == [1, 1, 1, 1, 6] and batch.is_sampled[-1] is False
+    s2 = _sched(num_pages=64, page_size=4, max_num_batched_tokens=10, max_num_seqs=8, whole_prompts=True)
+    s2.add(_seq(0, 6))
+    s2.add(_seq(1, 6))
+    batch = _run_step(s2)
+    assert batch.num_new_tokens == [6]  # the second waits whole rather than splitting 4 + 2
+    batch = _run_step(s2)
+    assert batch.num_new_tokens == [1, 6]
+
+
+def test_prefill_cap_validation():
+    """A negative prefill-row cap is refused."""
+    with pytest.raises(ValueError):
+        SchedulerConfig(max_num_prefill_seqs=-1)
