@@ -25,6 +25,11 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_model_len: int = 2048
     enable_cuda_graphs: bool = True
+    # fp8 options (CUDA only, bf16 models; engine.llm.fp8): "fp8" stores the KV pages as
+    # float8_e4m3fn (half the bytes per page), resp. the decoder layers' linear weights as fp8
+    # with per-channel scales (row-wise fp8 GEMMs). Off by default.
+    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) | "fp8"
+    quantization: str = "none"  # "none" | "fp8"
     synthetic_realtime: bool = True  # synthetic model: pace chunks at real time
     hibari_threads: int = 1
     core: CoreConfig = field(default_factory=CoreConfig)
@@ -41,6 +46,17 @@ class EngineConfig:
             raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise ValueError(f"dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
+        if self.quantization not in ("none", "fp8"):
+            raise ValueError(f"quantization must be none or fp8, got {self.quantization!r}")
+        fp8 = [n for n, v in (("--kv-cache-dtype fp8", self.kv_cache_dtype),
+                              ("--quantization fp8", self.quantization)) if v == "fp8"]
+        if fp8 and self.device == "cpu":
+            raise ValueError(f"{' and '.join(fp8)} require{'s' * (len(fp8) == 1)} a CUDA GPU (device is cpu)")
+        if fp8 and self.dtype not in ("auto", "bfloat16"):
+            raise ValueError(f"{' and '.join(fp8)} require{'s' * (len(fp8) == 1)} dtype bfloat16 (or auto), "
+                             f"got {self.dtype!r}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.99:
             raise ValueError("gpu_memory_utilization must be in [0.05, 0.99]")
         if self.max_num_seqs < 1:

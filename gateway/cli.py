@@ -38,6 +38,12 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
     m.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len)
     m.add_argument("--no-cuda-graphs", dest="enable_cuda_graphs", action="store_false")
+    m.add_argument("--kv-cache-dtype", default=EngineConfig.kv_cache_dtype, choices=["auto", "fp8"],
+                   help="fp8: KV cache pages in float8_e4m3fn, half the bytes (CUDA, bf16 only; "
+                        "see docs/orpheus.md 'fp8 option')")
+    m.add_argument("--quantization", default=EngineConfig.quantization, choices=["none", "fp8"],
+                   help="fp8: decoder linear weights in fp8 with per-channel scales, row-wise fp8 "
+                        "GEMMs (CUDA, compute capability >= 8.9)")
     m.add_argument("--synthetic-fast", dest="synthetic_realtime", action="store_false",
                    help="synthetic model: emit audio as fast as possible instead of at real time")
     m.add_argument("--lookahead-jobs", type=int, default=CoreConfig.lookahead_jobs,

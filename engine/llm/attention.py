@@ -2,6 +2,8 @@
 
 KV cache layout (FlashInfer's NHD paged layout), one tensor per layer:
 ``[num_pages, 2, page_size, num_kv_heads, head_dim]``; index 0 of dim 1 is K, 1 is V.
+The cache's dtype is the model's, or float8_e4m3fn (``KVCacheSpec.kv_dtype``): fp8 pages hold
+K/V with scale 1.0, saturated at +-448 (``engine.llm.fp8``), and are read back upcast.
 
 A step's rows are ordered decode first (exactly one new token each), then prefill or
 chunked-prefill rows. New tokens attend to every cached token of their sequence and to the
@@ -16,6 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
+from engine.llm.fp8 import is_fp8, to_fp8_saturated
+
 if TYPE_CHECKING:
     from engine.llm.scheduler import ScheduledBatch
 
@@ -27,6 +31,7 @@ __all__ = [
     "allocate_kv_caches",
     "build_attention_metadata",
     "torch_paged_attention_factory",
+    "write_kv",
 ]
 
 
@@ -40,9 +45,15 @@ class KVCacheSpec:
     num_qo_heads: int
     num_kv_heads: int
     head_dim: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # the model's activations (queries, attention output)
     device: torch.device
     max_num_seqs: int
+    cache_dtype: torch.dtype | None = None  # the KV pages' dtype; None = ``dtype``
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The dtype the KV pages are stored in."""
+        return self.dtype if self.cache_dtype is None else self.cache_dtype
 
 
 @dataclass
@@ -104,9 +115,43 @@ def build_attention_metadata(batch: ScheduledBatch, page_size: int) -> Attention
 
 
 def allocate_kv_caches(spec: KVCacheSpec) -> list[torch.Tensor]:
-    """One zeroed ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` tensor per layer."""
+    """One zeroed ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` tensor per layer, in ``spec.kv_dtype``."""
     shape = (spec.num_pages, 2, spec.page_size, spec.num_kv_heads, spec.head_dim)
-    return [torch.zeros(shape, dtype=spec.dtype, device=spec.device) for _ in range(spec.num_layers)]
+    return [torch.zeros(shape, dtype=spec.kv_dtype, device=spec.device) for _ in range(spec.num_layers)]
+
+
+def _as_stored(cache: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cache view, values) to index_put into: fp8 goes through uint8 views of both, so the
+    write needs no fp8 kernel, and the values are saturated first."""
+    if is_fp8(cache.dtype):
+        return cache.view(torch.uint8), to_fp8_saturated(x).view(torch.uint8)
+    return cache, x.to(cache.dtype)
+
+
+def write_kv(
+    cache: torch.Tensor,  # [N, 2, P, Hkv, Dh]
+    page: torch.Tensor,  # [T] int64
+    offset: torch.Tensor,  # [T] int64
+    k: torch.Tensor,  # [T, Hkv, Dh]
+    v: torch.Tensor,  # [T, Hkv, Dh]
+) -> None:
+    """Store each new token's K/V at ``(page, offset)``, cast to the cache's dtype (fp8: saturated).
+
+    index_put on the K and V views: no host sync, capturable in a CUDA graph.
+    """
+    dst, k = _as_stored(cache, k)
+    dst[:, 0][page, offset] = k
+    dst, v = _as_stored(cache, v)
+    dst[:, 1][page, offset] = v
+
+
+def read_pages(cache: torch.Tensor, pages: torch.Tensor, kv: int, dtype: torch.dtype) -> torch.Tensor:
+    """K (``kv`` 0) or V (1) of ``pages`` as ``[len(pages) * page_size, Hkv, Dh]`` in ``dtype`` (fp8 upcast)."""
+    if is_fp8(cache.dtype):
+        raw = cache.view(torch.uint8)[pages, kv].view(cache.dtype)  # [n, P, Hkv, Dh]
+    else:
+        raw = cache[pages, kv]
+    return raw.flatten(0, 1).to(dtype)
 
 
 class AttentionBackend(Protocol):
@@ -156,21 +201,20 @@ class TorchPagedAttention:
     ) -> torch.Tensor:
         # q: [T, Hq, D]; k, v: [T, Hkv, D]
         cache = self.kv_caches[layer]  # [P, 2, ps, Hkv, D]
-        cache[self._page, 0, self._offset] = k.to(cache.dtype)
-        cache[self._page, 1, self._offset] = v.to(cache.dtype)
+        write_kv(cache, self._page, self._offset, k, v)
         group = self.spec.num_qo_heads // self.spec.num_kv_heads
         out = torch.empty_like(q)
         for q_start, q_end, pages, kv_len in self._seqs:
             n = q_end - q_start
-            keys = cache[pages, 0].flatten(0, 1)[:kv_len]  # [L, Hkv, D]
-            values = cache[pages, 1].flatten(0, 1)[:kv_len]  # [L, Hkv, D]
+            keys = read_pages(cache, pages, 0, q.dtype)[:kv_len]  # [L, Hkv, D]
+            values = read_pages(cache, pages, 1, q.dtype)[:kv_len]  # [L, Hkv, D]
             keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, L, D]
             values = values.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, L, D]
             query = q[q_start:q_end].transpose(0, 1)  # [Hq, n, D]
             # New token i sits at position kv_len - n + i and sees keys 0..that position.
             rows = torch.arange(n, device=q.device).unsqueeze(1) + (kv_len - n)  # [n, 1]
             mask = torch.arange(kv_len, device=q.device).unsqueeze(0) <= rows  # [n, L]
-            o = F.scaled_dot_product_attention(query, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask)
+            o = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask)
             out[q_start:q_end] = o.transpose(0, 1)  # [n, Hq, D]
         return out
 

@@ -179,10 +179,13 @@ def build_orpheus_backend(
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
     warmup: bool = True,
+    kv_cache_dtype: str | None = None,
+    quantization: str | None = None,
 ) -> LMBackend:
     """Load Orpheus + SNAC and assemble an ``LMBackend``.
 
     Settings come from ``config`` (an ``engine.config.EngineConfig``) unless given as keywords.
+    ``kv_cache_dtype`` "fp8" / ``quantization`` "fp8": the fp8 options (``engine.llm.fp8``).
     ``device`` "auto" picks CUDA when available; ``dtype`` "auto" is bf16 on CUDA, fp32 on CPU.
     KV cache: ``num_pages`` if given; on CUDA, what fits in ``total * gpu_memory_utilization``
     after the weights, minus ``reserve_bytes`` for activations and graphs; on the CPU,
@@ -225,10 +228,19 @@ def build_orpheus_backend(
     if dtype_name == "auto":
         dtype_name = "bfloat16" if device == "cuda" else "float32"
     torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype_name]
+    from engine.llm.fp8 import quantise_decoder_linears_, resolve_fp8_options
+
+    # fp8 options (engine.llm.fp8): CUDA + bf16 only, refused here at start-up otherwise.
+    kv_dtype, quantise_fp8 = resolve_fp8_options(
+        pick(kv_cache_dtype, "kv_cache_dtype", "auto"), pick(quantization, "quantization", "none"),
+        device=device, dtype=torch_dtype,
+    )
 
     model, tokenizer, llama_config = load_orpheus(
         model_path_or_id, device=device, dtype=torch_dtype, load_format=load_format, max_seq_len=max_model_len
     )
+    if quantise_fp8:
+        quantise_decoder_linears_(model)  # before any runner builds its fused forward
     codec = SnacDecoder(load_snac(codec_path, device=device, load_format=load_format)).to(device)
     decode_fn = None
     if (device == "cuda" and pick(None, "enable_cuda_graphs", True)
@@ -242,11 +254,11 @@ def build_orpheus_backend(
     if num_pages is None:
         if device == "cuda":
             num_pages = num_pages_for_memory(
-                llama_config, page_size=page_size, dtype=torch_dtype, device=torch.device(device),
+                llama_config, page_size=page_size, dtype=kv_dtype, device=torch.device(device),
                 gpu_memory_utilization=utilization, reserve_bytes=reserve_bytes,
             )
         else:
-            num_pages = cpu_kv_cache_bytes // kv_bytes_per_page(llama_config, page_size, torch_dtype)
+            num_pages = cpu_kv_cache_bytes // kv_bytes_per_page(llama_config, page_size, kv_dtype)
         num_pages = min(num_pages, max_num_seqs * pages_per_seq + 1)
     if num_pages - 1 < pages_per_seq:  # (one page may become the scratch page)
         raise ValueError(
@@ -265,6 +277,8 @@ def build_orpheus_backend(
     runner_kw: dict[str, Any] = {}
     if attention_backend_factory is not None:
         runner_kw["attention_backend_factory"] = attention_backend_factory
+    if kv_dtype != torch_dtype:
+        runner_kw["kv_cache_dtype"] = kv_dtype
     runner = (runner_factory or ModelRunner)(
         model, llama_config, device=device, dtype=torch_dtype, num_pages=num_pages, page_size=page_size,
         max_num_seqs=max_num_seqs, vocab_ids=program.vocab_ids, allowed_table=program.allowed_table,

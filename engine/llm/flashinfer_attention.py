@@ -16,6 +16,12 @@ its wrapper works on fixed device buffers, so the captured kernels read whatever
 
 KV cache layout per layer: ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` (NHD).
 ``flashinfer`` is imported lazily, so importing this module needs no GPU.
+
+fp8 KV cache (float8_e4m3fn pages): K/V are written saturated with scale 1.0
+(``engine.llm.attention.write_kv``) and the kernels are planned with ``kv_data_type`` fp8 and
+``q_data_type`` the queries' dtype (``q_dtype``, default bf16), so no ``k_scale``/``v_scale``
+is passed. FlashInfer 0.6.18 picks its FA2 prefill kernels for bf16 queries on fp8 pages
+(its FA3 path wants fp8 queries too) and the CUDA-core decode kernel.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from engine.llm.attention import write_kv
+from engine.llm.fp8 import is_fp8
 
 __all__ = ["FlashInferAttention", "GraphDecodeAttention", "slot_to_page_offset"]
 
@@ -39,20 +48,11 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return t if t.device.type == "cpu" else t.cpu()
 
 
-def _write_kv(
-    cache: torch.Tensor,  # [N, 2, P, Hkv, Dh]
-    page: torch.Tensor,  # [T] int64
-    offset: torch.Tensor,  # [T] int64
-    k: torch.Tensor,  # [T, Hkv, Dh]
-    v: torch.Tensor,  # [T, Hkv, Dh]
-) -> None:
-    # index_put on the K and V views: no host sync, capturable in a CUDA graph.
-    cache[:, 0][page, offset] = k.to(cache.dtype)
-    cache[:, 1][page, offset] = v.to(cache.dtype)
+_write_kv = write_kv  # (cache [N, 2, P, Hkv, Dh], page [T], offset [T], k/v [T, Hkv, Dh]); fp8-aware
 
 
 class _Shape:
-    def __init__(self, kv_caches: list[torch.Tensor], num_q_heads: int) -> None:
+    def __init__(self, kv_caches: list[torch.Tensor], num_q_heads: int, q_dtype: torch.dtype | None = None) -> None:
         if not kv_caches:
             raise ValueError("kv_caches is empty")
         first = kv_caches[0]
@@ -62,7 +62,9 @@ class _Shape:
         if num_q_heads % self.num_kv_heads:
             raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         self.num_q_heads = num_q_heads
-        self.dtype = first.dtype
+        self.dtype = first.dtype  # the pages'
+        # Queries (and the output) stay in the model's dtype over fp8 pages.
+        self.q_dtype = q_dtype or (torch.bfloat16 if is_fp8(first.dtype) else first.dtype)
         self.device = first.device
 
 
@@ -75,11 +77,12 @@ class FlashInferAttention:
         *,
         num_q_heads: int,
         workspace_bytes: int = _WORKSPACE_BYTES,
+        q_dtype: torch.dtype | None = None,
     ) -> None:
         import flashinfer
 
         self.kv_caches = kv_caches
-        self.shape = _Shape(kv_caches, num_q_heads)
+        self.shape = _Shape(kv_caches, num_q_heads, q_dtype)
         dev = self.shape.device
         # Separate workspaces: decode and prefill run one after the other in every layer.
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -110,7 +113,7 @@ class FlashInferAttention:
             raise ValueError("decode rows must come first with one query token each")
         slots = meta.slot_mapping.to(s.device, dtype=torch.int64, non_blocking=True)
         self._page, self._offset = slot_to_page_offset(slots, s.page_size)
-        common = dict(q_data_type=s.dtype, kv_data_type=s.dtype)
+        common = dict(q_data_type=s.q_dtype, kv_data_type=s.dtype)
         if nd > 0:
             n_idx = int(kv_indptr[nd])
             self._decode.plan(
@@ -133,7 +136,7 @@ class FlashInferAttention:
     ) -> torch.Tensor:  # [T, Hq, Dh]
         cache = self.kv_caches[layer]
         _write_kv(cache, self._page, self._offset, k, v)
-        q = q.to(self.shape.dtype)
+        q = q.to(self.shape.q_dtype)
         nd, t = self._num_decode, q.shape[0]
         out = torch.empty_like(q)
         if nd > 0:
@@ -158,11 +161,12 @@ class GraphDecodeAttention:
         batch_size: int,
         max_num_pages: int,
         workspace: torch.Tensor,
+        q_dtype: torch.dtype | None = None,
     ) -> None:
         import flashinfer
 
         self.kv_caches = kv_caches
-        self.shape = _Shape(kv_caches, num_q_heads)
+        self.shape = _Shape(kv_caches, num_q_heads, q_dtype)
         self.batch_size = batch_size
         dev = self.shape.device
         self._page = torch.zeros(batch_size, dtype=torch.int64, device=dev)
@@ -189,7 +193,7 @@ class GraphDecodeAttention:
         self._wrapper.plan(
             _host(meta.kv_indptr).to(torch.int32), _host(meta.kv_indices).to(torch.int32), last_len,
             s.num_q_heads, s.num_kv_heads, s.head_dim, s.page_size,
-            q_data_type=s.dtype, kv_data_type=s.dtype,
+            q_data_type=s.q_dtype, kv_data_type=s.dtype,
         )
 
     def __call__(
@@ -201,4 +205,4 @@ class GraphDecodeAttention:
     ) -> torch.Tensor:  # [B, Hq, Dh]
         cache = self.kv_caches[layer]
         _write_kv(cache, self._page, self._offset, k, v)
-        return self._wrapper.run(q.to(self.shape.dtype).contiguous(), cache)
+        return self._wrapper.run(q.to(self.shape.q_dtype).contiguous(), cache)

@@ -14,6 +14,12 @@ into them, so the model's own forward still works and memory does not grow.
 
 Numerics: the same ops in the same dtypes as the reference, except that fused kernels keep
 intermediates in float32 (SiLU-mul, the RMSNorm reduction order); the GPU check compares both.
+
+fp8 weights (``engine.llm.fp8``): when the model's decoder linears are ``Fp8Linear``
+(``quantise_decoder_linears_``), the fused QKV / gate-up weights are concatenations of the fp8
+weights and their per-channel scales (exact: the scales are per output row), the modules again
+hold views, and each GEMM is ``fp8_gemm`` on activations quantised per token inside the fused
+norm / SiLU-mul kernels (one more small kernel for the attention output).
 """
 
 from __future__ import annotations
@@ -24,7 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.llm.fp8 import Fp8Linear, Fp8Weight, fp8_gemm, quantise_rowwise
+
 __all__ = ["FusedLlamaForward"]
+
+Weight = Tensor | Fp8Weight  # a bf16 weight [N, K], or an fp8 one with its scales
 
 
 def _rmsnorm(x: Tensor, w: Tensor, eps: float) -> Tensor:
@@ -58,9 +68,39 @@ def _silu_mul(gu: Tensor) -> Tensor:
     return F.silu(g) * u
 
 
-def _share(first: nn.Linear, *rest: nn.Linear) -> Tensor:
-    """Concatenate the linears' weights along the output dim; make each weight a view into it."""
+# The same producers with the fp8 row-wise quantisation of their output fused in: each returns
+# (x8 [T, K] fp8, x_scale [T, 1] f32) where the bf16 version returns x, plus the residual.
+def _rmsnorm_q(x: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return quantise_rowwise(_rmsnorm(x, w, eps))
+
+
+def _add_rmsnorm_q(x: Tensor, residual: Tensor, w: Tensor, eps: float) -> tuple[tuple[Tensor, Tensor], Tensor]:
+    y, r = _add_rmsnorm(x, residual, w, eps)
+    return quantise_rowwise(y), r
+
+
+def _silu_mul_q(gu: Tensor) -> tuple[Tensor, Tensor]:
+    return quantise_rowwise(_silu_mul(gu))
+
+
+def _share(first: nn.Module, *rest: nn.Module) -> Weight:
+    """Concatenate the linears' weights along the output dim; make each weight a view into it.
+
+    ``nn.Linear`` modules give a plain weight; ``Fp8Linear`` modules an ``Fp8Weight`` (fp8
+    weights and their per-row scales concatenated alike). All modules must be of one kind.
+    """
     linears = (first, *rest)
+    if all(isinstance(m, Fp8Linear) for m in linears):
+        w8 = torch.cat([m.weight for m in linears], dim=0)  # [sum out, in] fp8
+        scale = torch.cat([m.weight_scale for m in linears], dim=0)  # [sum out] f32
+        start = 0
+        for m in linears:
+            n = m.out_features
+            m.weight, m.weight_scale = w8[start : start + n], scale[start : start + n]
+            start += n
+        return Fp8Weight(w8, scale)
+    if any(isinstance(m, Fp8Linear) for m in linears):
+        raise ValueError("cannot fuse fp8 and non-fp8 linears")
     fused = torch.cat([m.weight.data for m in linears], dim=0)  # [sum out, in]
     start = 0
     for m in linears:
@@ -70,10 +110,18 @@ def _share(first: nn.Linear, *rest: nn.Linear) -> Tensor:
     return fused
 
 
-class FusedLlamaForward:
-    """Callable with ``LlamaModel.forward``'s signature: ``(input_ids[T], positions[T], attn) -> hidden[T, D]``."""
+def _single(m: nn.Module) -> Weight:
+    return Fp8Weight(m.weight, m.weight_scale) if isinstance(m, Fp8Linear) else m.weight
 
-    def __init__(self, model: Any, *, compile: bool = True) -> None:
+
+class FusedLlamaForward:
+    """Callable with ``LlamaModel.forward``'s signature: ``(input_ids[T], positions[T], attn) -> hidden[T, D]``.
+
+    With fp8 decoder linears (``engine.llm.fp8.quantise_decoder_linears_`` applied before),
+    the GEMMs run in fp8 (``use_scaled_mm``: None = on CUDA); ``is_fp8`` tells which.
+    """
+
+    def __init__(self, model: Any, *, compile: bool = True, use_scaled_mm: bool | None = None) -> None:
         cfg = model.config
         self.model = model
         self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -85,16 +133,26 @@ class FusedLlamaForward:
                 self.layers.append((
                     layer.input_layernorm.weight,
                     _share(a.q_proj, a.k_proj, a.v_proj),  # [(hq + 2 hkv) d, hidden]
-                    a.o_proj.weight,
+                    _single(a.o_proj),
                     layer.post_attention_layernorm.weight,
                     _share(m.gate_proj, m.up_proj),  # [2I, hidden]
-                    m.down_proj.weight,
+                    _single(m.down_proj),
                 ))
+        kinds = {isinstance(w, Fp8Weight) for row in self.layers for w in (row[1], row[2], row[4], row[5])}
+        if len(kinds) > 1:
+            raise ValueError("some decoder linears are fp8 and some are not")
+        self.is_fp8 = kinds == {True}
+        self.use_scaled_mm = use_scaled_mm
         wrap = (lambda f: torch.compile(f, dynamic=True, fullgraph=True)) if compile else (lambda f: f)
-        self._rmsnorm = wrap(_rmsnorm)
-        self._add_rmsnorm = wrap(_add_rmsnorm)
         self._rope = wrap(_rope)
-        self._silu_mul = wrap(_silu_mul)
+        if self.is_fp8:
+            self._rmsnorm, self._add_rmsnorm = wrap(_rmsnorm_q), wrap(_add_rmsnorm_q)
+            self._silu_mul, self._quant = wrap(_silu_mul_q), wrap(quantise_rowwise)
+            self._final_add_rmsnorm = wrap(_add_rmsnorm)
+        else:
+            self._rmsnorm, self._add_rmsnorm = wrap(_rmsnorm), wrap(_add_rmsnorm)
+            self._silu_mul, self._quant = wrap(_silu_mul), (lambda x: x)
+            self._final_add_rmsnorm = self._add_rmsnorm
 
     @classmethod
     def for_model(cls, model: Any, *, compile: bool = True) -> FusedLlamaForward:
@@ -105,21 +163,30 @@ class FusedLlamaForward:
             model._fused_forward = fwd
         return fwd
 
+    def _linear(self, x: Any, w: Weight, dtype: torch.dtype) -> Tensor:
+        """x: an activation [T, K] (bf16 weights) or its (x8, scale) pair (fp8) -> [T, N] in ``dtype``."""
+        if isinstance(w, Fp8Weight):
+            x8, xs = x
+            use = x8.is_cuda if self.use_scaled_mm is None else self.use_scaled_mm
+            return fp8_gemm(x8, xs, w.weight, w.scale, out_dtype=dtype, use_scaled_mm=use)
+        return F.linear(x, w)
+
     def __call__(self, input_ids: Tensor, positions: Tensor, attn: Any) -> Tensor:
         m = self.model
         h = m.model.embed_tokens(input_ids)  # [T, hidden]
-        cs = m.rope.index_select(0, positions).to(h.dtype)  # [T, 2, D]
+        dt = h.dtype
+        cs = m.rope.index_select(0, positions).to(dt)  # [T, 2, D]
         cos, sin = cs[:, 0:1], cs[:, 1:2]  # [T, 1, D]
         t = h.shape[0]
         residual = h
-        x = self._rmsnorm(h, self.layers[0][0], self.eps)
+        x = self._rmsnorm(h, self.layers[0][0], self.eps)  # [T, hidden] or its fp8 pair
         for i, (w_in, w_qkv, w_o, w_post, w_gu, w_down) in enumerate(self.layers):
             if i > 0:
                 x, residual = self._add_rmsnorm(h, residual, w_in, self.eps)
-            q, k, v = self._rope(F.linear(x, w_qkv), cos, sin, self.hq, self.hkv, self.d)
+            q, k, v = self._rope(self._linear(x, w_qkv, dt), cos, sin, self.hq, self.hkv, self.d)
             o = attn(i, q, k, v)  # [T, hq, d]
-            h = F.linear(o.reshape(t, self.hq * self.d), w_o)  # [T, hidden]
+            h = self._linear(self._quant(o.reshape(t, self.hq * self.d)), w_o, dt)  # [T, hidden]
             x, residual = self._add_rmsnorm(h, residual, w_post, self.eps)
-            h = F.linear(self._silu_mul(F.linear(x, w_gu)), w_down)  # [T, hidden]
-        out, _ = self._add_rmsnorm(h, residual, m.model.norm.weight, self.eps)
+            h = self._linear(self._silu_mul(self._linear(x, w_gu, dt)), w_down, dt)  # [T, hidden]
+        out, _ = self._final_add_rmsnorm(h, residual, m.model.norm.weight, self.eps)
         return out

@@ -30,7 +30,7 @@ AttentionBackendFactory = Callable[[KVCacheSpec, list[torch.Tensor]], AttentionB
 
 
 def kv_bytes_per_page(config: Any, page_size: int, dtype: torch.dtype) -> int:
-    """Bytes one page takes across all layers (K and V)."""
+    """Bytes one page takes across all layers (K and V); ``dtype`` is the KV cache's (fp8: 1 byte)."""
     elem = torch.empty((), dtype=dtype).element_size()
     return config.num_hidden_layers * 2 * page_size * config.num_key_value_heads * config.head_dim * elem
 
@@ -46,7 +46,8 @@ def num_pages_for_memory(
 ) -> int:
     """KV pages that fit in ``total * utilization`` minus what is already in use on the GPU.
 
-    Call after the weights are loaded; ``reserve_bytes`` keeps room for activations, the
+    ``dtype`` is the KV cache's (``kv_cache_dtype``), not the weights'. Call after the weights
+    are loaded (and quantised); ``reserve_bytes`` keeps room for activations, the
     sampler's buffers and CUDA graphs.
     """
     if not 0 < gpu_memory_utilization < 1:
@@ -67,7 +68,8 @@ class ModelRunner:
 
     ``vocab_ids`` restricts the head (and sampling) to a subset of the vocabulary; sampled
     indices are mapped back to token ids. ``allowed_table`` (bool [R, K]) masks columns per
-    row: each sequence's ``allowed_row`` picks one row.
+    row: each sequence's ``allowed_row`` picks one row. ``kv_cache_dtype`` stores the KV pages
+    in another dtype than the model's (float8_e4m3fn: ``engine.llm.fp8``); None = ``dtype``.
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class ModelRunner:
         max_num_seqs: int = 64,
         vocab_ids: list[int] | torch.Tensor | None = None,
         allowed_table: torch.Tensor | None = None,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.config = config
@@ -103,6 +106,7 @@ class ModelRunner:
             dtype=dtype,
             device=self.device,
             max_num_seqs=max_num_seqs,
+            cache_dtype=kv_cache_dtype,
         )
         self.kv_caches = allocate_kv_caches(self.spec)
         self.attn = attention_backend_factory(self.spec, self.kv_caches)
