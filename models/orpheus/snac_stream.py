@@ -250,15 +250,18 @@ class StreamingSnac:
         for u in b.units:
             y = self._conv(_snake(x, u.alpha1), views[u.conv_state], u.conv, c, end, r_out, u.in_delay)
             y = F.conv1d(_snake(y, u.alpha2), u.pointwise.weight, u.pointwise.bias)
-            x = _delay(x, views[u.skip_state]) + y
+            x = _add_delayed(y, x, views[u.skip_state])
         return x
 
     def _conv(self, x: Tensor, state: Tensor, conv: _Conv, c: Tensor, end: Tensor, rate: int,
               delay: int) -> Tensor:
         """Streamed 'same' conv of the new inputs x [B, C, n] at positions c * rate - delay + t."""
-        x = x * self._mask(c, end, rate, delay)
-        full = torch.cat((state, x), dim=2)  # [B, C, context + n]
-        state.copy_(full[:, :, x.shape[2]:])
+        b, ch, n = x.shape
+        ctx = state.shape[2]
+        full = x.new_empty(b, ch, ctx + n)  # [B, C, context + n]
+        full[:, :, :ctx] = state
+        torch.mul(x, self._mask(c, end, rate, delay), out=full[:, :, ctx:])  # masked, no extra copy
+        state.copy_(full[:, :, n:])
         return F.conv1d(full, conv.weight, conv.bias, dilation=conv.dilation, groups=conv.groups)
 
     def _mask(self, c: Tensor, end: Tensor, rate: int, delay: int) -> Tensor:
@@ -267,12 +270,17 @@ class StreamingSnac:
         return keep[:, None].to(self.dtype)  # [B, 1, n]
 
 
-def _delay(x: Tensor, line: Tensor) -> Tensor:
-    """x [B, C, n] delayed by the delay line's length (updated in place)."""
-    full = torch.cat((line, x), dim=2)  # [B, C, L + n]
-    out = full[:, :, :x.shape[2]]
-    line.copy_(full[:, :, x.shape[2]:])
-    return out
+def _add_delayed(y: Tensor, x: Tensor, line: Tensor) -> Tensor:
+    """y + (x delayed by the delay line's length L); y [B, C, n] is overwritten, line updated."""
+    n, delay = x.shape[2], line.shape[2]
+    if n < delay:  # not with SNAC 24 kHz's rates (n >= 32 > 27)
+        full = torch.cat((line, x), dim=2)  # [B, C, L + n]
+        line.copy_(full[:, :, n:])
+        return y.add_(full[:, :, :n])
+    y[:, :, :delay] += line
+    y[:, :, delay:] += x[:, :, :n - delay]
+    line.copy_(x[:, :, n - delay:])
+    return y
 
 
 @dataclass
