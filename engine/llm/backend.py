@@ -64,7 +64,9 @@ class LMBackend:
             self._pending.append(JobOutput(job_id, error=JobError("bad_request", str(e), retryable=False)))
 
     def abort_job(self, job_id: int) -> None:
-        self.scheduler.abort(job_id)
+        seq = self.scheduler.abort(job_id)
+        if seq is not None:
+            self._release(seq)
         self._pending = [o for o in self._pending if o.job_id != job_id]
 
     def set_deadline(self, job_id: int, deadline_s: float) -> None:
@@ -82,7 +84,7 @@ class LMBackend:
             return
         self._closed = True
         for seq in list(self.scheduler.waiting) + list(self.scheduler.running):
-            self.scheduler.abort(seq.seq_id)
+            self.abort_job(seq.seq_id)
         self._pending = []
 
     def warmup(self, text: str = "Hello there.", *, max_tokens: int = 28) -> None:
@@ -141,11 +143,18 @@ class LMBackend:
                 outputs.extend(_chunked(seq.seq_id, parts, is_finished))
         return outputs
 
+    def _release(self, seq: Sequence) -> None:
+        """Let the program free what a dropped sequence holds (e.g. a codec slot)."""
+        release = getattr(self.program, "release", None)
+        if release is not None and seq.program_state is not None:
+            release(seq.program_state)
+
     def _fail(self, seqs: list[Sequence], message: str) -> list[JobOutput]:
         out = []
         for seq in seqs:
             if seq in self.scheduler.running:
                 self.scheduler.finish(seq)
+            self._release(seq)
             out.append(JobOutput(seq.seq_id, error=JobError("model_error", message, retryable=False)))
         return out
 
@@ -176,6 +185,7 @@ def build_orpheus_backend(
     num_pages: int | None = None,
     cpu_kv_cache_bytes: int = 2 << 30,
     reserve_bytes: int = 2 << 30,
+    stateful_codec: bool | None = None,
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
     warmup: bool = True,
@@ -196,6 +206,9 @@ def build_orpheus_backend(
     FlashInfer attention; ``runner_factory`` / ``attention_backend_factory`` override. ``max_num_batched_tokens`` defaults to
     ``max(512, max_num_seqs + 256)`` (every decode plus at least 256 prompt tokens). With prefill
     graphs the scheduler packs whole fresh prompts only, up to the graphs' row limit per step.
+    ``stateful_codec`` (default True): SNAC decodes each frame once per stream
+    (``StreamingCodecGraphs``, CUDA graphs when the window decoder is graphed too); False
+    re-decodes a window per frame.
     """
     import functools
     import importlib.util
@@ -248,7 +261,15 @@ def build_orpheus_backend(
         from engine.llm.codec_graphs import make_graph_decode_fn
 
         decode_fn = make_graph_decode_fn(codec)  # SNAC windows of all streams, one graph replay
-    program = OrpheusProgram(tokenizer, codec, model_name=str(model_path_or_id), decode_fn=decode_fn)
+    stream_codec = None
+    if pick(stateful_codec, "stateful_codec", True):  # each frame through SNAC once (engine.llm.program)
+        from engine.llm.codec_stream_graphs import StreamingCodecGraphs
+        from models.orpheus.snac_stream import StreamingSnac
+
+        stream_codec = StreamingCodecGraphs(StreamingSnac(codec, max_streams=max_num_seqs, device=device),
+                                            capture=decode_fn is not None)
+    program = OrpheusProgram(tokenizer, codec, model_name=str(model_path_or_id), decode_fn=decode_fn,
+                             stream_codec=stream_codec)
 
     pages_per_seq = -(-max_model_len // page_size)
     if num_pages is None:

@@ -9,6 +9,15 @@ Codec batching seam: ``postprocess`` (and ``finish``) collect the decode window 
 that completed a frame this step and decode them in one call to ``decode_fn`` (default
 ``models.orpheus.codec.decode_requests``: one batched SNAC call); a GPU build passes a
 ``decode_fn`` that runs the batch in a CUDA graph.
+
+Stateful codec (``stream_codec``, an ``engine.llm.codec_stream_graphs.StreamingCodecGraphs``):
+each frame of each stream then runs through the SNAC decoder once, all streams' frames of a
+step in one batched call, instead of re-decoding a 6-frame window per frame (six times the
+work). The window decoder still serves each segment's first frames while its fast-start ramp
+is ahead of the stateful decoder's fixed delay (``delay_samples``, 4,757 samples: frames 1-4
+with the defaults); from the frame where the stateful output reaches further, it takes over
+and the window decoder is dropped. A stream holds a codec slot from its first frame until its
+tail is flushed at ``finish`` (or ``release``, when it is aborted).
 """
 
 from __future__ import annotations
@@ -51,6 +60,10 @@ class Program(Protocol):
         """These sequences ended (stop or max_tokens): each one's remaining audio."""
         ...
 
+    def release(self, state: Any) -> None:
+        """The sequence was dropped without ``finish`` (aborted, failed): free what it holds."""
+        ...
+
 
 @dataclass
 class OrpheusState:
@@ -59,6 +72,12 @@ class OrpheusState:
     decoder: Any  # models.orpheus.codec.StreamingDecoder (without a codec of its own)
     num_audio_tokens: int = 0
     frame: list[int] = field(default_factory=list)  # codes of the frame being built
+    # Stateful codec only: its slot (-1: none yet / released), its cursor, samples emitted so
+    # far, and whether the window decoder's fast-start ramp still serves this stream.
+    slot: int = -1
+    cursor: Any = None  # models.orpheus.snac_stream.StreamCursor
+    num_emitted: int = 0
+    in_ramp: bool = True
 
 
 class OrpheusProgram:
@@ -75,6 +94,7 @@ class OrpheusProgram:
         lookahead_samples: int | None = None,
         first_lookahead_samples: int | None = 1024,
         decode_fn: Callable[[list[Any]], list[np.ndarray]] | None = None,
+        stream_codec: Any = None,
         seed_rng: random.Random | None = None,
     ) -> None:
         """``codec`` is a ``models.orpheus.codec.SnacDecoder``; ``decode_fn(requests)`` decodes
@@ -97,6 +117,11 @@ class OrpheusProgram:
         self.tokenizer = tokenizer
         self.codec = codec
         self.decode_fn = decode_fn or (lambda reqs: codec_mod.decode_requests(codec, reqs))
+        self.stream_codec = stream_codec
+        self._free_slots: list[int] = []
+        if stream_codec is not None:
+            self._free_slots = list(range(stream_codec.snac.max_streams - 1, -1, -1))
+            self._delay = int(stream_codec.snac.delay_samples)
         self._decoder_kw = {
             "window_frames": window_frames or codec_mod.DEFAULT_WINDOW_FRAMES,
             "lookahead_samples": codec_mod.DEFAULT_LOOKAHEAD_SAMPLES if lookahead_samples is None
@@ -165,6 +190,7 @@ class OrpheusProgram:
         """
         rows: list[int] = []
         requests: list[Any] = []
+        done: list[tuple[int, OrpheusState, list[int]]] = []  # rows that completed a frame
         for i, (state, tok) in enumerate(zip(states, tokens)):
             code = self._tokens.token_to_code(tok, state.num_audio_tokens)
             if code is None:
@@ -172,12 +198,17 @@ class OrpheusProgram:
             state.num_audio_tokens += 1
             state.frame.append(code)
             if len(state.frame) == self._tokens.TOKENS_PER_FRAME:
-                req = state.decoder.push_frame(state.frame)
-                state.frame = []
+                frame, state.frame = state.frame, []
+                if self.stream_codec is not None:
+                    done.append((i, state, frame))
+                    continue
+                req = state.decoder.push_frame(frame)
                 if req is not None:
                     rows.append(i)
                     requests.append(req)
-        return self._decode_rows(len(states), rows, requests)
+        if self.stream_codec is None:
+            return self._decode_rows(len(states), rows, requests)
+        return self._stream_frames(len(states), done)
 
     def finish(self, states: list[OrpheusState]) -> list[np.ndarray | None]:
         """The sequences ended: decode each one's tail against its true end, in one batch.
@@ -187,13 +218,101 @@ class OrpheusProgram:
         """
         rows: list[int] = []
         requests: list[Any] = []
+        flushing: list[int] = []
         for i, state in enumerate(states):
             state.frame = []
+            if self.stream_codec is not None and not state.in_ramp:
+                state.cursor.finish()
+                flushing.append(i)
+                continue
             req = state.decoder.finish()
+            self.release(state)
             if req is not None:
                 rows.append(i)
                 requests.append(req)
-        return self._decode_rows(len(states), rows, requests)
+        out = self._decode_rows(len(states), rows, requests)
+        if flushing:
+            for i, pcm in self._flush([states[i] for i in flushing]).items():
+                out[flushing[i]] = pcm
+        return out
+
+    def release(self, state: OrpheusState) -> None:
+        """Give the stream's codec slot back (idempotent)."""
+        if state.slot >= 0:
+            self._free_slots.append(state.slot)
+            state.slot = -1
+
+    # -- stateful codec ---------------------------------------------------------------------
+
+    def _stream_frames(self, num_rows: int, done: list[tuple[int, OrpheusState, list[int]]]
+                       ) -> list[np.ndarray | None]:
+        """Every completed frame through the stateful codec (one call); ramp rows also through
+        the window decoder, whose output they emit while it reaches further."""
+        from models.orpheus.snac_stream import StreamCursor
+
+        spf = self._tokens.SAMPLES_PER_FRAME
+        fresh: list[int] = []
+        codec_rows: list[tuple[int, list[int], int]] = []
+        ramp_rows: list[int] = []
+        ramp_reqs: list[Any] = []
+        for i, state, frame in done:
+            if state.slot < 0:
+                if not self._free_slots:
+                    raise RuntimeError("no free codec slot (more streams than the codec's max_streams)")
+                state.slot = self._free_slots.pop()
+                state.cursor = StreamCursor(self._delay)
+                fresh.append(state.slot)
+            state.cursor.push()
+            codec_rows.append((state.slot, frame, state.cursor.end_frames))
+            if state.in_ramp:
+                req = state.decoder.push_frame(frame)
+                exact_upto = state.cursor.num_frames * spf - self._delay
+                if req is not None and state.decoder.num_emitted > exact_upto:
+                    state.num_emitted = state.decoder.num_emitted
+                    ramp_rows.append(i)
+                    ramp_reqs.append(req)
+                else:  # the stateful decoder reaches further from here on (its output is contiguous)
+                    state.in_ramp = False
+        self.stream_codec.reset(fresh)
+        out = self._decode_rows(num_rows, ramp_rows, ramp_reqs)
+        audio = self.stream_codec.decode(codec_rows)  # [n, 2048]
+        from_window = set(ramp_rows)
+        for (i, state, _), pcm in zip(done, audio):
+            if i not in from_window:
+                out[i] = self._take(state, pcm, state.cursor.num_steps - 1)
+        return out
+
+    def _take(self, state: OrpheusState, pcm: np.ndarray, step: int) -> np.ndarray | None:
+        """The not yet emitted real samples of one stateful step's 2048 (absolute positions)."""
+        spf = self._tokens.SAMPLES_PER_FRAME
+        start = step * spf - self._delay
+        end = start + spf
+        if state.cursor.is_finished:
+            end = min(end, state.cursor.num_frames * spf)
+        lo = max(state.num_emitted, start, 0)
+        if lo >= end:
+            return None
+        state.num_emitted = end
+        return pcm[lo - start : end - start]
+
+    def _flush(self, states: list[OrpheusState]) -> dict[int, np.ndarray]:
+        """Run the flush steps of finished streams (batched); each one's tail, slots freed."""
+        parts: dict[int, list[np.ndarray]] = {}
+        live = [k for k, st in enumerate(states) if st.cursor.num_flush_steps_left > 0]
+        while live:
+            rows = []
+            for k in live:
+                states[k].cursor.flush()
+                rows.append((states[k].slot, [0] * self._tokens.TOKENS_PER_FRAME, states[k].cursor.end_frames))
+            audio = self.stream_codec.decode(rows)
+            for k, pcm in zip(live, audio):
+                piece = self._take(states[k], pcm, states[k].cursor.num_steps - 1)
+                if piece is not None:
+                    parts.setdefault(k, []).append(piece)
+            live = [k for k in live if states[k].cursor.num_flush_steps_left > 0]
+        for st in states:
+            self.release(st)
+        return {k: np.concatenate(v) for k, v in parts.items()}
 
     def _decode_rows(self, num_rows: int, rows: list[int], requests: list[Any]) -> list[np.ndarray | None]:
         """Decode ``requests`` in one batch; row ``rows[k]`` gets the audio of ``requests[k]``."""
