@@ -84,6 +84,26 @@ class StreamingCodecGraphs:
         """
         if not rows:
             return np.zeros((0, SAMPLES_PER_FRAME), dtype=np.float32)
+        dev = self._rows_to_device(rows)  # [n, 9]
+        audio = self.step(dev[:, 0], dev[:, 2:], dev[:, 1])  # [n, 2048]
+        return audio.cpu().numpy()
+
+    def flush(self, rows: Sequence[tuple[int, int]], num_steps: int | None = None) -> np.ndarray:
+        """Finished streams (slot, end_frames): ``num_steps`` (default ``snac.num_flush_steps``)
+        flush steps in a row -> host audio [n, num_steps * 2048], one copy back.
+
+        Step k's samples are columns ``[k * 2048, (k + 1) * 2048)``; ``StreamCursor.flush()``
+        gives each step's range to emit. Flushing at finish, in the finishing engine step,
+        frees the slot at once for the next stream.
+        """
+        k = self.snac.num_flush_steps if num_steps is None else num_steps
+        if not rows or k == 0:
+            return np.zeros((len(rows), k * SAMPLES_PER_FRAME), dtype=np.float32)
+        dev = self._rows_to_device([(slot, (0,) * TOKENS_PER_FRAME, end) for slot, end in rows])
+        outs = [self.step(dev[:, 0], dev[:, 2:], dev[:, 1]).clone() for _ in range(k)]  # k x [n, 2048]
+        return torch.cat(outs, dim=1).cpu().numpy()
+
+    def _rows_to_device(self, rows: Sequence[CodecRow]) -> torch.Tensor:
         slots = [r[0] for r in rows]
         if len(set(slots)) != len(rows):
             raise ValueError("a slot appears twice in one codec step")
@@ -92,6 +112,4 @@ class StreamingCodecGraphs:
         host = torch.tensor([[slot, end, *codes] for slot, codes, end in rows], dtype=torch.int64)  # [n, 9]
         if host.shape[1] != 2 + TOKENS_PER_FRAME:
             raise ValueError(f"each row needs {TOKENS_PER_FRAME} codes")
-        dev = host.to(self.device, non_blocking=True)
-        audio = self.step(dev[:, 0], dev[:, 2:], dev[:, 1])  # [n, 2048]
-        return audio.cpu().numpy()
+        return host.to(self.device, non_blocking=True)

@@ -142,6 +142,8 @@ class StreamingSnac:
         self.has_noise = decoder.noise == "fixed"
         self.rates = list(decoder._rates)  # steps per frame after the stem, each block: 4, 32, ...
         self.delay_samples = stream_delay_samples(decoder)
+        # Flush steps a stream needs after its last real frame: ceil(D / 2048).
+        self.num_flush_steps = -(-self.delay_samples // SAMPLES_PER_FRAME)
         layout = _StateLayout()
 
         # Quantizer: embedding + 1x1 out_proj is a per-code table [4096, 768] per codebook.
@@ -311,10 +313,15 @@ class StreamCursor:
 
     Per device step for this stream call ``push()`` (the step carries a real frame) or
     ``flush()`` (a flush step after ``finish()``); each returns ``(lo, hi)``: emit
-    ``audio[lo:hi]`` of that step's 2048 samples (``(0, 0)`` when nothing). Pass ``end_frames`` with the step.
+    ``audio[lo:hi]`` of that step's 2048 samples (``(0, 0)`` when nothing). Pass
+    ``end_frames`` with the step.
+
+    A stream may hand out its first samples some other way (e.g. ``StreamingDecoder``'s
+    approximate fast start) while its slot is fed the same frames: ``skip_to(n)`` keeps the
+    cursor from emitting samples below ``n``.
     """
 
-    __slots__ = ("delay_samples", "num_frames", "num_steps", "is_finished")
+    __slots__ = ("delay_samples", "num_frames", "num_steps", "is_finished", "skip_upto")
 
     def __init__(self, delay_samples: int) -> None:
         if delay_samples < 0:
@@ -323,6 +330,20 @@ class StreamCursor:
         self.num_frames = 0  # real frames pushed
         self.num_steps = 0  # device steps made (= the slot's frame counter)
         self.is_finished = False
+        self.skip_upto = 0  # samples below this were emitted elsewhere
+
+    @property
+    def num_emitted(self) -> int:
+        """Samples out so far (through this cursor or skipped)."""
+        done = min(self.num_steps * SAMPLES_PER_FRAME - self.delay_samples, self._end_sample())
+        return max(0, done, self.skip_upto)
+
+    def _end_sample(self) -> int:
+        return self.num_frames * SAMPLES_PER_FRAME if self.is_finished else 1 << 62
+
+    def skip_to(self, num_samples: int) -> None:
+        """Samples ``[0, num_samples)`` went out elsewhere: never emit them here."""
+        self.skip_upto = max(self.skip_upto, num_samples)
 
     @property
     def end_frames(self) -> int:
@@ -363,9 +384,7 @@ class StreamCursor:
     def _advance(self) -> tuple[int, int]:
         start = self.num_steps * SAMPLES_PER_FRAME - self.delay_samples
         self.num_steps += 1
-        stop = start + SAMPLES_PER_FRAME
-        if self.is_finished:
-            stop = min(stop, self.num_frames * SAMPLES_PER_FRAME)
-        lo, hi = max(0, -start), stop - start
+        stop = min(start + SAMPLES_PER_FRAME, self._end_sample())
+        lo, hi = max(0, -start, self.skip_upto - start), stop - start
         return (lo, hi) if lo < hi else (0, 0)
 

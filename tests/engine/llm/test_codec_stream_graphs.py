@@ -59,6 +59,36 @@ def test_cpu_decode_rows_equal_whole_decode(small_codec):
         np.testing.assert_allclose(out, small_codec.decode(c)[0].numpy(), atol=1e-4, rtol=0)
 
 
+def test_flush_emits_the_tail_in_one_call(small_codec):
+    """flush(rows) runs the flush steps back to back; with the cursor's ranges the stream is exact."""
+    codec = StreamingCodecGraphs(StreamingSnac(small_codec, max_streams=3))
+    codes = [_codes(n, seed=20 + n) for n in (2, 3)]
+    frames = [codes_to_frames(*c)[0].tolist() for c in codes]
+    cursors = [StreamCursor(codec.snac.delay_samples) for _ in codes]
+    out: list[list[np.ndarray]] = [[], []]
+    for k in range(3):
+        live = [i for i in (0, 1) if k < len(frames[i])]
+        ranges = [cursors[i].push() for i in live]
+        audio = codec.decode([(2 * i, frames[i][k], cursors[i].end_frames) for i in live])
+        for i, (lo, hi), a in zip(live, ranges, audio):
+            out[i].append(a[lo:hi])
+        if k == 1:  # stream 0 ends after 2 frames, stream 1 after 3
+            cursors[0].finish()
+            tail = codec.flush([(0, cursors[0].end_frames)])
+            assert tail.shape == (1, codec.snac.num_flush_steps * F)
+            for j in range(codec.snac.num_flush_steps):
+                lo, hi = cursors[0].flush()
+                out[0].append(tail[0, j * F + lo:j * F + hi])
+            assert cursors[0].is_done
+    cursors[1].finish()
+    tail = codec.flush([(2, cursors[1].end_frames)])
+    for j in range(cursors[1].num_flush_steps_left):
+        lo, hi = cursors[1].flush()
+        out[1].append(tail[0, j * F + lo:j * F + hi])
+    for o, c in zip(out, codes):
+        np.testing.assert_allclose(np.concatenate(o), small_codec.decode(c)[0].numpy(), atol=1e-4, rtol=0)
+
+
 def test_decode_validates_rows(small_codec):
     """Duplicate or out-of-range slots and short frames are refused; no rows -> empty audio."""
     codec = StreamingCodecGraphs(StreamingSnac(small_codec, max_streams=2))

@@ -217,3 +217,14 @@ def test_cursor_short_stream_and_empty_stream():
     assert empty.is_done and empty.num_flush_steps_left == 0
     with pytest.raises(ValueError):
         StreamCursor(4757).flush()
+
+
+def test_cursor_skip_to_hands_over_from_another_decoder():
+    """After skip_to(4096), the cursor resumes exactly at sample 4096, each sample once."""
+    cur = StreamCursor(4757)
+    for _ in range(4):
+        cur.push()
+    cur.skip_to(4096)
+    assert cur.num_emitted == 4096
+    assert cur.push() == (4096 - (4 * F - 4757), F)  # step 4 covers [3435, 5483)
+    assert cur.num_emitted == 5 * F - 4757
