@@ -202,10 +202,13 @@ class LlamaModel(nn.Module):
         so pass the same, never-mutated tensor every step; the gather then runs once.
         """
         if vocab_ids is None:
-            weight = self.head_weight
-        else:
-            key = (vocab_ids.data_ptr(), vocab_ids.numel(), vocab_ids.device, self.head_weight.data_ptr())
-            if self._head_cache is None or self._head_cache[0] != key:
-                self._head_cache = (key, self.head_weight.index_select(0, vocab_ids))  # [K, hidden]
-            weight = self._head_cache[1]
-        return F.linear(hidden, weight).float()  # [N, V] or [N, K]
+            return F.linear(hidden, self.head_weight).float()  # [N, V]
+        key = (vocab_ids.data_ptr(), vocab_ids.numel(), vocab_ids.device, self.head_weight.data_ptr())
+        if self._head_cache is None or self._head_cache[0] != key:
+            k = vocab_ids.numel()
+            # Rows padded with zeros to a multiple of 8: GEMMs with an odd output width (28,673
+            # for Orpheus) miss the aligned fast kernels; the padding columns are cut off.
+            weight = self.head_weight.new_zeros(-(-k // 8) * 8, self.head_weight.shape[1])  # [K8, hidden]
+            weight[:k] = self.head_weight.index_select(0, vocab_ids)
+            self._head_cache = (key, weight)
+        return F.linear(hidden, self._head_cache[1])[:, : vocab_ids.numel()].float()  # [N, K]
