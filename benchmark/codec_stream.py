@@ -42,12 +42,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=int, default=7)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--graphs", action="store_true",
                    help="CUDA only: both sides replayed from CUDA graphs (codec_graphs / codec_stream_graphs)")
     args = p.parse_args(argv)
     if args.batch < 1 or args.runs < 1:
         raise SystemExit("--batch and --runs must be >= 1")
     device = torch.device(args.device)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     dec = SnacDecoder(load_snac(load_format="dummy", seed=0, device=device))
     w, b = DEFAULT_WINDOW_FRAMES, args.batch

@@ -122,7 +122,7 @@ def test_graphs_equal_whole_decode_full_width(dtype):
     assert codec.is_graphed and codec.buckets == (1, 2, 4, 5)
     codes = [_codes(n, seed=10 + n, device="cuda") for n in (3, 6, 1, 4, 2)]
     streams = [(s, t, codes_to_frames(*c)[0].tolist()) for s, t, c in zip((4, 0, 2, 1, 3), (0, 0, 1, 2, 2), codes)]
-    atol = 1e-4 if dtype == torch.float32 else 0.1
+    atol = 1e-4 if dtype == torch.float32 else 0.05  # bf16: ~1e-2 max on CPU, full width
     for out, c in zip(_stream_all(codec, streams), codes):
         ref = dec.decode(c)[0].cpu().numpy()
         assert np.abs(out - ref).max() < atol
