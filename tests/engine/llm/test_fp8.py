@@ -198,12 +198,14 @@ def test_quantised_layers_take_a_quarter_of_fp32_memory() -> None:
     assert _layer_bytes(model) < before / 3.5
 
 
-def test_fused_forward_on_fp8_model_equals_its_own_forward() -> None:
-    """FusedLlamaForward over fp8 linears (fused fp8 QKV / gate-up) gives the quantised model's
-    own forward, and the modules' fp8 weights become views into the fused ones (no copy)."""
+@pytest.mark.parametrize("compiled", [False, True])
+def test_fused_forward_on_fp8_model_equals_its_own_forward(compiled: bool) -> None:
+    """FusedLlamaForward over fp8 linears (fused fp8 QKV / gate-up, quantisation fused into the
+    norms; eager and torch.compiled) gives the quantised model's own forward, and the modules'
+    fp8 weights become views into the fused ones (no copy)."""
     model = quantise_decoder_linears_(_model())
     own = copy.deepcopy(model)
-    fused = FusedLlamaForward(model, compile=False)
+    fused = FusedLlamaForward(model, compile=compiled)
     assert fused.is_fp8
     qkv = fused.layers[0][1]
     q_proj = model.model.layers[0].self_attn.q_proj
