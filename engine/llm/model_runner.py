@@ -24,7 +24,7 @@ from engine.llm.attention import (
 from engine.llm.sampler import Sampler
 from engine.llm.scheduler import ScheduledBatch
 
-__all__ = ["AttentionBackendFactory", "ModelRunner", "kv_bytes_per_page", "num_pages_for_memory"]
+__all__ = ["AttentionBackendFactory", "ModelRunner", "allowed_columns", "kv_bytes_per_page", "num_pages_for_memory"]
 
 AttentionBackendFactory = Callable[[KVCacheSpec, list[torch.Tensor]], AttentionBackend]
 
@@ -61,6 +61,19 @@ def num_pages_for_memory(
             f"{total / 2**30:.1f} GiB at gpu_memory_utilization={gpu_memory_utilization}"
         )
     return int(num_pages)
+
+
+def allowed_columns(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bool [R, K] column masks -> (int64 [R, M] each row's allowed columns ascending, padded
+    with column 0; bool [R, M] which entries are real), M = the largest row count."""
+    counts = table.sum(dim=1)  # [R]
+    m = max(int(counts.max()), 1)
+    cols = torch.zeros(table.shape[0], m, dtype=torch.int64, device=table.device)
+    valid = torch.arange(m, device=table.device).unsqueeze(0) < counts.unsqueeze(1)  # [R, M]
+    for r in range(table.shape[0]):
+        idx = torch.nonzero(table[r]).flatten()
+        cols[r, : idx.numel()] = idx
+    return cols, valid
 
 
 class ModelRunner:
@@ -118,6 +131,11 @@ class ModelRunner:
         if allowed_table is not None and allowed_table.shape[-1] != num_cols:
             raise ValueError(f"allowed_table has {allowed_table.shape[-1]} columns, logits have {num_cols}")
         self.allowed_table = None if allowed_table is None else allowed_table.to(self.device, torch.bool)
+        # The sampler works on each row's allowed columns only (Orpheus: 4,097 of 28,673).
+        self.allowed_cols: torch.Tensor | None = None  # int64 [R, M]
+        self.allowed_valid: torch.Tensor | None = None  # bool [R, M]
+        if self.allowed_table is not None:
+            self.allowed_cols, self.allowed_valid = allowed_columns(self.allowed_table)
         # Tokens each slot's sequence generated so far (repetition penalty), in column space.
         self.seen = torch.zeros(max_num_seqs, num_cols, dtype=torch.bool, device=self.device)
 
@@ -158,10 +176,11 @@ class ModelRunner:
         slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64).to(dev)  # [B]
         f32 = torch.float32
         params = [s.params for s in seqs]
-        allowed = None
+        allowed = columns = None
         if self.allowed_table is not None:
             rows = torch.tensor([s.allowed_row for s in seqs], dtype=torch.int64).to(dev)
-            allowed = self.allowed_table.index_select(0, rows)  # [B, K]
+            columns = self.allowed_cols.index_select(0, rows)  # [B, M]
+            allowed = self.allowed_valid.index_select(0, rows)  # [B, M]
         cols = self.sampler(
             logits,
             temperature=torch.tensor([p.temperature for p in params], dtype=f32).to(dev),
@@ -171,6 +190,7 @@ class ModelRunner:
             steps=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64).to(dev),
             seen=self.seen.index_select(0, slots),
             allowed=allowed,
+            columns=columns,
             all_greedy=all(p.temperature <= 0 for p in params),
             any_top_p=any(p.top_p < 1 for p in params),
         )  # [B]

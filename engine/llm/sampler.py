@@ -53,9 +53,10 @@ def uniform_noise(
     """float32 [B, num_cols] in (0, 1), a pure function of (seed, step, column) per element.
 
     Both keys are fully mixed, so one more xor-shift-multiply round over their xor suffices.
+    ``col_keys`` [B, num_cols] gives each row its own columns' keys (a gathered subset).
     """
-    cols = _col_keys(num_cols, seeds.device) if col_keys is None else col_keys  # [K]
-    x = _row_keys(seeds, steps).unsqueeze(1) ^ cols.unsqueeze(0)  # [B, K]
+    cols = _col_keys(num_cols, seeds.device) if col_keys is None else col_keys  # [K] or [B, K]
+    x = _row_keys(seeds, steps).unsqueeze(1) ^ (cols.unsqueeze(0) if cols.dim() == 1 else cols)  # [B, K]
     x = x ^ (x >> 16)
     x = (x * _M1) & _MASK32
     x = x ^ (x >> 15)
@@ -97,7 +98,28 @@ class Sampler:
         allowed: torch.Tensor | None = None,  # bool [B, K] columns a row may emit
         all_greedy: bool = False,  # host-side hint: every temperature is 0, skip the sampling
         any_top_p: bool = True,  # host-side hint: False when every top_p is 1, skip the sort
+        columns: torch.Tensor | None = None,  # int64 [B, M] ascending: the only columns a row may emit
     ) -> torch.Tensor:
+        """Sample one column per row. With ``columns`` (and ``allowed`` [B, M] marking the real
+        entries of each row's list) the work runs on the gathered [B, M] logits only; the
+        noise stays keyed by the original column, so the sample is the same as on all K."""
+        if columns is not None:
+            k = logits.shape[1]
+            if self._col_keys is None or self._col_keys.numel() != k or self._col_keys.device != logits.device:
+                self._col_keys = _col_keys(k, logits.device)
+            picked = self._sample(
+                logits.gather(1, columns), temperature, top_p, repetition_penalty, seeds, steps,
+                None if seen is None else seen.gather(1, columns), allowed, all_greedy, any_top_p,
+                self._col_keys[columns],
+            )  # [B] indices into each row's list
+            return columns.gather(1, picked.unsqueeze(1)).squeeze(1)
+        return self._sample(logits, temperature, top_p, repetition_penalty, seeds, steps, seen, allowed,
+                            all_greedy, any_top_p, None)
+
+    def _sample(self, logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+                repetition_penalty: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
+                seen: torch.Tensor | None, allowed: torch.Tensor | None, all_greedy: bool, any_top_p: bool,
+                col_keys: torch.Tensor | None) -> torch.Tensor:
         logits = logits.float()
         if seen is not None:
             penalty = repetition_penalty.unsqueeze(1)  # [B, 1]
@@ -120,9 +142,11 @@ class Sampler:
             drop_sorted = mass_before >= top_p.unsqueeze(1)  # the top token is always kept
             drop = drop | torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         k = logits.shape[1]
-        if self._col_keys is None or self._col_keys.numel() != k or self._col_keys.device != logits.device:
-            self._col_keys = _col_keys(k, logits.device)
-        noise = gumbel_noise(seeds, steps, k, self._col_keys)  # [B, K]
+        if col_keys is None:
+            if self._col_keys is None or self._col_keys.numel() != k or self._col_keys.device != logits.device:
+                self._col_keys = _col_keys(k, logits.device)
+            col_keys = self._col_keys
+        noise = gumbel_noise(seeds, steps, k, col_keys)  # [B, K]
         # Mask after adding the noise, so a dropped column can never win (no -inf + x = NaN).
         sampled = (scaled + noise).masked_fill(drop, float("-inf")).argmax(dim=-1)  # [B]
         return torch.where(is_greedy, greedy, sampled)
