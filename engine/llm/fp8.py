@@ -204,7 +204,8 @@ def _set(root: nn.Module, dotted: str, module: nn.Module) -> None:
 def quantise_decoder_linears_(model: Any, *, use_scaled_mm: bool | None = None) -> Any:
     """Replace the q/k/v/o and gate/up/down projections of every decoder layer by ``Fp8Linear``.
 
-    In place; returns ``model``. A fused forward already built for this model
+    In place; returns ``model``; on CUDA the freed memory goes back to the driver
+    (``empty_cache``), so ``num_pages_for_memory`` sees it. A fused forward already built for this model
     (``model._fused_forward``) is dropped, since it holds the old bf16 weights: build runners
     after quantising. Layers that are already fp8 are left alone (idempotent).
     """
@@ -218,4 +219,8 @@ def quantise_decoder_linears_(model: Any, *, use_scaled_mm: bool | None = None) 
     if getattr(model, "_fused_forward", None) is not None:
         model._fused_forward = None
     model.quantization = "fp8"
+    if model.model.embed_tokens.weight.is_cuda:
+        # Hand the freed bf16 weights back to the driver: the KV cache is sized from
+        # torch.cuda.mem_get_info, which counts the caching allocator's free blocks as used.
+        torch.cuda.empty_cache()
     return model
