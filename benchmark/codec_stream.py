@@ -18,7 +18,9 @@ import time
 
 import torch
 
-from models.orpheus.codec import DEFAULT_LOOKAHEAD_SAMPLES, DEFAULT_WINDOW_FRAMES, SnacDecoder, WindowRequest, decode_requests
+from models.orpheus.codec import (
+    DEFAULT_LOOKAHEAD_SAMPLES, DEFAULT_WINDOW_FRAMES, SnacDecoder, WindowRequest, decode_requests,
+)
 from models.orpheus.loader import load_snac
 from models.orpheus.snac_stream import OPEN_END_FRAMES, StreamingSnac
 from models.orpheus.tokens import SAMPLES_PER_FRAME as F
@@ -99,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"window re-decode (W={w}, fp32, {how}): {window_s * 1e3:8.1f} ms/call {window_s / b * 1e3:7.2f} ms/frame")
     print(f"StreamingSnac.step ({args.dtype}, {how}): {step_s * 1e3:8.1f} ms/call {step_s / b * 1e3:7.2f} ms/frame")
     print(f"ratio window / streaming (median of per-run ratios): {ratio:.2f}x; state per stream "
-          f"{snac.state_numel_per_stream * snac.state.element_size() / 1024:.0f} KiB; delay {snac.delay_samples} samples")
+          f"{snac.state_numel_per_stream * snac.state.element_size() / 1024:.0f} KiB; "
+          f"delay {snac.delay_samples} samples")
 
 
 if __name__ == "__main__":
