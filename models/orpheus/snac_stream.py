@@ -72,13 +72,15 @@ def _conv(m: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> _Conv
     return _Conv(w, b, int(m.dilation[0]), int(m.groups))
 
 
-def _alpha(snake: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> Tensor:
-    return snake.alpha.detach().to(device, dtype)  # [1, C, 1]
+def _alpha(snake: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    alpha = snake.alpha.detach().to(device, dtype)  # [1, C, 1]
+    return alpha, (alpha + 1e-9).reciprocal()  # the reciprocal once, not per call
 
 
-def _snake(x: Tensor, alpha: Tensor) -> Tensor:
+def _snake(x: Tensor, alpha: tuple[Tensor, Tensor]) -> Tensor:
     # The snac package's formula, term for term (rounding matches the whole decode).
-    return x + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
+    a, inv = alpha
+    return x + inv * torch.sin(a * x).pow(2)
 
 
 class _StateLayout:
@@ -193,6 +195,12 @@ class StreamingSnac:
             raise ValueError("internal: layer delays disagree")  # pragma: no cover
         self._layout = layout
         self._aranges = {r: torch.arange(r, device=dev) for r in self.rates}
+        # Every temporal conv's input mask, by (rate, delay); computed per rate in one go.
+        need = [(self.rates[0], 0), (self.rates[-1], self._head_in_delay)]
+        for i, (b, _) in enumerate(self._blocks):
+            need += [(self.rates[i], b.in_delay)] + [(self.rates[i + 1], u.in_delay) for u in b.units]
+        self._mask_delays = {r: sorted({d for rr, d in need if rr == r}) for r in self.rates}
+        self._mask_delay_t = {r: torch.tensor(d, device=dev)[:, None] for r, d in self._mask_delays.items()}
         self.state = torch.zeros(max_streams + 1, layout.size, device=dev, dtype=dtype)  # [S+1, state]
         self.frame_index = torch.zeros(max_streams + 1, dtype=torch.int64, device=dev)  # [S+1]
 
@@ -220,25 +228,25 @@ class StreamingSnac:
         self.frame_index.index_copy_(0, slots, c + 1)
         st = self.state.index_select(0, slots)  # [B, state]
         views = self._layout.views(st)
+        masks = self._masks(c, end)
 
         z = (self._tables[0][frames[:, self._code_idx[0]]]
              + self._tables[1][frames[:, self._code_idx[1]]]
              + self._tables[2][frames[:, self._code_idx[2]]])  # [B, 4, 768]
         # ((0 + z0) + z1) + z2 in the package; 0 + z0 is exact.
         x = z.transpose(1, 2)  # [B, 768, 4]
-        x = self._conv(x, views[self._stem_state], self._stem[0], c, end, self.rates[0], 0)
+        x = self._conv(x, views[self._stem_state], self._stem[0], masks[self.rates[0], 0])
         x = F.conv1d(x, self._stem[1].weight, self._stem[1].bias)  # [B, 1024, 4]
         for i, (b, out_delay) in enumerate(self._blocks):
-            x = self._block(b, x, views, c, end, self.rates[i], self.rates[i + 1], out_delay)
-        r = self.rates[-1]
-        x = self._conv(_snake(x, self._head_alpha), views[self._head_state], self._head_conv, c, end, r,
-                       self._head_in_delay)
+            x = self._block(b, x, views, masks, c, self.rates[i], self.rates[i + 1], out_delay)
+        x = self._conv(_snake(x, self._head_alpha), views[self._head_state], self._head_conv,
+                       masks[self.rates[-1], self._head_in_delay])
         self.state.index_copy_(0, slots, st)
         return torch.tanh(x)[:, 0].float()  # [B, 2048]
 
-    def _block(self, b: _Block, x: Tensor, views: list[Tensor], c: Tensor, end: Tensor,
-               r_in: int, r_out: int, out_delay: int) -> Tensor:
-        y = _snake(x, b.alpha) * self._mask(c, end, r_in, b.in_delay)  # [B, C, n]
+    def _block(self, b: _Block, x: Tensor, views: list[Tensor], masks: dict[tuple[int, int], Tensor],
+               c: Tensor, r_in: int, r_out: int, out_delay: int) -> Tensor:
+        y = _snake(x, b.alpha) * masks[r_in, b.in_delay]  # [B, C, n]
         prev = views[b.up_state]  # [B, C, 1]
         full = torch.cat((prev, y), dim=2)  # [B, C, n + 1]
         prev.copy_(full[:, :, -1:])
@@ -250,26 +258,31 @@ class StreamingSnac:
             noise = b.noise_table[pos % b.noise_table.numel()][:, None].to(x.dtype)  # [B, 1, n*s]
             x = x + noise * F.conv1d(x, b.noise_weight)
         for u in b.units:
-            y = self._conv(_snake(x, u.alpha1), views[u.conv_state], u.conv, c, end, r_out, u.in_delay)
+            y = self._conv(_snake(x, u.alpha1), views[u.conv_state], u.conv, masks[r_out, u.in_delay])
             y = F.conv1d(_snake(y, u.alpha2), u.pointwise.weight, u.pointwise.bias)
             x = _add_delayed(y, x, views[u.skip_state])
         return x
 
-    def _conv(self, x: Tensor, state: Tensor, conv: _Conv, c: Tensor, end: Tensor, rate: int,
-              delay: int) -> Tensor:
-        """Streamed 'same' conv of the new inputs x [B, C, n] at positions c * rate - delay + t."""
+    @staticmethod
+    def _conv(x: Tensor, state: Tensor, conv: _Conv, mask: Tensor) -> Tensor:
+        """Streamed 'same' conv of the new inputs x [B, C, n] (mask [B, 1, n]: inside [0, N))."""
         b, ch, n = x.shape
         ctx = state.shape[2]
         full = x.new_empty(b, ch, ctx + n)  # [B, C, context + n]
         full[:, :, :ctx] = state
-        torch.mul(x, self._mask(c, end, rate, delay), out=full[:, :, ctx:])  # masked, no extra copy
+        torch.mul(x, mask, out=full[:, :, ctx:])  # masked, no extra copy
         state.copy_(full[:, :, n:])
         return F.conv1d(full, conv.weight, conv.bias, dilation=conv.dilation, groups=conv.groups)
 
-    def _mask(self, c: Tensor, end: Tensor, rate: int, delay: int) -> Tensor:
-        pos = c[:, None] * rate - delay + self._aranges[rate]  # [B, n]
-        keep = (pos >= 0) & (pos < end[:, None] * rate)
-        return keep[:, None].to(self.dtype)  # [B, 1, n]
+    def _masks(self, c: Tensor, end: Tensor) -> dict[tuple[int, int], Tensor]:
+        """(rate, delay) -> [B, 1, n]: 1 where the input position c * rate - delay + t is in [0, N)."""
+        out = {}
+        for rate, delays in self._mask_delays.items():
+            pos = (c * rate)[:, None, None] - self._mask_delay_t[rate] + self._aranges[rate]  # [B, k, n]
+            keep = ((pos >= 0) & (pos < (end * rate)[:, None, None])).to(self.dtype)
+            for j, d in enumerate(delays):
+                out[rate, d] = keep[:, j:j + 1]
+        return out
 
 
 def _add_delayed(y: Tensor, x: Tensor, line: Tensor) -> Tensor:
@@ -287,9 +300,9 @@ def _add_delayed(y: Tensor, x: Tensor, line: Tensor) -> Tensor:
 
 @dataclass
 class _Unit:
-    alpha1: Tensor
+    alpha1: tuple[Tensor, Tensor]
     conv: _Conv
-    alpha2: Tensor
+    alpha2: tuple[Tensor, Tensor]
     pointwise: _Conv
     in_delay: int
     conv_state: int
@@ -298,7 +311,7 @@ class _Unit:
 
 @dataclass
 class _Block:
-    alpha: Tensor
+    alpha: tuple[Tensor, Tensor]
     up: _Conv
     stride: int
     up_state: int
