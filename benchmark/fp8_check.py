@@ -20,6 +20,9 @@ What it measures, on random ("dummy") Orpheus-3B weights, the same weights for e
 5. (not with ``--quick``; ``--no-flashinfer-prefill`` skips it) The engine's eager FlashInfer
    attention (decode + prefill rows in one step, as mixed steps run) over fp8 pages against the
    torch paged attention on the same pages (FlashInfer JIT-compiles its fp8 prefill: ~1.5 min).
+6. (only with ``--engine``) The serving path: ``build_orpheus_backend`` with both fp8 options
+   (dummy weights, CUDA graphs, warm-up), then ``--engine-jobs`` jobs run to the end together:
+   start-up time, KV pages, whether every job finished without an error (and its audio).
 
 Prints a table at the end (and after each section) and writes every figure to ``--json``.
 Reuses ``benchmark.gpu_check``'s helpers.
@@ -303,6 +306,46 @@ def check_flashinfer_prefill(report: dict[str, Any]) -> None:
     _log(f"FlashInfer fp8 attention vs torch: {report['flashinfer_fp8_attention']}")
 
 
+# -- 6. the serving path with both options -----------------------------------------------------
+
+
+def check_engine(report: dict[str, Any], models: dict[str, Any], args: argparse.Namespace) -> None:
+    """build_orpheus_backend(kv_cache_dtype="fp8", quantization="fp8") starts and serves jobs."""
+    from engine.llm.backend import build_orpheus_backend
+
+    models.clear()  # free the check's models first (the builder sizes the KV cache from free memory)
+    torch.cuda.empty_cache()
+    t = time.perf_counter()
+    backend = build_orpheus_backend("orpheus-3b", device="cuda", load_format="dummy", max_num_seqs=32,
+                                    max_model_len=2048, kv_cache_dtype="fp8", quantization="fp8", warmup=True)
+    row: dict[str, Any] = {"build_and_warmup_s": time.perf_counter() - t,
+                           "kv_dtype": str(backend.runner.kv_caches[0].dtype),
+                           "num_pages": backend.runner.spec.num_pages, "jobs": args.engine_jobs}
+    t = time.perf_counter()
+    audio = {j: 0 for j in range(args.engine_jobs)}
+    errors, finished = [], set()
+    for j in range(args.engine_jobs):
+        voice, opts = backend.validate(None, {"seed": j, "max_tokens": 140})
+        backend.add_job(j, f"Job number {j}: the ferry left the harbour at half past nine.", voice, opts)
+    for _ in range(2000):
+        if not backend.has_work():
+            break
+        for o in backend.step():
+            if o.error is not None:
+                errors.append(f"job {o.job_id}: {o.error.message}")
+            if o.pcm is not None:
+                audio[o.job_id] += int(o.pcm.size)
+            if o.is_finished:
+                finished.add(o.job_id)
+    row.update(run_s=time.perf_counter() - t, finished=len(finished), errors=errors,
+               audio_samples_min=min(audio.values()), ok=not errors and len(finished) == args.engine_jobs)
+    backend.close()
+    report["engine_fp8"] = row
+    _log(f"engine with fp8 KV + weights: {row}")
+    if not row["ok"]:
+        raise RuntimeError(f"the fp8 engine did not serve every job: {row}")
+
+
 # -- report ------------------------------------------------------------------------------------
 
 
@@ -349,6 +392,11 @@ def table(r: dict[str, Any]) -> str:
         f = r["flashinfer_fp8_attention"]
         lines.append(f"[5] FlashInfer eager attention over fp8 pages vs torch: decode rel {f['decode_rel']:.2e}, "
                      f"prefill rel {f['prefill_rel']:.2e}, max|d| {f['max_abs']:.3g}, same cache bytes {f['cache_equal']}")
+    if "engine_fp8" in r:
+        e = r["engine_fp8"]
+        lines.append(f"[6] build_orpheus_backend with fp8 KV + weights: start-up + warm-up {e['build_and_warmup_s']:.1f}s, "
+                     f"{e['num_pages']} {e['kv_dtype']} pages; {e['finished']}/{e['jobs']} jobs finished in {e['run_s']:.1f}s "
+                     f"(least audio {e['audio_samples_min']} samples), errors {len(e['errors'])} -> {'PASS' if e['ok'] else 'FAIL'}")
     if r.get("errors"):
         lines.append("ERRORS: " + "; ".join(r["errors"]))
     return "\n".join(lines)
@@ -365,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="decode steps in the logit check (default 8; quick 4)")
     p.add_argument("--no-flashinfer-prefill", dest="flashinfer_prefill", action="store_false",
                    help="skip section 5 (FlashInfer's fp8 prefill kernels compile for ~1.5 min)")
+    p.add_argument("--engine", action="store_true",
+                   help="also start the serving path with both fp8 options and run jobs (section 6)")
+    p.add_argument("--engine-jobs", type=int, default=8, help="jobs run by --engine")
     args = p.parse_args(argv)
     q = args.quick
     args.batches = args.batches or ("64,256" if q else "64,128,256,384,512")
@@ -385,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
              ("decode", lambda: bench_decode(report, models, args))]
     if args.flashinfer_prefill:
         steps.append(("flashinfer_prefill", lambda: check_flashinfer_prefill(report)))
+    if args.engine:
+        steps.append(("engine", lambda: check_engine(report, models, args)))
     t0 = time.perf_counter()
     for name, fn in steps:
         t = time.perf_counter()
