@@ -17,7 +17,7 @@ What it measures, on random ("dummy") Orpheus-3B weights, the same weights for e
    one CUDA graph, ``--context``-token contexts of random K/V, median of CUDA-event timed
    replays, per batch size and variant.
 4. Memory: decoder-layer weight bytes and KV bytes per page, bf16 vs fp8.
-5. (not with ``--quick``; ``--no-flashinfer-prefill`` skips it) The engine's eager FlashInfer
+5. (only with ``--flashinfer-prefill``) The engine's eager FlashInfer
    attention (decode + prefill rows in one step, as mixed steps run) over fp8 pages against the
    torch paged attention on the same pages (FlashInfer JIT-compiles its fp8 prefill: ~1.5 min).
 6. (only with ``--engine``) The serving path: ``build_orpheus_backend`` with both fp8 options
@@ -405,14 +405,15 @@ def table(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmark.fp8_check", description=__doc__.splitlines()[0])
     p.add_argument("--json", required=True, help="path of the JSON report")
-    p.add_argument("--quick", action="store_true", help="fewer batches, steps and replays; no FlashInfer prefill check")
+    p.add_argument("--quick", action="store_true", help="fewer batches, steps and replays")
     p.add_argument("--batches", default=None, help="decode batch sizes (default 64,128,256,384,512; quick 64,256)")
     p.add_argument("--context", type=int, default=512, help="cached tokens per sequence when timing decode")
     p.add_argument("--iters", type=int, default=None, help="graph replays per timing (default 50; quick 20)")
     p.add_argument("--prompts", type=int, default=None, help="prompts in the logit check (default 8; quick 4)")
     p.add_argument("--steps", type=int, default=None, help="decode steps in the logit check (default 8; quick 4)")
-    p.add_argument("--no-flashinfer-prefill", dest="flashinfer_prefill", action="store_false",
-                   help="skip section 5 (FlashInfer's fp8 prefill kernels compile for ~1.5 min)")
+    p.add_argument("--flashinfer-prefill", action="store_true",
+                   help="also check FlashInfer's eager attention over fp8 pages (section 5; its fp8 "
+                        "prefill kernels JIT-compile for ~1.5 min; tests/engine/llm/test_fp8.py -m gpu does too)")
     p.add_argument("--engine", action="store_true",
                    help="also start the serving path with both fp8 options and run jobs (section 6)")
     p.add_argument("--engine-jobs", type=int, default=8, help="jobs run by --engine")
@@ -422,8 +423,6 @@ def main(argv: list[str] | None = None) -> int:
     args.iters = args.iters or (20 if q else 50)
     args.prompts = args.prompts or (4 if q else 8)
     args.steps = args.steps or (4 if q else 8)
-    if q:
-        args.flashinfer_prefill = False
     if not torch.cuda.is_available():
         p.error("no CUDA device: the fp8 check needs a GPU")
     out = Path(args.json)
