@@ -89,6 +89,24 @@ def test_flush_emits_the_tail_in_one_call(small_codec):
         np.testing.assert_allclose(np.concatenate(o), small_codec.decode(c)[0].numpy(), atol=1e-4, rtol=0)
 
 
+def test_captured_function_pads_onto_the_scratch_slot(small_codec):
+    """The function a graph captures, fed zero padding rows as BatchGraphs does, equals the
+    unpadded step for the real rows (CPU emulation of a replay)."""
+    padded = StreamingCodecGraphs(StreamingSnac(small_codec, max_streams=3))
+    plain = StreamingSnac(small_codec, max_streams=3)
+    g = torch.Generator().manual_seed(1)
+    slots = torch.tensor([2, 0])
+    ends = torch.tensor([OPEN_END_FRAMES, 5])
+    for _ in range(3):
+        frames = torch.randint(0, 4096, (2, 7), generator=g)
+        zeros = torch.zeros(2, dtype=torch.int64)
+        pad_frames = torch.cat([frames, torch.zeros(2, 7, dtype=torch.int64)])
+        out = padded._graph_step(torch.cat([slots + 1, zeros]), pad_frames, torch.cat([ends, zeros]))  # [4, 2048]
+        torch.testing.assert_close(out[:2], plain.step(slots, frames, ends), atol=1e-6, rtol=0)
+    torch.testing.assert_close(padded.snac.state[:3], plain.state[:3], atol=1e-6, rtol=0)
+    assert int(padded.snac.frame_index[1]) == 0  # slot 1 untouched
+
+
 def test_decode_validates_rows(small_codec):
     """Duplicate or out-of-range slots and short frames are refused; no rows -> empty audio."""
     codec = StreamingCodecGraphs(StreamingSnac(small_codec, max_streams=2))
