@@ -2,9 +2,10 @@
 
 Builds ``build_orpheus_backend`` (Orpheus-3B, ``--load-format dummy`` random weights by default),
 keeps ``B`` jobs decoding, and times each ``LMBackend.step`` and its phases: ``schedule``,
-``execute`` (inputs, attention plan, graph replay and the wait for the tokens: GPU time is in
-here), ``update``, ``postprocess`` minus the codec, and ``codec`` (the program's ``decode_fn``,
-GPU included). ``other`` is the rest of the step. Medians over the measured steps.
+``launch`` (inputs, attention plan, graph replay: host work), ``collect`` (the previous step's
+audio: waits for its codec work, then chunks), ``wait`` (for this step's tokens: the GPU time
+not hidden behind the host work), ``update``, ``audio_in`` (host bookkeeping of the new tokens
+and starting their codec work); ``other`` is the rest. Medians over the measured steps.
 
     python -m benchmark.engine_profile --batch 1,64,128,256 --steps 100 [--profile 256] [--json F]
 
@@ -26,7 +27,7 @@ from typing import Any
 
 __all__ = ["main", "measure"]
 
-PHASES = ("schedule", "execute", "update", "postprocess", "codec", "other")
+PHASES = ("schedule", "launch", "collect", "wait", "update", "audio_in", "other")
 TEXT = "Hello there, this is a test of the engine on a long enough sentence to keep it busy."
 
 
@@ -46,18 +47,25 @@ def _instrument(backend: Any) -> dict[str, float]:
     store: dict[str, float] = defaultdict(float)
     backend.scheduler.schedule = _timed(store, "schedule", backend.scheduler.schedule)
     backend.scheduler.update = _timed(store, "update", backend.scheduler.update)
-    backend.runner.execute = _timed(store, "execute", backend.runner.execute)
-    backend._postprocess = _timed(store, "postprocess", backend._postprocess)
-    backend.program.decode_fn = _timed(store, "codec", backend.program.decode_fn)
+    launch = backend.runner.launch
+
+    @functools.wraps(launch)
+    def timed_launch(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        wait = launch(*args, **kwargs)
+        store["launch"] += time.perf_counter() - t0
+        return _timed(store, "wait", wait)
+
+    backend.runner.launch = timed_launch
+    backend._collect = _timed(store, "collect", backend._collect)
+    backend._launch_audio = _timed(store, "audio_in", backend._launch_audio)
     return store
 
 
 def _uninstrument(backend: Any) -> None:
-    for obj, name in ((backend.scheduler, "schedule"), (backend.scheduler, "update"), (backend.runner, "execute"),
-                      (backend, "_postprocess"), (backend.program, "decode_fn")):
-        fn = getattr(obj, name)
-        setattr(obj, name, getattr(fn, "__wrapped__", fn))
-        if name in vars(obj) and getattr(fn, "__wrapped__", None) is not None and name != "decode_fn":
+    for obj, name in ((backend.scheduler, "schedule"), (backend.scheduler, "update"), (backend.runner, "launch"),
+                      (backend, "_collect"), (backend, "_launch_audio")):
+        if name in vars(obj):
             delattr(obj, name)  # back to the class's method
 
 
@@ -83,7 +91,6 @@ def measure(backend: Any, batch: int, steps: int, *, max_tokens: int, profile: b
         if prof:
             prof.disable()
         row = {name: store.get(name, 0.0) * 1e3 for name in PHASES[:-1]}
-        row["postprocess"] -= row["codec"]
         row["other"] = total * 1e3 - sum(row.values())
         row["total"] = total * 1e3
         rows.append(row)

@@ -1,8 +1,11 @@
 """``LMBackend``: the ``engine.backend.Backend`` contract over scheduler + runner + program.
 
-One ``step`` = schedule (admit, pick decodes then prefill chunks), execute (one forward, one
-sample, one host sync), update sequences, postprocess new tokens into audio, retire finished
-sequences. Errors:
+One ``step`` = schedule step N+1 (admit, pick decodes then prefill chunks) and start it on the
+device; while it runs, collect the audio of step N (started by the previous call); wait for
+N+1's tokens (the one host sync), update the sequences, do the host bookkeeping of the new
+tokens (positions, ended sequences leave the scheduler) and start their codec work. A token's
+audio therefore leaves one step after the token; the host work of a step overlaps the device's
+next step instead of adding to it. Errors:
 - a job refused at ``add_job`` (capacity, too long) gets its error from the next ``step``;
 - an exception in the model step fails every job of that step with ``model_error`` (not
   retryable: the same input is likely to fail again), frees their pages, and the backend keeps
@@ -14,6 +17,8 @@ sequences. Errors:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,6 +45,8 @@ class LMBackend:
         self.scheduler = scheduler
         self.info: BackendInfo = program.info
         self._pending: list[JobOutput] = []
+        self._inflight: _Inflight | None = None  # a step's audio being decoded on the device
+        self._aborted: set[int] = set()  # jobs aborted while in ``_inflight``
         self._closed = False
 
     # -- Backend contract -----------------------------------------------------------------
@@ -67,6 +74,10 @@ class LMBackend:
         seq = self.scheduler.abort(job_id)
         if seq is not None:
             self._release(seq)
+        if self._inflight is not None and any(s.seq_id == job_id for s, _ in self._inflight.new):
+            self._aborted.add(job_id)
+            if all(s.seq_id in self._aborted for s, _ in self._inflight.new):
+                self._inflight, self._aborted = None, set()  # nobody waits for that audio any more
         self._pending = [o for o in self._pending if o.job_id != job_id]
 
     def set_deadline(self, job_id: int, deadline_s: float) -> None:
@@ -74,7 +85,7 @@ class LMBackend:
         self.scheduler.set_deadline(job_id, deadline_s)
 
     def has_work(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_work()
+        return bool(self._pending) or self._inflight is not None or self.scheduler.has_work()
 
     def num_queued(self) -> int:
         return self.scheduler.num_waiting
@@ -101,42 +112,88 @@ class LMBackend:
         raise RuntimeError("warm-up did not finish")
 
     def step(self) -> list[JobOutput]:
+        """Schedule and start step N+1, hand out step N's audio while the device runs it, then
+        take N+1's tokens and start decoding their audio (collected by the next call)."""
         outputs, self._pending = self._pending, []
         batch = self.scheduler.schedule()
-        if batch is None:
-            return outputs
-        try:
-            tokens = self.runner.execute(batch).tolist()
-        except Exception as e:
-            log.exception("model step failed; failing its %d jobs", batch.num_seqs)
-            return outputs + self._fail(batch.seqs, f"model step failed: {type(e).__name__}: {e}")
-        new = self.scheduler.update(batch, tokens)
-        try:
-            outputs.extend(self._postprocess(new))
-        except Exception as e:
-            log.exception("postprocessing failed; failing its %d jobs", len(new))
-            outputs.extend(self._fail([s for s, _ in new], f"audio decoding failed: {type(e).__name__}: {e}"))
+        wait = None
+        if batch is not None:
+            try:
+                wait = self.runner.launch(batch)
+            except Exception as e:
+                log.exception("model step failed; failing its %d jobs", batch.num_seqs)
+                outputs.extend(self._fail(batch.seqs, f"model step failed: {type(e).__name__}: {e}"))
+        if self._inflight is not None:
+            outputs.extend(self._collect(self._inflight))
+            self._inflight = None
+        if wait is not None:
+            try:
+                tokens = wait()
+            except Exception as e:
+                log.exception("model step failed; failing its %d jobs", batch.num_seqs)
+                return outputs + self._fail(batch.seqs, f"model step failed: {type(e).__name__}: {e}")
+            new = self.scheduler.update(batch, tokens)
+            try:
+                self._inflight = self._launch_audio(new)
+            except Exception as e:
+                log.exception("postprocessing failed; failing its %d jobs", len(new))
+                outputs.extend(self._fail([s for s, _ in new], f"audio decoding failed: {type(e).__name__}: {e}"))
         return outputs
 
     # -- internals ------------------------------------------------------------------------
 
-    def _postprocess(self, new: list[tuple[Sequence, int]]) -> list[JobOutput]:
-        stop_ids = self.program.stop_ids
+    def _launch_audio(self, new: list[tuple[Sequence, int]]) -> _Inflight:
+        """Host bookkeeping of a step's new tokens now (positions, ended sequences leave the
+        scheduler), the codec's device work started; ``_collect`` turns it into outputs."""
+        program = self.program
+        stop_ids = program.stop_ids
         live = [(s, t) for s, t in new if t not in stop_ids]
-        pcms = self.program.postprocess([s.program_state for s, _ in live], [t for _, t in live])
+        launch = getattr(program, "launch_postprocess", None)
+        states = [s.program_state for s, _ in live]
+        toks = [t for _, t in live]
+        if launch is not None:
+            live_audio = launch(states, toks)
+        else:
+            pcms = program.postprocess(states, toks)
+            live_audio = lambda: pcms  # noqa: E731
+        for seq, _ in live:
+            seq.allowed_row = program.allowed_row(seq.program_state)
+        ended = [s for s, t in new if t in stop_ids or s.num_output_tokens >= s.params.max_tokens]
+        launch_finish = getattr(program, "launch_finish", None)
+        ended_states = [s.program_state for s in ended]
+        if launch_finish is not None:
+            tail_audio = launch_finish(ended_states)
+        else:
+            tails = program.finish(ended_states)
+            tail_audio = lambda: tails  # noqa: E731
+        for seq in ended:
+            self.scheduler.finish(seq)
+        return _Inflight(new, live, ended, live_audio, tail_audio)
+
+    def _collect(self, work: _Inflight) -> list[JobOutput]:
+        try:
+            return self._outputs(work)
+        except Exception as e:
+            log.exception("postprocessing failed; failing its %d jobs", len(work.new))
+            gone = self._aborted
+            return self._fail([s for s, _ in work.new if s.seq_id not in gone],
+                              f"audio decoding failed: {type(e).__name__}: {e}")
+        finally:
+            self._aborted = set()
+
+    def _outputs(self, work: _Inflight) -> list[JobOutput]:
         audio: dict[int, list[np.ndarray]] = {}
-        for (seq, _), pcm in zip(live, pcms):
-            seq.allowed_row = self.program.allowed_row(seq.program_state)
+        for (seq, _), pcm in zip(work.live, work.live_audio()):
             if pcm is not None and pcm.size:
                 audio.setdefault(seq.seq_id, []).append(pcm)
-        ended = [s for s, t in new if t in stop_ids or s.num_output_tokens >= s.params.max_tokens]
-        for seq, tail in zip(ended, self.program.finish([s.program_state for s in ended])):
+        for seq, tail in zip(work.ended, work.tail_audio()):
             if tail is not None and tail.size:
                 audio.setdefault(seq.seq_id, []).append(tail)
-            self.scheduler.finish(seq)
-        ended_ids = {s.seq_id for s in ended}
+        ended_ids = {s.seq_id for s in work.ended}
         outputs: list[JobOutput] = []
-        for seq, _ in new:
+        for seq, _ in work.new:
+            if seq.seq_id in self._aborted:
+                continue  # aborted while its audio was being decoded
             is_finished = seq.seq_id in ended_ids
             parts = audio.pop(seq.seq_id, [])
             if parts or is_finished:
@@ -157,6 +214,17 @@ class LMBackend:
             self._release(seq)
             out.append(JobOutput(seq.seq_id, error=JobError("model_error", message, retryable=False)))
         return out
+
+
+@dataclass
+class _Inflight:
+    """One step's tokens whose audio the codec is decoding."""
+
+    new: list[tuple[Sequence, int]]  # every sampled row of the step
+    live: list[tuple[Sequence, int]]  # rows with an audio token
+    ended: list[Sequence]  # sequences that ended at this step
+    live_audio: Callable[[], list[np.ndarray | None]]
+    tail_audio: Callable[[], list[np.ndarray | None]]
 
 
 def _chunked(job_id: int, parts: list[np.ndarray], is_finished: bool) -> list[JobOutput]:

@@ -42,12 +42,14 @@ def make_graph_decode_fn(
     graphs.capture(progress=progress, desc="codec graphs")
     largest = graphs.max_batch_size
 
-    def decode(requests: Sequence[Any]) -> list[np.ndarray]:
+    def launch(requests: Sequence[Any]) -> Callable[[], list[np.ndarray]]:
+        """Start the replays and their copies to pinned host memory; the returned call waits."""
         if not requests:
-            return []
+            return lambda: []
         if any(r.frames.shape[0] != w for r in requests):
-            return codec_mod.decode_requests(decoder, requests)
-        out: list[np.ndarray] = []
+            done = codec_mod.decode_requests(decoder, requests)
+            return lambda: done
+        pending = []
         for i in range(0, len(requests), largest):
             chunk = requests[i : i + largest]
             frames = torch.stack([r.frames for r in chunk]).to(device, non_blocking=True)  # [B, W, 7]
@@ -55,8 +57,20 @@ def make_graph_decode_fn(
             aux = torch.tensor([[r.start_frame, r.valid_from, r.valid_to] for r in chunk], dtype=i64)
             aux = aux.to(device, non_blocking=True)  # [B, 3]
             (audio,) = graphs.run(c0, c1, c2, aux[:, 0], aux[:, 1], aux[:, 2])
-            audio = audio.cpu()  # [B, W*2048]
-            out.extend(audio[j, r.emit_from : r.emit_to].numpy() for j, r in enumerate(chunk))
-        return out
+            host = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)  # [B, W*2048]
+            host.copy_(audio, non_blocking=True)  # before any later replay overwrites the output
+            pending.append((chunk, host))
+        event = torch.cuda.Event()
+        event.record()
 
+        def collect() -> list[np.ndarray]:
+            event.synchronize()
+            return [host[j, r.emit_from : r.emit_to].numpy() for chunk, host in pending for j, r in enumerate(chunk)]
+
+        return collect
+
+    def decode(requests: Sequence[Any]) -> list[np.ndarray]:
+        return launch(requests)()
+
+    decode.launch = launch  # type: ignore[attr-defined]  (OrpheusProgram runs it asynchronously)
     return decode

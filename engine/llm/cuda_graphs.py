@@ -411,6 +411,28 @@ class CudaGraphModelRunner(ModelRunner):
                 return tokens.cpu()  # the step's only host sync
         return self._execute_eager(batch, build_attention_metadata(batch, self.page_size))
 
+    @torch.inference_mode()
+    def launch(self, batch: Any) -> Callable[[], list[int]]:
+        """Replay the step and start copying its tokens to pinned host memory; the returned
+        call waits for them (eager steps finish before returning)."""
+        tokens = self._execute_graphs(batch) if self.use_graphs else None
+        if tokens is None:
+            done = self._execute_eager(batch, build_attention_metadata(batch, self.page_size)).tolist()
+            return lambda: done
+        if tokens.device.type != "cuda":
+            host = tokens.tolist()
+            return lambda: host
+        buf = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        buf.copy_(tokens, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+
+        def wait() -> list[int]:
+            event.synchronize()
+            return buf.tolist()
+
+        return wait
+
     def _execute_graphs(self, batch: Any) -> torch.Tensor | None:
         """Device tokens [B] from graph replays, or None when some row cannot be graphed.
 

@@ -157,6 +157,12 @@ class ModelRunner:
         tokens = cols if self.vocab_ids is None else self.vocab_ids.index_select(0, cols)
         return tokens.cpu()  # the step's only host sync
 
+    def launch(self, batch: ScheduledBatch) -> Callable[[], list[int]]:
+        """Start one step; the returned call waits for its tokens (``execute``, split in two so
+        the caller can do host work while the device runs). Here: all at once."""
+        tokens = self.execute(batch).tolist()
+        return lambda: tokens
+
     def _forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Host input_ids [T] + host metadata -> float32 logits [B, K] of each row's last token."""
         self.attn.begin_step(meta)

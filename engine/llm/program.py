@@ -22,8 +22,9 @@ tail is flushed at ``finish`` (or ``release``, when it is aborted).
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -122,6 +123,9 @@ class OrpheusProgram:
         if stream_codec is not None:
             self._free_slots = list(range(stream_codec.snac.max_streams - 1, -1, -1))
             self._delay = int(stream_codec.snac.delay_samples)
+        self._codec_stream = None
+        if stream_codec is not None and stream_codec.device.type == "cuda":
+            self._codec_stream = torch.cuda.Stream(stream_codec.device)
         self._decoder_kw = {
             "window_frames": window_frames or codec_mod.DEFAULT_WINDOW_FRAMES,
             "lookahead_samples": codec_mod.DEFAULT_LOOKAHEAD_SAMPLES if lookahead_samples is None
@@ -181,9 +185,23 @@ class OrpheusProgram:
         return state.num_audio_tokens % self._tokens.TOKENS_PER_FRAME
 
     # -- tokens -> audio ------------------------------------------------------------------
+    #
+    # Each entry point comes in two halves: ``launch_*`` does the host bookkeeping at once
+    # (codes, frames, positions: what the next step's scheduling needs) and starts the codec's
+    # device work without waiting for it; the returned ``collect()`` waits and gives the audio.
+    # The backend collects a step's audio while the GPU runs the next step. ``postprocess`` and
+    # ``finish`` are both halves at once.
 
     def postprocess(self, states: list[OrpheusState], tokens: list[int]) -> list[np.ndarray | None]:
-        """Map each row's token to a code; decode every window that became due, in one batch.
+        """One generated (non-stop) token per row -> new audio per row (None if none)."""
+        return self.launch_postprocess(states, tokens)()
+
+    def finish(self, states: list[OrpheusState]) -> list[np.ndarray | None]:
+        """These sequences ended: each one's remaining audio."""
+        return self.launch_finish(states)()
+
+    def launch_postprocess(self, states: list[OrpheusState], tokens: list[int]) -> Collect:
+        """Map each row's token to a code; start decoding every frame that completed.
 
         A token that is not an audio id valid at its position (only possible without the
         position constraint) is skipped and does not advance the position.
@@ -206,15 +224,17 @@ class OrpheusProgram:
                 if req is not None:
                     rows.append(i)
                     requests.append(req)
-        if self.stream_codec is None:
-            return self._decode_rows(len(states), rows, requests)
-        return self._stream_frames(len(states), done)
+        with self._on_codec_stream():
+            if self.stream_codec is None:
+                return self._launch_windows(len(states), rows, requests)
+            return self._launch_frames(len(states), done)
 
-    def finish(self, states: list[OrpheusState]) -> list[np.ndarray | None]:
-        """The sequences ended: decode each one's tail against its true end, in one batch.
+    def launch_finish(self, states: list[OrpheusState]) -> Collect:
+        """The sequences ended: start decoding each one's tail against its true end.
 
         An incomplete last frame (stop is only possible between frames with the position
-        constraint; max_tokens may cut one) is dropped: it cannot be decoded.
+        constraint; max_tokens may cut one) is dropped: it cannot be decoded. Codec slots are
+        given back at once (later users of a slot are queued behind this work on the device).
         """
         rows: list[int] = []
         requests: list[Any] = []
@@ -230,11 +250,18 @@ class OrpheusProgram:
             if req is not None:
                 rows.append(i)
                 requests.append(req)
-        out = self._decode_rows(len(states), rows, requests)
-        if flushing:
-            for i, pcm in self._flush([states[i] for i in flushing]).items():
-                out[flushing[i]] = pcm
-        return out
+        with self._on_codec_stream():
+            windows = self._launch_windows(len(states), rows, requests)
+            tails = self._launch_flush([states[i] for i in flushing]) if flushing else None
+
+        def collect() -> list[np.ndarray | None]:
+            out = windows()
+            if tails is not None:
+                for k, pcm in tails().items():
+                    out[flushing[k]] = pcm
+            return out
+
+        return collect
 
     def release(self, state: OrpheusState) -> None:
         """Give the stream's codec slot back (idempotent)."""
@@ -244,8 +271,16 @@ class OrpheusProgram:
 
     # -- stateful codec ---------------------------------------------------------------------
 
-    def _stream_frames(self, num_rows: int, done: list[tuple[int, OrpheusState, list[int]]]
-                       ) -> list[np.ndarray | None]:
+    @contextlib.contextmanager
+    def _on_codec_stream(self) -> Iterator[None]:
+        """Codec work goes to its own CUDA stream, so it can overlap the LM's next step."""
+        if self._codec_stream is None:
+            yield
+        else:
+            with torch.cuda.stream(self._codec_stream):
+                yield
+
+    def _launch_frames(self, num_rows: int, done: list[tuple[int, OrpheusState, list[int]]]) -> Collect:
         """Every completed frame through the stateful codec (one call); ramp rows also through
         the window decoder, whose output they emit while it reaches further."""
         from models.orpheus.snac_stream import StreamCursor
@@ -274,13 +309,27 @@ class OrpheusProgram:
                 else:  # the stateful decoder reaches further from here on (its output is contiguous)
                     state.in_ramp = False
         self.stream_codec.reset(fresh)
-        out = self._decode_rows(num_rows, ramp_rows, ramp_reqs)
-        audio = self.stream_codec.decode(codec_rows)  # [n, 2048]
+        windows = self._launch_windows(num_rows, ramp_rows, ramp_reqs)
+        audio = self._launch_codec(codec_rows)
         from_window = set(ramp_rows)
-        for (i, state, _), pcm in zip(done, audio):
-            if i not in from_window:
-                out[i] = self._take(state, pcm, state.cursor.num_steps - 1)
-        return out
+        steps = [state.cursor.num_steps - 1 for _, state, _ in done]
+
+        def collect() -> list[np.ndarray | None]:
+            out = windows()
+            for (i, state, _), step, pcm in zip(done, steps, audio() if done else []):
+                if i not in from_window:
+                    out[i] = self._take(state, pcm, step)
+            return out
+
+        return collect
+
+    def _launch_codec(self, rows: list[tuple[int, list[int], int]]) -> Callable[[], np.ndarray]:
+        """One stateful codec step for each (slot, codes, end_frames) row, started on the device."""
+        if not rows:
+            return lambda: np.zeros((0, self._tokens.SAMPLES_PER_FRAME), dtype=np.float32)
+        host = torch.tensor([[slot, end, *codes] for slot, codes, end in rows], dtype=torch.int64)  # [n, 9]
+        dev = host.to(self.stream_codec.device, non_blocking=True)
+        return _to_host(self.stream_codec.step(dev[:, 0], dev[:, 2:], dev[:, 1]))  # [n, 2048]
 
     def _take(self, state: OrpheusState, pcm: np.ndarray, step: int) -> np.ndarray | None:
         """The not yet emitted real samples of one stateful step's 2048 (absolute positions)."""
@@ -295,31 +344,74 @@ class OrpheusProgram:
         state.num_emitted = end
         return pcm[lo - start : end - start]
 
-    def _flush(self, states: list[OrpheusState]) -> dict[int, np.ndarray]:
-        """Run the flush steps of finished streams (batched); each one's tail, slots freed."""
-        parts: dict[int, list[np.ndarray]] = {}
+    def _launch_flush(self, states: list[OrpheusState]) -> Callable[[], dict[int, np.ndarray]]:
+        """Start the flush steps of finished streams (batched per step); slots freed."""
+        launched: list[tuple[list[int], list[int], Callable[[], np.ndarray]]] = []
         live = [k for k, st in enumerate(states) if st.cursor.num_flush_steps_left > 0]
         while live:
-            rows = []
+            rows, steps = [], []
             for k in live:
                 states[k].cursor.flush()
+                steps.append(states[k].cursor.num_steps - 1)
                 rows.append((states[k].slot, [0] * self._tokens.TOKENS_PER_FRAME, states[k].cursor.end_frames))
-            audio = self.stream_codec.decode(rows)
-            for k, pcm in zip(live, audio):
-                piece = self._take(states[k], pcm, states[k].cursor.num_steps - 1)
-                if piece is not None:
-                    parts.setdefault(k, []).append(piece)
+            launched.append((live, steps, self._launch_codec(rows)))
             live = [k for k in live if states[k].cursor.num_flush_steps_left > 0]
         for st in states:
             self.release(st)
-        return {k: np.concatenate(v) for k, v in parts.items()}
 
-    def _decode_rows(self, num_rows: int, rows: list[int], requests: list[Any]) -> list[np.ndarray | None]:
-        """Decode ``requests`` in one batch; row ``rows[k]`` gets the audio of ``requests[k]``."""
-        out: list[np.ndarray | None] = [None] * num_rows
-        for i, pcm in zip(rows, self.decode_fn(requests) if requests else []):
-            out[i] = _as_pcm(pcm)
-        return out
+        def collect() -> dict[int, np.ndarray]:
+            parts: dict[int, list[np.ndarray]] = {}
+            for ks, steps, audio in launched:
+                for k, step, pcm in zip(ks, steps, audio()):
+                    piece = self._take(states[k], pcm, step)
+                    if piece is not None:
+                        parts.setdefault(k, []).append(piece)
+            return {k: np.concatenate(v) for k, v in parts.items()}
+
+        return collect
+
+    def _launch_windows(self, num_rows: int, rows: list[int], requests: list[Any]) -> Collect:
+        """Start decoding ``requests`` in one batch; row ``rows[k]`` gets ``requests[k]``'s audio.
+
+        A ``decode_fn`` with a ``launch`` attribute (``launch(requests) -> collect()``) runs
+        asynchronously; any other is called at once.
+        """
+        if not requests:
+            return lambda: [None] * num_rows
+        launch = getattr(self.decode_fn, "launch", None)
+        if launch is not None:
+            pending = launch(requests)
+        else:
+            done = self.decode_fn(requests)
+            pending = lambda: done  # noqa: E731
+
+        def collect() -> list[np.ndarray | None]:
+            out: list[np.ndarray | None] = [None] * num_rows
+            for i, pcm in zip(rows, pending()):
+                out[i] = _as_pcm(pcm)
+            return out
+
+        return collect
+
+
+Collect = Callable[[], "list[np.ndarray | None]"]
+
+
+def _to_host(t: torch.Tensor) -> Callable[[], np.ndarray]:
+    """Start copying a device tensor to pinned host memory; the returned call waits for it."""
+    if t.device.type != "cuda":
+        host = t.detach().float().numpy()
+        return lambda: host
+    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    buf.copy_(t, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+
+    def get() -> np.ndarray:
+        event.synchronize()
+        return buf.numpy()
+
+    return get
 
 
 def _as_pcm(x: Any) -> np.ndarray:

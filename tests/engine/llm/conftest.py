@@ -150,9 +150,9 @@ def make_orpheus_program(codec, **kw):
             state.tokens = self.tokens.setdefault(options.get("tag"), [])
             return state
 
-        def postprocess(self, states, tokens):
+        def launch_postprocess(self, states, tokens):
             for state, tok in zip(states, tokens):
                 state.tokens.append(tok)
-            return super().postprocess(states, tokens)
+            return super().launch_postprocess(states, tokens)
 
     return Recording()
