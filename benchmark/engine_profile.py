@@ -75,7 +75,7 @@ def measure(backend: Any, batch: int, steps: int, *, max_tokens: int, profile: b
     voice, options = backend.validate(None, {"max_tokens": max_tokens, "seed": 1})
     for job in range(batch):
         backend.add_job(job, TEXT, voice, options)
-    for _ in range(30):  # prefill, then into steady decode
+    for _ in range(60 + batch // 16):  # admission (16 prompts a step), prefill, the ramp's frames
         backend.step()
     store = _instrument(backend)
     prof = cProfile.Profile() if profile else None

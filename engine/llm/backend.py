@@ -34,6 +34,7 @@ __all__ = ["LMBackend", "MAX_CHUNK_SAMPLES", "build_orpheus_backend"]
 log = logging.getLogger(__name__)
 
 MAX_CHUNK_SAMPLES = 2400  # 100 ms at 24 kHz: the contract's largest chunk
+RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-start ramp
 
 
 class LMBackend:
@@ -254,6 +255,7 @@ def build_orpheus_backend(
     cpu_kv_cache_bytes: int = 2 << 30,
     reserve_bytes: int = 2 << 30,
     stateful_codec: bool | None = None,
+    codec_dtype: str | None = None,
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
     warmup: bool = True,
@@ -276,7 +278,8 @@ def build_orpheus_backend(
     graphs the scheduler packs whole fresh prompts only, up to the graphs' row limit per step.
     ``stateful_codec`` (default True): SNAC decodes each frame once per stream
     (``StreamingCodecGraphs``, CUDA graphs when the window decoder is graphed too); False
-    re-decodes a window per frame.
+    re-decodes a window per frame. ``codec_dtype`` of the stateful codec: "auto" (bf16 on CUDA,
+    fp32 on the CPU), "float32" or "bfloat16"; the ramp's window decodes stay fp32.
     """
     import functools
     import importlib.util
@@ -324,20 +327,32 @@ def build_orpheus_backend(
         quantise_decoder_linears_(model)  # before any runner builds its fused forward
     codec = SnacDecoder(load_snac(codec_path, device=device, load_format=load_format)).to(device)
     decode_fn = None
-    if (device == "cuda" and pick(None, "enable_cuda_graphs", True)
-            and importlib.util.find_spec("flashinfer") is not None):
+    decode_fn_enabled = (device == "cuda" and pick(None, "enable_cuda_graphs", True)
+                         and importlib.util.find_spec("flashinfer") is not None)
+
+    use_stateful = pick(stateful_codec, "stateful_codec", True)
+    # With the stateful codec the window decoder only serves the fast-start ramp (frames 1-4,
+    # all of them from the stream's start), so 4-frame windows suffice: a third less work.
+    window_frames = RAMP_WINDOW_FRAMES if use_stateful else None
+    if decode_fn_enabled:
         from engine.llm.codec_graphs import make_graph_decode_fn
 
-        decode_fn = make_graph_decode_fn(codec)  # SNAC windows of all streams, one graph replay
+        decode_fn = make_graph_decode_fn(codec, window_frames=window_frames)  # all streams' windows, one replay
     stream_codec = None
-    if pick(stateful_codec, "stateful_codec", True):  # each frame through SNAC once (engine.llm.program)
+    if use_stateful:  # each frame through SNAC once (engine.llm.program)
         from engine.llm.codec_stream_graphs import StreamingCodecGraphs
         from models.orpheus.snac_stream import StreamingSnac
 
-        stream_codec = StreamingCodecGraphs(StreamingSnac(codec, max_streams=max_num_seqs, device=device),
-                                            capture=decode_fn is not None)
+        codec_dtype_name = pick(codec_dtype, "codec_dtype", "auto")
+        if codec_dtype_name not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"codec_dtype must be auto, float32 or bfloat16, got {codec_dtype_name!r}")
+        if codec_dtype_name == "auto":
+            codec_dtype_name = "bfloat16" if device == "cuda" else "float32"
+        stream_codec = StreamingCodecGraphs(
+            StreamingSnac(codec, max_streams=max_num_seqs, device=device, dtype=getattr(torch, codec_dtype_name)),
+            capture=decode_fn is not None)
     program = OrpheusProgram(tokenizer, codec, model_name=str(model_path_or_id), decode_fn=decode_fn,
-                             stream_codec=stream_codec)
+                             stream_codec=stream_codec, window_frames=window_frames)
 
     pages_per_seq = -(-max_model_len // page_size)
     if num_pages is None:

@@ -14,10 +14,10 @@ from models.orpheus.snac_stream import StreamingSnac
 from tests.models.orpheus.orpheus_fixtures import build_tokenizer
 
 
-def _programs(codec, max_streams: int = 3, **kw):
+def _programs(codec, max_streams: int = 3, window_frames: int | None = None, **kw):
     plain = OrpheusProgram(build_tokenizer(), codec, **kw)
     stream = OrpheusProgram(build_tokenizer(), codec, stream_codec=StreamingCodecGraphs(
-        StreamingSnac(codec, max_streams=max_streams), capture=False), **kw)
+        StreamingSnac(codec, max_streams=max_streams), capture=False), window_frames=window_frames, **kw)
     return plain, stream
 
 
@@ -47,12 +47,13 @@ def _run(program: OrpheusProgram, streams: dict[str, list[int]], starts: dict[st
     return {n: np.concatenate(a) if a else np.zeros(0, np.float32) for n, a in audio.items()}
 
 
-@pytest.mark.parametrize("first_lookahead", [1024, None])
-def test_stateful_codec_gives_the_window_decoders_audio(small_codec, first_lookahead) -> None:
+@pytest.mark.parametrize(("first_lookahead", "ramp_window"), [(1024, 6), (1024, 4), (None, 6)])
+def test_stateful_codec_gives_the_window_decoders_audio(small_codec, first_lookahead, ramp_window) -> None:
     """Four interleaved streams (1, 3, 6 and 12 frames; more streams than slots over time):
-    the stateful path's audio equals the window decoder path's (ramp samples identical, the
-    rest exact in both), every sample once, and every slot is free at the end."""
-    plain, stream = _programs(small_codec, first_lookahead_samples=first_lookahead)
+    the stateful path's audio equals the 6-frame window decoder path's (ramp samples the same,
+    also from 4-frame ramp windows, the rest exact in both), every sample once, and every
+    slot is free at the end."""
+    plain, stream = _programs(small_codec, first_lookahead_samples=first_lookahead, window_frames=ramp_window)
     streams = {"a": _tokens(1, 0), "b": _tokens(3, 1), "c": _tokens(6, 2), "d": _tokens(12, 3)}
     starts = {"a": 0, "b": 2, "c": 5, "d": 10}  # a ends before d starts: its slot is reused
     ref = _run(plain, streams, starts)
