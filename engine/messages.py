@@ -4,6 +4,9 @@ This is the only module that builds or parses gateway <-> engine bytes. A messag
 dataclass; on the wire it is a msgpack array ``[kind, field1, field2, ...]`` with ``kind`` an
 ``int`` from :class:`Kind`. No pickle, no call-by-name.
 
+Batching: the engine sends the messages of one step as one ``Batch`` (one queue record, one
+put and one get for all of them) instead of one record per audio chunk.
+
 Streams are named by ``key``: an int the gateway allocates, unique across all connections (a
 client's stream id is only unique within its connection).
 """
@@ -32,6 +35,7 @@ __all__ = [
     "Done",
     "Error",
     "Stats",
+    "Batch",
     "encode",
     "decode",
     "DecodeError",
@@ -53,6 +57,7 @@ class Kind(enum.IntEnum):
     DONE = 23
     ERROR = 24
     STATS = 25
+    BATCH = 26
 
 
 class DecodeError(ValueError):
@@ -175,6 +180,17 @@ class Stats(Message):
     num_running_jobs: int
 
 
+@dataclass(frozen=True)
+class Batch(Message):
+    """Several engine -> gateway messages, in order, in one queue record (never nested).
+
+    On the wire: ``[26, [[kind, field1, ...], [kind, ...], ...]]``.
+    """
+
+    KIND: ClassVar[Kind] = Kind.BATCH
+    messages: list[Message]
+
+
 _BY_KIND: dict[int, type[Message]] = {
     cls.KIND: cls
     for cls in (Open, Text, Flush, End, Cancel, Shutdown, Hello, Started, Audio, Done, Error, Stats)
@@ -184,11 +200,18 @@ _FIELDS: dict[type[Message], tuple[str, ...]] = {
 }
 
 
-def encode(msg: Message) -> bytes:
+def _items(msg: Message) -> list[Any]:
     cls = type(msg)
-    return msgpack.packb(
-        [int(cls.KIND), *(getattr(msg, name) for name in _FIELDS[cls])], use_bin_type=True
-    )
+    if cls is Batch:
+        raise ValueError("a Batch cannot hold a Batch")
+    return [int(cls.KIND), *(getattr(msg, name) for name in _FIELDS[cls])]
+
+
+def encode(msg: Message) -> bytes:
+    if type(msg) is Batch:
+        return msgpack.packb([int(Kind.BATCH), [_items(x) for x in msg.messages]],  # type: ignore[attr-defined]
+                             use_bin_type=True)
+    return msgpack.packb(_items(msg), use_bin_type=True)
 
 
 def decode(data: bytes | memoryview) -> Message:
@@ -196,10 +219,18 @@ def decode(data: bytes | memoryview) -> Message:
         items = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
         raise DecodeError(f"not msgpack: {exc}") from None
+    if isinstance(items, list) and len(items) == 2 and items[0] == Kind.BATCH:
+        if not isinstance(items[1], list):
+            raise DecodeError("Batch: expected a list of messages")
+        return Batch([_from_items(x) for x in items[1]])
+    return _from_items(items)
+
+
+def _from_items(items: Any) -> Message:
     if not isinstance(items, list) or not items or not isinstance(items[0], int):
         raise DecodeError("expected [kind, ...]")
     cls = _BY_KIND.get(items[0])
-    if cls is None:
+    if cls is None:  # Batch is not in _BY_KIND: a nested Batch is an unknown kind here
         raise DecodeError(f"unknown message kind {items[0]}")
     names = _FIELDS[cls]
     if len(items) - 1 != len(names):

@@ -12,6 +12,12 @@ Pacing:
   (Each job is paced on its own: a stream's look-ahead job generates concurrently with the one
   being spoken, as a real model faster than real time would.)
 
+Cost: the gateway-overhead benchmark asks for 25,000 chunks/s, so per chunk this does little
+Python. A tone's frequency is a whole number of Hz, so its samples repeat every second: each
+frequency's one-second table (plus one chunk, so that no slice wraps) is computed once and a
+chunk is a read-only view into it. Paced jobs wait in a heap ordered by their next chunk's due
+time, so a step and ``next_due_s`` touch only the jobs that are due, not every job.
+
 Failure injection: a job whose text matches ``fail_on`` (a marker substring, by default
 ``"[[fail]]"``, or a predicate) fails when ``step`` reaches it: with ``fail_mode="raise"``
 ``step`` raises ``RuntimeError`` (the job is dropped first, so the next step goes on); with
@@ -20,6 +26,7 @@ Failure injection: a job whose text matches ``fail_on`` (a marker substring, by 
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import OrderedDict
@@ -47,8 +54,9 @@ class _Job:
     t_added: float
     is_failing: bool
     rng: np.random.Generator
-    frequency_hz: float
+    frequency_hz: int
     num_emitted: int = 0
+    order: int = 0  # insertion number: tells this job's heap entries from a reused id's
 
 
 class SyntheticBackend:
@@ -94,6 +102,12 @@ class SyntheticBackend:
         self.fail_mode = fail_mode
         self._clock = clock
         self._jobs: OrderedDict[int, _Job] = OrderedDict()  # insertion order = FIFO
+        self._failing: set[int] = set()  # ids of jobs that fail at the next step
+        # Paced only: (due time of the job's next chunk, insertion number, job id). An entry
+        # whose job is gone (aborted, failed) is skipped when it comes up.
+        self._due: list[tuple[float, int, int]] = []
+        self._num_added = 0
+        self._tones: dict[int, np.ndarray] = {}  # frequency -> [sample_rate + chunk] float32
 
     # -- Backend ------------------------------------------------------------------------------
 
@@ -107,8 +121,8 @@ class SyntheticBackend:
         seed = int(options.get("seed", 0))
         seconds = len(text.strip()) * self.ms_per_char / 1000.0 / speed
         # A per-text pitch makes segments distinguishable in a recording; stable across runs.
-        pitch = 180.0 + (sum(map(ord, text)) % 120)
-        self._jobs[job_id] = _Job(
+        pitch = 180 + (sum(map(ord, text)) % 120)  # whole Hz: the tone table's period is 1 s
+        job = _Job(
             job_id=job_id,
             voice=voice,
             seed=seed,
@@ -118,9 +132,19 @@ class SyntheticBackend:
             rng=np.random.default_rng([seed, job_id & 0xFFFFFFFF]),
             frequency_hz=pitch,
         )
+        self._num_added += 1
+        job.order = self._num_added
+        self._jobs[job_id] = job
+        if job.is_failing:
+            self._failing.add(job_id)
+        elif self.is_realtime:
+            heapq.heappush(self._due, (job.t_added, self._num_added, job_id))
 
     def abort_job(self, job_id: int) -> None:
         self._jobs.pop(job_id, None)
+        self._failing.discard(job_id)
+        if not self._jobs:
+            self._due.clear()
 
     def has_work(self) -> bool:
         return bool(self._jobs)
@@ -130,65 +154,86 @@ class SyntheticBackend:
 
     def close(self) -> None:
         self._jobs.clear()
+        self._failing.clear()
+        self._due.clear()
 
     def step(self) -> list[JobOutput]:
         """Emit the due chunks of every running job (one chunk each when not paced)."""
-        now = self._clock()
         out: list[JobOutput] = []
         # Failures first, so that a raising step has advanced no other job (no audio is lost).
-        for job in [j for j in self._jobs.values() if j.is_failing]:
-            del self._jobs[job.job_id]
+        while self._failing:
+            job_id = min(self._failing)  # the oldest first, as jobs were added
+            self._failing.discard(job_id)
+            self._jobs.pop(job_id, None)
             if self.fail_mode == "raise":
-                raise RuntimeError(f"synthetic failure injected for job {job.job_id}")
-            out.append(JobOutput(job.job_id, error=JobError("model_error", "synthetic failure", False)))
-        for job in list(self._jobs.values()):
-            out.extend(self._emit_due(job, now))
+                raise RuntimeError(f"synthetic failure injected for job {job_id}")
+            out.append(JobOutput(job_id, error=JobError("model_error", "synthetic failure", False)))
+        if not self.is_realtime:
+            for job in list(self._jobs.values()):
+                out.append(self._emit_one(job))
+            return out
+        now = self._clock()
+        due, jobs = self._due, self._jobs
+        while due and due[0][0] <= now:
+            _, order, job_id = heapq.heappop(due)
+            job = jobs.get(job_id)
+            if job is None or job.order != order:
+                continue  # aborted
+            while True:  # every chunk that is due (the loop may be late)
+                result = self._emit_one(job)
+                out.append(result)
+                if result.is_finished:
+                    break
+                t_next = job.t_added + job.num_emitted / self.info.sample_rate
+                if t_next > now:
+                    heapq.heappush(due, (t_next, order, job_id))
+                    break
         return out
 
     def next_due_s(self) -> float:
         """Seconds until the next chunk is due (0.0 if one is due now; ``inf`` with no jobs)."""
         if not self._jobs:
             return math.inf
-        if not self.is_realtime:
+        if not self.is_realtime or self._failing:
             return 0.0
-        now = self._clock()
-        due = min(self._due_time(job) for job in self._jobs.values())
-        return max(0.0, due - now)
+        due, jobs = self._due, self._jobs
+        while due and (due[0][2] not in jobs or jobs[due[0][2]].order != due[0][1]):
+            heapq.heappop(due)  # aborted
+        if not due:
+            return 0.0
+        return max(0.0, due[0][0] - self._clock())
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _due_time(self, job: _Job) -> float:
-        if job.is_failing or job.num_emitted >= job.num_samples:
-            return job.t_added  # fails / finishes at the next step
-        return job.t_added + job.num_emitted / self.info.sample_rate
-
-    def _emit_due(self, job: _Job, now: float) -> list[JobOutput]:
-        out: list[JobOutput] = []
-        while True:
-            if job.num_emitted >= job.num_samples:
-                # Finished: the last chunk carried the flag, or the job had no audio at all.
-                if not out:
-                    out.append(JobOutput(job.job_id, is_finished=True))
-                del self._jobs[job.job_id]
-                return out
-            if self.is_realtime and now < self._due_time(job):
-                return out
-            n = min(self.chunk_samples, job.num_samples - job.num_emitted)
-            pcm = self._render(job, n)
-            job.num_emitted += n
-            is_last = job.num_emitted >= job.num_samples
-            out.append(JobOutput(job.job_id, pcm=pcm, is_finished=is_last))
-            if is_last:
-                del self._jobs[job.job_id]
-                return out
-            if not self.is_realtime:
-                return out
+    def _emit_one(self, job: _Job) -> JobOutput:
+        """The job's next chunk (or its end, if it had no audio); a finished job is removed."""
+        n = min(self.chunk_samples, job.num_samples - job.num_emitted)
+        if n <= 0:  # a job with no audio at all
+            del self._jobs[job.job_id]
+            return JobOutput(job.job_id, is_finished=True)
+        pcm = self._render(job, n)
+        job.num_emitted += n
+        is_last = job.num_emitted >= job.num_samples
+        if is_last:
+            del self._jobs[job.job_id]
+        return JobOutput(job.job_id, pcm=pcm, is_finished=is_last)
 
     def _render(self, job: _Job, n: int) -> np.ndarray:
         if job.voice == "noise":
             return (job.rng.uniform(-_AMPLITUDE, _AMPLITUDE, n)).astype(np.float32)  # [n]
-        t = (job.num_emitted + np.arange(n)) / self.info.sample_rate  # [n] seconds
-        return (_AMPLITUDE * np.sin(2.0 * np.pi * job.frequency_hz * t)).astype(np.float32)
+        table = self._tones.get(job.frequency_hz)
+        if table is None:
+            table = self._tone_table(job.frequency_hz)
+        start = job.num_emitted % self.info.sample_rate
+        return table[start:start + n]  # [n] read-only view
+
+    def _tone_table(self, frequency_hz: int) -> np.ndarray:
+        rate = self.info.sample_rate
+        t = np.arange(rate + self.chunk_samples) / rate  # [rate + chunk] seconds
+        table = (_AMPLITUDE * np.sin(2.0 * np.pi * frequency_hz * t)).astype(np.float32)
+        table.setflags(write=False)
+        self._tones[frequency_hz] = table
+        return table
 
 
 def _validate(

@@ -240,6 +240,19 @@ class EngineSupervisor:
         except em.DecodeError as exc:
             log.error("dropped a malformed engine message: %s", exc)
             return
+        if type(msg) is em.Batch:
+            for item in msg.messages:
+                self._route(item)
+        else:
+            self._route(msg)
+
+    def _route(self, msg: em.Message) -> None:
+        if type(msg) is em.Audio:  # the hot path: skip the checks below
+            try:
+                self._on_message(msg)
+            except Exception:  # one bad route must not stop the reader
+                log.exception("routing an engine message failed")
+            return
         if isinstance(msg, em.Stats):
             self.stats = msg
             self._metrics.engine_streams.set(msg.num_streams)

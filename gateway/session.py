@@ -209,7 +209,7 @@ class Session:
         stream = self._by_key.get(getattr(msg, "key", -1))
         if stream is None:
             return []  # cancelled or failed already: late output is dropped here
-        if isinstance(msg, em.Audio):
+        if type(msg) is em.Audio:
             return [ToClient(self._audio_msg(stream, msg))]
         if isinstance(msg, em.Started):
             return [ToClient(p.ready(stream.id, sample_rate=self._hello.sample_rate,
@@ -225,6 +225,12 @@ class Session:
             return [ToClient(p.error(msg.code, msg.message, stream=stream.id,
                                      retryable=msg.retryable))]
         return []
+
+    def on_audio(self, msg: em.Audio) -> dict[str, Any] | None:
+        """The hot path of ``on_engine`` for audio: the ``audio`` map to send, or ``None`` if
+        the stream is gone (the same as ``on_engine`` returning ``[ToClient(map)]`` or ``[]``)."""
+        stream = self._by_key.get(msg.key)
+        return None if stream is None else self._audio_msg(stream, msg)
 
     def on_engine_lost(self) -> list[Action]:
         """The engine died: every stream of this connection fails with a retryable error."""

@@ -22,6 +22,9 @@ EXAMPLES: list[m.Message] = [
     m.Error(7, "model_error", "boom", True),
     m.Error(None, "load_failed", "no weights", False),
     m.Stats(3, 1, 2),
+    m.Batch([m.Audio(7, b"\x00\x01" * 4, (0, 12), 1.5), m.Done(7, "end", 4, {}),
+             m.Error(8, "model_error", "boom", True)]),
+    m.Batch([]),
 ]
 
 
@@ -41,3 +44,19 @@ def test_malformed_bytes_raise_decode_error(data: bytes) -> None:
     """Garbage, unknown kinds and wrong field counts raise DecodeError, never anything else."""
     with pytest.raises(m.DecodeError):
         m.decode(data)
+
+
+def test_batch_cannot_nest() -> None:
+    """A Batch inside a Batch is refused when encoding and when decoding."""
+    with pytest.raises(ValueError):
+        m.encode(m.Batch([m.Batch([])]))
+    nested = b"\x92\x1a\x91\x92\x1a\x90"  # [26, [[26, []]]]
+    with pytest.raises(m.DecodeError):
+        m.decode(nested)
+
+
+def test_malformed_batch_raises_decode_error() -> None:
+    """A Batch whose body is not a list, or holds a bad message, raises DecodeError."""
+    for data in (b"\x92\x1a\x01", b"\x92\x1a\x91\x91\x63"):
+        with pytest.raises(m.DecodeError):
+            m.decode(data)

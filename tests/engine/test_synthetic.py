@@ -186,3 +186,48 @@ def test_invalid_constructor_arguments(kwargs: dict) -> None:
     """Constructor arguments are validated with ValueError."""
     with pytest.raises(ValueError):
         SyntheticBackend(**kwargs)
+
+
+def test_tone_chunks_match_the_sine_formula() -> None:
+    """Tone chunks (views of a per-frequency table) equal sin(2 pi f t) sample for sample."""
+    backend = SyntheticBackend(chunk_ms=40.0, ms_per_char=100.0)
+    text = "x" * 25  # 2.5 s: crosses the table's one-second period twice
+    backend.add_job(1, text, "tone", {"speed": 1.0, "seed": 0})
+    pcm = audio_of(run_to_end(backend), 1)
+    f = 180 + sum(map(ord, text)) % 120
+    t = np.arange(pcm.size) / 24_000
+    np.testing.assert_allclose(pcm, 0.25 * np.sin(2 * np.pi * f * t), atol=1e-6)
+
+
+def test_realtime_many_jobs_each_paced_on_its_own() -> None:
+    """Paced jobs added at different times each release chunk k at t_added + k * chunk."""
+    clock = FakeClock()
+    backend = SyntheticBackend(chunk_ms=100.0, ms_per_char=100.0, realtime=True, clock=clock)
+    backend.add_job(1, "abc", "tone", {"speed": 1.0, "seed": 0})  # chunks at 0, .1, .2
+    clock.now += 0.05
+    backend.add_job(2, "abc", "tone", {"speed": 1.0, "seed": 0})  # chunks at .05, .15, .25
+    released: list[tuple[int, float]] = []
+    start = 100.0
+    while backend.has_work():
+        released += [(o.job_id, round(clock.now - start, 3)) for o in backend.step()]
+        clock.now += 0.01
+    assert [t for j, t in released if j == 1] == [0.05, 0.1, 0.2]  # job 1's first waited for the step
+    assert [t for j, t in released if j == 2] == [0.05, 0.15, 0.25]
+
+
+def test_realtime_abort_then_reused_id_is_paced_from_its_own_start() -> None:
+    """An aborted paced job leaves nothing due; a new job with its id starts its own pacing."""
+    clock = FakeClock()
+    backend = SyntheticBackend(chunk_ms=100.0, ms_per_char=100.0, realtime=True, clock=clock)
+    backend.add_job(1, "abcde", "tone", {"speed": 1.0, "seed": 0})
+    backend.add_job(2, "abcde", "tone", {"speed": 1.0, "seed": 0})
+    assert len(backend.step()) == 2
+    backend.abort_job(1)
+    clock.now += 0.1
+    assert [o.job_id for o in backend.step()] == [2]
+    clock.now += 0.05
+    backend.add_job(1, "abcde", "tone", {"speed": 1.0, "seed": 0})
+    assert [o.job_id for o in backend.step()] == [1]  # its chunk 0, due at once
+    clock.now += 0.06
+    assert [o.job_id for o in backend.step()] == [2]  # job 1's next is due 0.1 s after it began
+    assert backend.next_due_s() == pytest.approx(0.04)

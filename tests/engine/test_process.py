@@ -1,0 +1,88 @@
+"""engine.process.EngineLoop: a step's outputs leave as Batch records, split to fit the queue."""
+
+from __future__ import annotations
+
+import math
+
+from engine import messages as m
+from engine.core import EngineCore
+from engine.process import EngineLoop
+from engine.shm_ring import ShmQueue
+from tests.engine.fakes import FakeBackend
+
+
+class PacedBackend(FakeBackend):
+    """A FakeBackend that says when its next output is due."""
+
+    def __init__(self, due_s: float) -> None:
+        super().__init__()
+        self.due_s = due_s
+
+    def next_due_s(self) -> float:
+        return self.due_s if self.jobs else math.inf
+
+
+def _loop(backend: FakeBackend, max_message_bytes: int = 1 << 16) -> tuple[EngineLoop, ShmQueue, ShmQueue]:
+    inbox = ShmQueue.create(capacity_bytes=4 * max_message_bytes, max_message_bytes=max_message_bytes)
+    outbox = ShmQueue.create(capacity_bytes=4 * max_message_bytes, max_message_bytes=max_message_bytes)
+    return EngineLoop(EngineCore(backend), inbox, outbox, stats_interval_s=60.0), inbox, outbox
+
+
+def _received(outbox: ShmQueue) -> list[m.Message]:
+    return [m.decode(data) for data in outbox.get_many_nowait()]
+
+
+def _open_streams(loop: EngineLoop, keys: range) -> None:
+    for key in keys:
+        loop._send(loop.core.open(key, None, {}))
+        loop._send(loop.core.add_text(key, "Hello there, a sentence that is long enough."))
+        loop._send(loop.core.flush(key))
+
+
+def test_a_steps_audio_leaves_as_one_batch() -> None:
+    """Three streams' chunks of one step arrive as one Batch, in the core's order."""
+    loop, inbox, outbox = _loop(FakeBackend())
+    with inbox, outbox:
+        _open_streams(loop, range(1, 4))
+        assert all(type(x) is m.Started for x in _received(outbox))
+        expected = loop.core.step()
+        loop._send(expected)
+        [record] = _received(outbox)
+        assert type(record) is m.Batch
+        assert record.messages == expected
+
+
+def test_a_batch_too_large_for_one_record_is_split_in_order() -> None:
+    """Audio beyond half of max_message_bytes goes into further records, order kept."""
+    backend = FakeBackend(chunk_samples=1000)  # 4,000 bytes of float32 per chunk
+    loop, inbox, outbox = _loop(backend, max_message_bytes=16_384)
+    with inbox, outbox:
+        _open_streams(loop, range(1, 11))
+        _received(outbox)
+        expected = loop.core.step()
+        loop._send(expected)
+        records = _received(outbox)
+        assert len(records) > 1
+        flat = [x for r in records for x in (r.messages if type(r) is m.Batch else [r])]
+        assert flat == expected
+
+
+def test_a_single_message_is_not_wrapped() -> None:
+    """One message is sent as itself, not as a Batch of one."""
+    loop, inbox, outbox = _loop(FakeBackend())
+    with inbox, outbox:
+        loop._send([m.Stats(1, 0, 1)])
+        assert _received(outbox) == [m.Stats(1, 0, 1)]
+
+
+def test_paced_backend_sleeps_at_least_the_minimum() -> None:
+    """A paced backend due in 10 us lets the loop sleep 1 ms; one due now, not at all."""
+    backend = PacedBackend(due_s=10e-6)
+    loop, inbox, outbox = _loop(backend)
+    with inbox, outbox:
+        _open_streams(loop, range(1, 2))
+        assert loop._wait_s() == 1e-3
+        backend.due_s = 0.0
+        assert loop._wait_s() == 0.0
+        backend.due_s = 0.2
+        assert loop._wait_s() == 0.2

@@ -1,0 +1,126 @@
+"""gateway.server._Connection: direct writes on the hot path, the outbox and the writer otherwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+from websockets.protocol import State
+
+from gateway import protocol as p
+from gateway.server import _Connection
+
+
+class FakeProtocol:
+    def __init__(self) -> None:
+        self.state = State.OPEN
+        self.pending: list[bytes] = []
+
+    def send_binary(self, data: bytes) -> None:
+        self.pending.append(data)
+
+    def send_text(self, data: bytes) -> None:
+        self.pending.append(data)
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.closing = False
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+class FakeWs:
+    """The attributes of websockets' asyncio connection that the direct write uses."""
+
+    def __init__(self) -> None:
+        self.protocol = FakeProtocol()
+        self.transport = FakeTransport()
+        self.paused = False
+        self.written: list[bytes] = []
+
+    def send_data(self) -> None:
+        self.written.extend(self.protocol.pending)
+        self.protocol.pending.clear()
+
+
+def _audio(seq: int, stream: str = "s") -> dict[str, Any]:
+    return p.audio(stream, seq=seq, offset=seq * 4, pcm=b"\x00" * 8)
+
+
+def _conn(ws: FakeWs, max_outbox_bytes: int = 1 << 20) -> _Connection:
+    return _Connection(ws, session=None, encoding=p.Encoding.MSGPACK,  # type: ignore[arg-type]
+                       max_outbox_bytes=max_outbox_bytes)
+
+
+def _seqs(frames: list[Any]) -> list[int]:
+    return [msgpack.unpackb(f)["seq"] for f in frames]
+
+
+def test_idle_open_connection_writes_audio_directly() -> None:
+    """With nothing queued and no back-pressure, an audio frame is written at once."""
+    ws = FakeWs()
+    conn = _conn(ws)
+    conn.push_audio(_audio(0))
+    conn.push(_audio(1))
+    assert _seqs(ws.written) == [0, 1]
+    assert not conn.outbox and conn.outbox_bytes == 0
+
+
+def test_back_pressure_queues_and_keeps_order() -> None:
+    """A paused transport sends audio to the outbox; later frames queue behind it."""
+    ws = FakeWs()
+    conn = _conn(ws)
+    conn.push_audio(_audio(0))
+    ws.paused = True
+    conn.push_audio(_audio(1))
+    ws.paused = False
+    conn.push_audio(_audio(2))  # the outbox is not empty: it must not overtake seq 1
+    assert _seqs(ws.written) == [0]
+    assert _seqs([data for _, data in conn.outbox]) == [1, 2]
+
+
+def test_send_in_flight_or_closing_socket_queues() -> None:
+    """While the writer is inside send, or the socket is closing, frames go to the outbox."""
+    ws = FakeWs()
+    conn = _conn(ws)
+    conn.is_sending = True
+    conn.push_audio(_audio(0))
+    conn.is_sending = False
+    conn.outbox.clear()
+    ws.protocol.state = State.CLOSING
+    conn.push_audio(_audio(1))
+    assert ws.written == [] and len(conn.outbox) == 1
+
+
+def test_non_audio_frames_go_through_the_writer() -> None:
+    """ready/done/error maps are queued for the writer, so audio after them queues too."""
+    ws = FakeWs()
+    conn = _conn(ws)
+    conn.push(p.ready("s", sample_rate=24000, fmt="pcm_s16le", voice="tone", options={}))
+    conn.push_audio(_audio(0))
+    assert ws.written == [] and len(conn.outbox) == 2
+
+
+def test_slow_consumer_is_closed_when_the_outbox_overflows() -> None:
+    """Audio queued under back-pressure past max_outbox_bytes closes the connection with 1008."""
+    ws = FakeWs()
+    ws.paused = True
+    conn = _conn(ws, max_outbox_bytes=200)
+    for seq in range(20):
+        conn.push_audio(_audio(seq))
+    assert conn.is_closing and conn.close_code == 1008
+    assert not conn.outbox
+
+
+def test_cancel_drops_queued_audio_of_that_stream_only() -> None:
+    """A cancelled 'done' drops the stream's queued audio, not another stream's."""
+    ws = FakeWs()
+    ws.paused = True
+    conn = _conn(ws)
+    conn.push_audio(_audio(0, "a"))
+    conn.push_audio(_audio(0, "b"))
+    conn.push(p.done("a", reason="cancelled", samples=0))
+    kinds = [(stream, msgpack.unpackb(data)["type"]) for stream, data in conn.outbox]
+    assert kinds == [("b", "audio"), (None, "done")]
