@@ -361,6 +361,10 @@ class CudaGraphModelRunner(ModelRunner):
             scratch_page=self.scratch_page, buckets=prefill_buckets or [max_model_len],
             row_buckets=prefill_row_buckets or DEFAULT_PREFILL_ROW_BUCKETS, extra_specs=self.graphs.extra_specs,
         ) if prefill_buckets != () else None
+        from engine.llm.decode_inputs import DecodeInputBuilder
+
+        self._inputs = DecodeInputBuilder(max_num_seqs=self.max_num_seqs, max_pages_per_seq=self.graphs.max_pages_per_seq,
+                                          page_size=self.page_size, scratch_page=self.scratch_page)
         self.use_graphs = False
         if capture:
             self.capture(progress=progress)
@@ -444,10 +448,10 @@ class CudaGraphModelRunner(ModelRunner):
         parts = []
         if nd > 0:
             dec = _sub_batch(batch, 0, nd)
-            meta = build_attention_metadata(dec, self.page_size)
-            if not self.graphs.can_run(meta):
+            b = bucket_for(nd, self.graphs.buckets)
+            if b is None:  # more decode rows than the largest graph
                 return None
-            parts.append((self.graphs, dec, meta))
+            parts.append((self.graphs, dec, self._inputs.build(dec.seqs, b, dec.is_sampled)))
         if len(batch.seqs) > nd:
             pre = _sub_batch(batch, nd, len(batch.seqs))
             if self.prefill_graphs is None or not self.prefill_graphs.can_run(pre):
@@ -455,16 +459,24 @@ class CudaGraphModelRunner(ModelRunner):
             parts.append((self.prefill_graphs, pre, build_attention_metadata(pre, self.page_size)))
         outs = []
         for graphs, sub, meta in parts:
-            ids, *extras = self.graph_inputs(sub)
             if graphs is self.prefill_graphs:
+                ids, *extras = self.graph_inputs(sub)
                 from engine.llm.prefill_graphs import pack_prefill
 
                 ids, positions, seg, last = pack_prefill([s.prompt_ids for s in sub.seqs])
                 tokens, _ = graphs.run(ids, positions, seg, meta.slot_mapping, last, *extras)
             else:
-                tokens, _ = graphs.run(ids, meta, *extras)
+                tokens, _ = graphs.run(*self._decode_args(*meta))
+                tokens = tokens[: sub.num_seqs]
             outs.append(tokens)
         return outs[0] if len(outs) == 1 else torch.cat(outs)  # a copy: the next replay may overwrite
+
+    def _decode_args(self, meta: Any, ints: torch.Tensor, floats: torch.Tensor, keep: torch.Tensor) -> tuple:
+        """``DecodeGraphs.run`` arguments from ``DecodeInputBuilder.build`` (two packed copies)."""
+        dev = self.device
+        ints, floats, keep = (t.to(dev, non_blocking=True) for t in (ints, floats, keep))
+        return (ints[:, 0], meta, floats[:, 0], floats[:, 1], floats[:, 2], ints[:, 1], ints[:, 2], ints[:, 3],
+                ints[:, 4], keep)
 
     def graph_inputs(self, batch: Any) -> list[torch.Tensor]:
         """A decode batch's graph inputs on the device: ids, then the sampler's per-row extras."""
