@@ -30,10 +30,17 @@ class StreamingCodecGraphs:
     ``buckets`` above ``snac.max_streams`` are dropped, and ``max_streams`` is added as the
     largest bucket when the given ones stop short of it, so one replay always holds every
     stream. ``capture=False`` (or a CPU device) runs ``StreamingSnac.step`` eagerly.
+
+    ``compile``: None keeps ``snac`` as built; True / False switches its ``torch.compile``
+    path on or off (``StreamingSnac.use_compile``; True needs ``channels_last=True``) before
+    capture. Compiled, the first bucket's warm-up compiles one dynamic-batch graph (tens of
+    seconds on a GPU host) that every bucket then reuses.
     """
 
     def __init__(self, snac: StreamingSnac, *, buckets: Sequence[int] = DEFAULT_CODEC_BUCKETS,
-                 capture: bool = True, progress: bool = True) -> None:
+                 capture: bool = True, progress: bool = True, compile: bool | None = None) -> None:
+        if compile is not None:
+            snac.use_compile(compile)
         self.snac = snac
         self.device = snac.device
         sizes = sorted({b for b in buckets if 1 <= b <= snac.max_streams})

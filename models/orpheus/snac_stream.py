@@ -224,22 +224,35 @@ class StreamingSnac:
         self.channels_last = channels_last or compile
         self._nwc = _ChannelsLastStep(self) if self.channels_last else None
         self._nwc_fn = None
+        self._compile_backend = ""
         self.is_compiled = False
         if compile:
             self.use_compile(True)
 
-    def use_compile(self, enabled: bool) -> None:
+    def use_compile(self, enabled: bool, *, backend: str = "inductor") -> None:
         """Run the channels-last step through ``torch.compile`` (True) or eagerly (False).
 
-        Compilation happens lazily at the first call of each new shape class (batch 1, and
-        one dynamic-batch graph for the rest); warm up before capturing CUDA graphs.
+        One graph, dynamic in the batch dimension, serves every batch size (a single row runs
+        as two, so batch 1 does not specialise a second graph); it is compiled lazily at the
+        first call: warm up once before capturing CUDA graphs (``BatchGraphs`` does).
+        ``backend`` is torch.compile's (tests use "aot_eager": same tracing, no codegen).
         """
         if enabled and self._nwc is None:
             raise ValueError("compile needs the channels-last path: build StreamingSnac(channels_last=True)")
-        if enabled and self._nwc_fn is None:
+        if enabled and (self._nwc_fn is None or self._compile_backend != backend):
             # Default mode: "reduce-overhead" would capture its own CUDA graphs inside ours.
-            self._nwc_fn = torch.compile(self._nwc.forward, fullgraph=True, dynamic=None)
+            self._nwc_fn = torch.compile(self._nwc.forward, fullgraph=True, dynamic=None, backend=backend)
+            self._compile_backend = backend
         self.is_compiled = enabled
+
+    def _compiled_forward(self, st: Tensor, c: Tensor, end: Tensor, frames: Tensor) -> tuple[Tensor, Tensor]:
+        args = (st, c, end, frames)
+        if st.shape[0] == 1:  # as a batch of 2 (the same row twice): no size-1 specialisation
+            args = tuple(torch.cat((t, t)) for t in args)
+        for t in args:
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+        audio, new_st = self._nwc_fn(*args)
+        return audio[:st.shape[0]], new_st[:st.shape[0]]
 
     @property
     def state_numel_per_stream(self) -> int:
@@ -266,9 +279,7 @@ class StreamingSnac:
         st = self.state.index_select(0, slots)  # [B, state]
         if self._nwc is not None:
             if self.is_compiled:
-                for t in (st, c, end, frames):  # one graph for every batch size >= 2
-                    torch._dynamo.maybe_mark_dynamic(t, 0)
-                audio, new_st = self._nwc_fn(st, c, end, frames)
+                audio, new_st = self._compiled_forward(st, c, end, frames)
             else:
                 audio, new_st = self._nwc.forward(st, c, end, frames)
             self.state.index_copy_(0, slots, new_st)

@@ -228,3 +228,66 @@ def test_cursor_skip_to_hands_over_from_another_decoder():
     assert cur.num_emitted == 4096
     assert cur.push() == (4096 - (4 * F - 4757), F)  # step 4 covers [3435, 5483)
     assert cur.num_emitted == 5 * F - 4757
+
+
+def test_channels_last_streams_equal_whole_decode(small_dec):
+    """The channels-last step (GEMMs, shifted depthwise taps): staggered streams equal their decode."""
+    lengths, starts, slots = (4, 1, 6), (0, 2, 1), (2, 0, 3)
+    codes = [_codes(n, seed=90 + i) for i, n in enumerate(lengths)]
+    streams = [(s, t, _frames(c)) for s, t, c in zip(slots, starts, codes)]
+    ss = StreamingSnac(small_dec, max_streams=4, channels_last=True)
+    assert ss.channels_last and not ss.is_compiled
+    for out, c in zip(_run(ss, streams, seed=4), codes):
+        torch.testing.assert_close(out, small_dec.decode(c)[0], atol=STREAM_ATOL, rtol=0)
+
+
+def test_channels_last_full_width_equals_whole_decode():
+    """Full-width SNAC 24 kHz on the channels-last path equals the whole decode."""
+    dec = SnacDecoder(_snac(SNAC_24KHZ_CONFIG))
+    codes = _codes(2, seed=6)
+    (out,) = _run(StreamingSnac(dec, max_streams=1, channels_last=True), [(0, 0, _frames(codes))])
+    torch.testing.assert_close(out, dec.decode(codes)[0], atol=STREAM_ATOL, rtol=0)
+
+
+def test_channels_last_step_equals_original_step(small_dec):
+    """Row for row (padding rows on the scratch slot, reset slots), both paths give the same audio."""
+    ncw = StreamingSnac(small_dec, max_streams=3)
+    nwc = StreamingSnac(small_dec, max_streams=3, channels_last=True)
+    g = torch.Generator().manual_seed(2)
+    slots = torch.tensor([2, 3, 0, 3])  # 3 = the scratch slot, twice
+    ends = torch.tensor([OPEN_END_FRAMES, 0, 4, 0])
+    for k in range(6):
+        if k == 3:
+            for ss in (ncw, nwc):
+                ss.reset(torch.tensor([2]))
+        frames = torch.randint(0, 4096, (4, 7), generator=g)
+        a, b = ncw.step(slots, frames, ends), nwc.step(slots, frames, ends)
+        torch.testing.assert_close(b[[0, 2]], a[[0, 2]], atol=1e-5, rtol=0)
+    assert torch.equal(ncw.frame_index, nwc.frame_index)
+    assert nwc.state.shape == ncw.state.shape
+
+
+def test_compiled_step_one_graph_for_all_batch_sizes(small_dec):
+    """torch.compile of the channels-last step (aot_eager: the same trace, no codegen) is exact
+    and, once compiled, serves batch sizes 1..4 without recompiling."""
+    ref = StreamingSnac(small_dec, max_streams=4)
+    ss = StreamingSnac(small_dec, max_streams=4, channels_last=True)
+    ss.use_compile(True, backend="aot_eager")
+    assert ss.is_compiled
+    g = torch.Generator().manual_seed(3)
+    sizes = (3, 1, 4, 2, 1)
+    for k, n in enumerate(sizes):
+        slots = torch.randperm(4, generator=g)[:n]
+        frames = torch.randint(0, 4096, (n, 7), generator=g)
+        ends = torch.full((n,), OPEN_END_FRAMES)
+        with torch._dynamo.config.patch(error_on_recompile=k > 0):
+            out = ss.step(slots, frames, ends)
+        torch.testing.assert_close(out, ref.step(slots, frames, ends), atol=1e-5, rtol=0)
+    assert torch.equal(ss.frame_index, ref.frame_index)
+
+
+def test_compile_needs_channels_last(small_dec):
+    """Compiling the original [B, C, T] step is refused; compile=True implies channels-last."""
+    with pytest.raises(ValueError, match="channels"):
+        StreamingSnac(small_dec, max_streams=1).use_compile(True)
+    assert StreamingSnac(small_dec, max_streams=1, compile=True).channels_last
