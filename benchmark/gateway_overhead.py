@@ -14,6 +14,11 @@ the measurement window. In the window (after the ramp and ``--settle-s``, ``--me
 - CPU per stream = the gateway process's CPU seconds in the window / window seconds / N, from
   /proc (the engine's and the client's CPU are reported too; all three share this machine).
 
+The client can be split over ``--client-procs`` processes (by default one per 250 streams, at
+most a quarter of the CPUs): one Python event loop receiving 25,000 chunks/s saturates a core,
+and its backlog would be counted as gateway latency. They start their streams together (a
+barrier, then a common start time) and the window is the same CLOCK_MONOTONIC interval in all.
+
     python -m benchmark.gateway_overhead --streams 100,500,1000 --json overhead.json
 """
 
@@ -22,6 +27,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import multiprocessing
 import os
 import platform
 import re
@@ -39,7 +46,8 @@ from benchmark.bench.prompts import load_prompts
 from benchmark.bench.targets import NativeTarget
 from benchmark.bench.trace import StreamTrace
 
-__all__ = ["OverheadConfig", "process_cpu_s", "descendants", "run_level_overhead", "main"]
+__all__ = ["OverheadConfig", "process_cpu_s", "descendants", "run_level_overhead",
+           "run_level_overhead_multiproc", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 _URL = re.compile(r"serving on http://([\d.]+):(\d+)/")
@@ -55,6 +63,7 @@ class OverheadConfig:
     settle_s: float = 3.0
     measure_s: float = 10.0
     streams_per_connection: int = 1
+    client_procs: int = 0  # 0: one per 250 streams, at most a quarter of the CPUs
     server_args: tuple[str, ...] = ("--lookahead-jobs", "0")
     start_timeout_s: float = 120.0
 
@@ -66,6 +75,15 @@ class OverheadConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (measure > 0)")
         if self.streams_per_connection < 1:
             raise ValueError("--streams-per-connection must be >= 1")
+        if self.client_procs < 0:
+            raise ValueError("--client-procs must be >= 0 (0: automatic)")
+
+    def num_client_procs(self, num_streams: int) -> int:
+        """Client processes for a level: as configured, else one per 250 streams, at most a
+        quarter of the CPUs (the gateway and the engine need theirs), never more than streams."""
+        if self.client_procs:
+            return min(self.client_procs, num_streams)
+        return max(1, min(math.ceil(num_streams / 250), (os.cpu_count() or 1) // 4, num_streams))
 
 
 def process_cpu_s(pid: int) -> float:
@@ -165,11 +183,7 @@ async def run_level_overhead(url: str, server_pid: int, num_streams: int,
     t0 = time.monotonic()
 
     def snapshot() -> dict[str, float]:
-        kids = descendants(server_pid)
-        return {"t": time.monotonic(), "load1": os.getloadavg()[0],
-                "gateway": process_cpu_s(server_pid),
-                "engine": sum(process_cpu_s(p) for p in kids),
-                "client": time.process_time()}
+        return {**_server_snapshot(server_pid), "client": time.process_time()}
 
     await asyncio.sleep(max(0.0, t0 + cfg.ramp_s + cfg.settle_s - time.monotonic()))
     a = snapshot()
@@ -180,6 +194,98 @@ async def run_level_overhead(url: str, server_pid: int, num_streams: int,
     await lag_task
     await target.close()
     return _summarize(traces, a, b, lag, num_streams)
+
+
+def run_level_overhead_multiproc(url: str, server_pid: int, num_streams: int,
+                                 cfg: OverheadConfig, num_procs: int) -> dict[str, Any]:
+    """``run_level_overhead`` with the streams split over ``num_procs`` client processes."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(num_procs + 1)
+    t0 = ctx.Value("d", 0.0)
+    results = ctx.Queue()
+    shares = [num_streams // num_procs + (i < num_streams % num_procs) for i in range(num_procs)]
+    procs = [ctx.Process(target=_client_proc, daemon=True,
+                         args=(url, share, cfg, f"o{i}-", barrier, t0, results))
+             for i, share in enumerate(shares)]
+    for proc in procs:
+        proc.start()
+    try:
+        barrier.wait(timeout=cfg.start_timeout_s)  # every client is connected
+        t0.value = time.monotonic() + 0.2
+        barrier.wait(timeout=10)  # every client has read t0
+        a_t = t0.value + cfg.ramp_s + cfg.settle_s
+        time.sleep(max(0.0, a_t - time.monotonic()))
+        a = _server_snapshot(server_pid)
+        time.sleep(max(0.0, a_t + cfg.measure_s - time.monotonic()))
+        b = _server_snapshot(server_pid)
+        stream_s = cfg.ramp_s + cfg.settle_s + cfg.measure_s + 3.0
+        parts = [results.get(timeout=stream_s * 3 + 120) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    errors = [x for x in parts if isinstance(x, str)]
+    if errors:
+        raise RuntimeError("a client process failed:\n" + errors[0])
+    traces = [tr for part in parts for tr in part["traces"]]
+    lag = [x for part in parts for x in part["lag"]]
+    a["client"] = sum(part["cpu_a"] for part in parts)
+    b["client"] = sum(part["cpu_b"] for part in parts)
+    row = _summarize(traces, a, b, lag, num_streams)
+    row["client_procs"] = num_procs
+    return row
+
+
+def _server_snapshot(server_pid: int) -> dict[str, float]:
+    kids = descendants(server_pid)
+    return {"t": time.monotonic(), "load1": os.getloadavg()[0],
+            "gateway": process_cpu_s(server_pid),
+            "engine": sum(process_cpu_s(p) for p in kids)}
+
+
+def _client_proc(url: str, num_streams: int, cfg: OverheadConfig, prefix: str, barrier: Any,
+                 t0: Any, results: Any) -> None:
+    """One client process: connect, wait for the others, run its streams from the common t0."""
+    try:
+        results.put(_run(_client_part(url, num_streams, cfg, prefix, barrier, t0)))
+    except BaseException:  # the parent reports it
+        import traceback
+
+        results.put(traceback.format_exc())
+
+
+async def _client_part(url: str, num_streams: int, cfg: OverheadConfig, prefix: str,
+                       barrier: Any, t0: Any) -> dict[str, Any]:
+    stream_s = cfg.ramp_s + cfg.settle_s + cfg.measure_s + 3.0
+    text = _long_text(stream_s)
+    target = NativeTarget(url, streams_per_connection=cfg.streams_per_connection,
+                          open_timeout_s=60.0)
+    await target.open()
+    # Blocking the loop here is harmless: no stream runs yet.
+    barrier.wait(timeout=cfg.start_timeout_s)
+    barrier.wait(timeout=10)
+    start = t0.value
+    await asyncio.sleep(max(0.0, start - time.monotonic()))
+    plan = LevelPlan(mode="concurrency", level=num_streams, seed=0, prompts=(text,),
+                     num_requests=num_streams, timeout_s=stream_s * 3 + 60,
+                     ramp_s=cfg.ramp_s, stream_prefix=prefix)
+    lag: list[tuple[float, float]] = []
+    stop = asyncio.Event()
+    lag_task = asyncio.create_task(_loop_lag(lag, stop))
+    level_task = asyncio.create_task(run_level(target, plan))
+    a_t = start + cfg.ramp_s + cfg.settle_s
+    await asyncio.sleep(max(0.0, a_t - time.monotonic()))
+    cpu_a = time.process_time()
+    await asyncio.sleep(max(0.0, a_t + cfg.measure_s - time.monotonic()))
+    cpu_b = time.process_time()
+    traces, _ = await level_task
+    stop.set()
+    await lag_task
+    await target.close()
+    for tr in traces:
+        tr.pcm = None
+    return {"traces": traces, "lag": lag, "cpu_a": cpu_a, "cpu_b": cpu_b}
 
 
 def _long_text(audio_s: float) -> str:
@@ -260,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle-s", type=float, default=OverheadConfig.settle_s)
     p.add_argument("--measure-s", type=float, default=OverheadConfig.measure_s)
     p.add_argument("--streams-per-connection", type=int, default=1)
+    p.add_argument("--client-procs", type=int, default=0,
+                   help="client processes (default 0: one per 250 streams, at most CPUs/4)")
     p.add_argument("--server-arg", action="append", default=None,
                    help="extra voxgate serve argument (repeatable; default --lookahead-jobs 0)")
     p.add_argument("--json", dest="json_path")
@@ -269,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = OverheadConfig(streams=levels, ramp_s=args.ramp_s, settle_s=args.settle_s,
                              measure_s=args.measure_s,
                              streams_per_connection=args.streams_per_connection,
+                             client_procs=args.client_procs,
                              server_args=tuple(args.server_arg) if args.server_arg is not None
                              else OverheadConfig.server_args)
     except ValueError as exc:
@@ -279,8 +388,14 @@ def main(argv: list[str] | None = None) -> int:
         server = _Server(cfg.server_args, max_connections=n + 16,
                          start_timeout_s=cfg.start_timeout_s)
         try:
-            print(f"level {n}: server {server.url} (pid {server.proc.pid})", file=sys.stderr)
-            row = _run(run_level_overhead(server.url, server.proc.pid, n, cfg))
+            num_procs = cfg.num_client_procs(n)
+            print(f"level {n}: server {server.url} (pid {server.proc.pid}), "
+                  f"{num_procs} client process(es)", file=sys.stderr)
+            if num_procs == 1:
+                row = _run(run_level_overhead(server.url, server.proc.pid, n, cfg))
+                row["client_procs"] = 1
+            else:
+                row = run_level_overhead_multiproc(server.url, server.proc.pid, n, cfg, num_procs)
         finally:
             server.stop()
         rows.append(row)

@@ -59,7 +59,10 @@ class EngineLoop:
 
     def _run(self) -> None:
         while self._is_running:
-            data = self.inbox.get(timeout_s=self._wait_s())
+            wait_s = self._wait_s()
+            # A paced sleep is on purpose: no busy-polling before it (see ShmQueue.get).
+            data = self.inbox.get(timeout_s=wait_s, spin_s=0.0 if wait_s > 0.0 and self.core.has_work()
+                                  else None)
             while data is not None and self._is_running:
                 self._handle(data)
                 data = self.inbox.get_nowait()

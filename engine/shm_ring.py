@@ -334,12 +334,16 @@ class ShmQueue:
         wrapped = self._buf[start : _DATA + cap] + self._buf[_DATA : end - cap]
         return wrapped, r + ((num_bytes + 15) & ~7)
 
-    def get(self, timeout_s: float | None = None) -> bytes | None:
-        """Take the oldest message, sleeping until one is committed; ``None`` after ``timeout_s``."""
+    def get(self, timeout_s: float | None = None, *, spin_s: float | None = None) -> bytes | None:
+        """Take the oldest message, sleeping until one is committed; ``None`` after ``timeout_s``.
+
+        ``spin_s`` overrides the queue's ``spin_s`` for this call (0: sleep at once, for a
+        caller that sleeps on purpose, e.g. until a paced output is due).
+        """
         msg = self.get_nowait()
         if msg is not None or (timeout_s is not None and timeout_s <= 0):
             return msg
-        if not self._wait(self._has_data, _GETTER, self._data_bell, timeout_s):
+        if not self._wait(self._has_data, _GETTER, self._data_bell, timeout_s, spin_s):
             return None
         return self.get_nowait()
 
@@ -366,18 +370,21 @@ class ShmQueue:
 
     # -- sleeping -------------------------------------------------------------------------
 
-    def _wait(self, is_ready: Callable[[], bool], side: _Side, bell: int, timeout_s: float | None) -> bool:
+    def _wait(self, is_ready: Callable[[], bool], side: _Side, bell: int, timeout_s: float | None,
+              spin_s: float | None = None) -> bool:
         """Block until ``is_ready()`` (True) or the timeout (False); raise if the peer is gone."""
         now = time.monotonic()
         deadline = None if timeout_s is None else now + timeout_s
-        misses = self._num_spin_misses
-        is_short = misses >= _NUM_MISSES_TO_SHORTEN and misses % _PROBE_EVERY
-        spin_end = now + (min(self.spin_s, _SHORT_SPIN_S) if is_short else self.spin_s)
-        while time.monotonic() < spin_end:
-            if is_ready():
-                self._num_spin_misses = 0
-                return True
-        self._num_spin_misses = misses + 1
+        if spin_s is None or spin_s > 0:
+            spin_s = self.spin_s if spin_s is None else spin_s
+            misses = self._num_spin_misses
+            is_short = misses >= _NUM_MISSES_TO_SHORTEN and misses % _PROBE_EVERY
+            spin_end = now + (min(spin_s, _SHORT_SPIN_S) if is_short else spin_s)
+            while time.monotonic() < spin_end:
+                if is_ready():
+                    self._num_spin_misses = 0
+                    return True
+            self._num_spin_misses = misses + 1
         words = self._words
         while True:
             words[side.waiting] = 1

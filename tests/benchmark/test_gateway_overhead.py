@@ -61,3 +61,16 @@ def test_config_rejects_bad_levels() -> None:
         OverheadConfig(streams=(0,))
     with pytest.raises(ValueError):
         OverheadConfig(measure_s=0)
+
+
+def test_client_processes_default_to_one_per_250_streams_within_a_quarter_of_cpus(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Automatic client processes: ceil(streams / 250), at most cpus // 4, at least 1."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    cfg = OverheadConfig()
+    assert [cfg.num_client_procs(n) for n in (1, 100, 500, 1000, 5000)] == [1, 1, 2, 4, 4]
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert cfg.num_client_procs(1000) == 1
+    assert OverheadConfig(client_procs=3).num_client_procs(2) == 2
+    with pytest.raises(ValueError):
+        OverheadConfig(client_procs=-1)

@@ -264,6 +264,16 @@ def test_idle_blocking_get_costs_no_cpu() -> None:
         assert cpu < 0.05 * wall
 
 
+def test_get_without_spin_sleeps_at_once() -> None:
+    """get(spin_s=0) on a queue that spins for 1 s sleeps at once and returns at its timeout."""
+    with ShmQueue.create(capacity_bytes=1024, max_message_bytes=64, spin_s=1.0) as q:
+        wall0 = time.monotonic()
+        assert q.get(timeout_s=0.01, spin_s=0.0) is None
+        assert time.monotonic() - wall0 < 0.5
+        q.put_nowait(b"x")
+        assert q.get(timeout_s=1.0, spin_s=0.0) == b"x"
+
+
 def test_idle_async_get_costs_no_cpu() -> None:
     """An asyncio consumer awaiting get_async ~0.5 s on uvloop uses under 5% of a core."""
     with ShmQueue.create(capacity_bytes=1024, max_message_bytes=64) as q:
