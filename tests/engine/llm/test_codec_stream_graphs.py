@@ -126,17 +126,37 @@ def test_buckets_cover_max_streams(small_codec):
 
 
 
+def test_compile_switch_on_the_snac(small_codec):
+    """compile=True is refused for the original layout; compile=False turns a compiled snac eager."""
+    with pytest.raises(ValueError, match="channels"):
+        StreamingCodecGraphs(StreamingSnac(small_codec, max_streams=2), compile=True)
+    snac = StreamingSnac(small_codec, max_streams=2, compile=True)
+    codec = StreamingCodecGraphs(snac, compile=False)
+    assert codec.snac.channels_last and not codec.snac.is_compiled
+
+
+@pytest.fixture
+def no_tf32():
+    """cuDNN convolutions (and optionally cuBLAS) use TF32 by default on CUDA: ~6e-4 off in fp32."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_graphs_equal_whole_decode_full_width(dtype):
-    """Full-width SNAC on CUDA: graph replays (padded buckets, split batches) match the whole decode."""
+@pytest.mark.parametrize("path,dtype", [("ncw", torch.float32), ("ncw", torch.bfloat16), ("nwc", torch.float32),
+                                        ("compiled", torch.float32), ("compiled", torch.bfloat16)])
+def test_graphs_equal_whole_decode_full_width(path, dtype, no_tf32):
+    """Full-width SNAC on CUDA, each step path: graph replays (padded buckets, split batches)
+    match the whole decode (TF32 off, so fp32 is fp32)."""
     from models.orpheus.codec import SnacDecoder
     from models.orpheus.loader import load_snac
 
     dec = SnacDecoder(load_snac(load_format="dummy", device="cuda"))
-    snac = StreamingSnac(dec, max_streams=5, dtype=dtype)
-    codec = StreamingCodecGraphs(snac, buckets=(1, 2, 4), progress=False)
+    snac = StreamingSnac(dec, max_streams=5, dtype=dtype, channels_last=path != "ncw")
+    codec = StreamingCodecGraphs(snac, buckets=(1, 2, 4), progress=False, compile=path == "compiled")
     assert codec.is_graphed and codec.buckets == (1, 2, 4, 5)
     codes = [_codes(n, seed=10 + n, device="cuda") for n in (3, 6, 1, 4, 2)]
     streams = [(s, t, codes_to_frames(*c)[0].tolist()) for s, t, c in zip((4, 0, 2, 1, 3), (0, 0, 1, 2, 2), codes)]
@@ -148,7 +168,28 @@ def test_graphs_equal_whole_decode_full_width(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_graph_replay_equals_eager_step():
+def test_compiled_graph_replay_equals_original_eager_step(no_tf32):
+    """The compiled channels-last step replayed from graphs (buckets 1, 2, 4) gives the original
+    eager step's audio, row for row."""
+    from models.orpheus.codec import SnacDecoder
+    from models.orpheus.loader import load_snac
+
+    dec = SnacDecoder(load_snac(load_format="dummy", device="cuda"))
+    eager = StreamingSnac(dec, max_streams=4)
+    graphed = StreamingCodecGraphs(StreamingSnac(dec, max_streams=4, compile=True), buckets=(1, 2, 4),
+                                   progress=False)
+    g = torch.Generator().manual_seed(0)
+    for slots in ([2, 0, 1], [3], [1, 3], [0, 1, 2, 3]):
+        slots_t = torch.tensor(slots, device="cuda")
+        ends = torch.full((len(slots),), OPEN_END_FRAMES, device="cuda")
+        frames = torch.randint(0, 4096, (len(slots), 7), generator=g).cuda()
+        torch.testing.assert_close(graphed.step(slots_t, frames, ends), eager.step(slots_t, frames, ends),
+                                   atol=1e-4, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graph_replay_equals_eager_step(no_tf32):
     """A replay with padding rows gives the eager step's audio and state, bit for bit close."""
     from models.orpheus.codec import SnacDecoder
     from models.orpheus.loader import load_snac
