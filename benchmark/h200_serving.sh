@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Serving figures on the GPU machine, in one device call (issue 5): Orpheus-3B (random weights)
-# served by `voxgate serve` and loaded by `voxgate bench` at several concurrencies, then the
-# gateway's added latency with the synthetic engine (OVERHEAD_LEVELS streams).
+# Serving figures on the GPU machine, in one device call (issue 5): optionally the codec
+# benchmark and the engine step profile (PROFILE_BATCHES), then Orpheus-3B (random weights)
+# served by `voxgate serve`: single-stream time to first audio over SINGLE_N short requests,
+# `voxgate bench` at LEVELS concurrent streams (first starts spread over RAMP_S), GPU
+# utilisation from nvidia-smi; then, if OVERHEAD_LEVELS is set, the gateway's added latency
+# with the synthetic engine.
 #
 #   bash benchmark/h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]
 #
@@ -21,6 +24,18 @@ if [ -f .fi_cache/inductor.tgz ]; then tar -xzf .fi_cache/inductor.tgz -C /tmp; 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 lscpu | grep -E 'Model name|^CPU\(s\)' | tee -a "$out/gpu.txt"
 
+if [ -n "${PROFILE_BATCHES:-}" ]; then
+  echo "== codec: window re-decode vs stateful step (64 rows)"
+  for dt in float32 bfloat16; do
+    timeout 60 python3 -m benchmark.codec_stream --device cuda --graphs --batch 64 --runs 30 --dtype $dt 2>&1 \
+      | grep -v Warn | tail -3 | tee -a "$out/codec.txt"
+  done
+  echo "== engine step profile"
+  timeout 200 python3 -m benchmark.engine_profile --batch "$PROFILE_BATCHES" --steps 40 --json "$out/profile.json" \
+    > "$out/profile.log" 2>&1
+  grep -A12 "engine step on" "$out/profile.log" | tee "$out/profile.txt"
+fi
+
 echo "== orpheus serve"
 python3 -m gateway.cli serve --model orpheus --load-format dummy --device cuda \
   --max-num-seqs 512 --port 8765 --log-level WARNING > "$out/serve.log" 2>&1 &
@@ -33,15 +48,21 @@ done
 grep "serving on" "$out/serve.log" || { tail -30 "$out/serve.log"; kill $server; exit 1; }
 nvidia-smi dmon -s u -d 1 > "$out/dmon.txt" 2>&1 &
 dmon=$!
+echo "== single stream, ${SINGLE_N:-50} short requests"
+python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c 1 -n "${SINGLE_N:-50}" --warmup 2 \
+  --option max_tokens=84 --min-words 5 --max-words 12 --no-progress \
+  --json "$out/single.json" 2>&1 | tail -8 | tee "$out/single.txt"
+echo "== levels $levels"
 python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c "$levels" --warmup 2 --duration ${DURATION_S:-15} \
-  --option max_tokens="$max_tokens" --min-words 30 --max-words 50 --no-progress \
+  --ramp "${RAMP_S:-3}" --option max_tokens="$max_tokens" --min-words 30 --max-words 50 --no-progress \
   --json "$out/bench.json" 2>&1 | tail -15 | tee "$out/bench.txt"
 kill $dmon $server 2>/dev/null
 wait $server 2>/dev/null
 awk 'NR>2 {s+=$2; n++} END {if (n) printf "GPU utilisation (sm %%), mean over the run: %.0f\n", s/n}' \
   "$out/dmon.txt" | tee -a "$out/bench.txt"
 
+[ -n "${OVERHEAD_LEVELS:-}" ] || exit 0
 echo "== gateway overhead (synthetic engine, CPU only)"
-timeout 100 python3 -m benchmark.gateway_overhead --streams ${OVERHEAD_LEVELS:-100,500,1000} --ramp-s 3 \
+timeout 100 python3 -m benchmark.gateway_overhead --streams "$OVERHEAD_LEVELS" --ramp-s 3 \
   --settle-s 2 --measure-s 6 --json "$out/overhead.json" 2>&1 | tail -6 | tee "$out/overhead.txt"
 
