@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     p.add_argument("--batches", nargs="+", type=int, default=[16, 64, 128])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=("float32", "bfloat16"))
+    p.add_argument("--count-kernels", action="store_true",
+                   help="CUDA only, with --compare: GPU kernels (and memcpy/memset) of one step per path (profiler)")
     p.add_argument("--tf32", action="store_true",
                    help="allow TF32 in cuBLAS matmuls too (cuDNN convolutions allow it by default)")
     args = p.parse_args(argv)
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_grad_enabled(False)
     dec = SnacDecoder(load_snac(load_format="dummy", seed=0, device=device))
     if args.compare:
-        _compare(dec, args, device)
+        with torch.inference_mode():  # as BatchGraphs captures: one grad mode, no recompile
+            _compare(dec, args, device)
         return
     w, b = DEFAULT_WINDOW_FRAMES, args.batch
     g = torch.Generator().manual_seed(0)
@@ -137,11 +140,12 @@ def _compare(dec: SnacDecoder, args: argparse.Namespace, device: torch.device) -
           f"{'CUDA graphs' if args.graphs else 'eager'}; median of {args.runs} calls; ms per call (all rows)")
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
-        steps = {}
+        steps, snacs = {}, {}
         for path in args.paths:
             t = time.perf_counter()
             snac = StreamingSnac(dec, max_streams=max(batches), device=device, dtype=dtype,
                                  channels_last=path != "ncw", compile=path == "compiled")
+            snacs[path] = snac
             if args.graphs:
                 from engine.llm.codec_stream_graphs import StreamingCodecGraphs
 
@@ -153,6 +157,10 @@ def _compare(dec: SnacDecoder, args: argparse.Namespace, device: torch.device) -
                 torch.cuda.synchronize(device)
             print(f"  {dtype_name} {path}: built{' and captured' if args.graphs else ''} in "
                   f"{time.perf_counter() - t:.1f} s", flush=True)
+        if args.count_kernels and device.type == "cuda":
+            rows = _rows(batches[-1], device, g)
+            print(f"  GPU kernels per step (batch {batches[-1]}): "
+                  + ", ".join(f"{p} {_count_kernels(s, rows, device)}" for p, s in snacs.items()))
         print(f"{dtype_name:>9} {'batch':>5} " + " ".join(f"{p:>9}" for p in args.paths)
               + ("   " + " ".join(f"ncw/{p}" for p in args.paths if p != "ncw") if "ncw" in args.paths else ""))
         for b in batches:
@@ -168,6 +176,15 @@ def _compare(dec: SnacDecoder, args: argparse.Namespace, device: torch.device) -
             if "ncw" in args.paths:
                 line += "   " + " ".join(f"{med['ncw'] / med[p]:{len(p) + 4}.2f}x" for p in args.paths if p != "ncw")
             print(line, flush=True)
+
+
+def _count_kernels(snac: StreamingSnac, rows: tuple[torch.Tensor, ...], device: torch.device) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        snac.step(*rows)
+        torch.cuda.synchronize(device)
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 def _rows(b: int, device: torch.device, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
