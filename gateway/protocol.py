@@ -245,12 +245,18 @@ def error(code: ErrorCode | str, message: str, *, stream: str | None = None,
             "message": message, "retryable": retryable}
 
 
+# One Packer for every server frame: ``msgpack.packb`` builds a new one per call, which costs
+# more than packing an audio map (this runs once per chunk). ``pack`` holds the GIL throughout
+# and resets after each call, so sharing it is safe.
+_PACKER = msgpack.Packer(use_bin_type=True)
+
+
 def encode_server_message(msg: dict[str, Any], encoding: Encoding) -> bytes | str:
     if encoding is Encoding.JSON:
         if isinstance(msg.get("pcm"), (bytes, bytearray, memoryview)):
             msg = {**msg, "pcm": base64.b64encode(msg["pcm"]).decode("ascii")}
         return json.dumps(msg)
-    return msgpack.packb(msg, use_bin_type=True)
+    return _PACKER.pack(msg)
 
 
 def decode_server_frame(frame: bytes | str) -> dict[str, Any]:

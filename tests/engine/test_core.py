@@ -158,3 +158,40 @@ def test_deadlines_first_audio_playing_lookahead() -> None:
     assert backend.deadlines[first][-1] == pytest.approx(10.05 + 0.1)
     core.step()  # the head finishes; the lookahead job, promoted, releases its held chunk
     assert backend.deadlines[second][-1] == pytest.approx(10.05 + 0.3)  # 3 chunks sent
+
+
+class _RampBackend(FakeBackend):
+    """Distinct samples per job and chunk, some beyond [-1, 1], so mixed-up or misclipped
+    bytes would show."""
+
+    def step(self) -> list:  # type: ignore[override]
+        out = super().step()
+        for o in out:
+            if o.pcm is not None:
+                o.pcm[:] = np.linspace(-1.5, 1.5, o.pcm.size, dtype=np.float32) * (o.job_id % 3 + 1) / 3
+        return out
+
+
+def test_a_steps_audio_of_mixed_formats_is_encoded_chunk_by_chunk() -> None:
+    """Streams of both formats in one step: each Audio holds exactly its own chunk's bytes."""
+    backend = _RampBackend(chunks_per_job=2, chunk_samples=100)
+    core = EngineCore(backend, CoreConfig(lookahead_jobs=0))
+    formats = {1: "pcm_s16le", 2: "pcm_f32le", 3: "pcm_s16le", 4: "pcm_f32le"}
+    for key, fmt in formats.items():
+        core.open(key, None, {}, fmt)
+        core.add_text(key, "Hello world. ")
+        core.end(key)
+    captured = []
+    step = backend.step
+    backend.step = lambda: captured.extend(step()) or captured[-4:]  # type: ignore[method-assign]
+    out = core.step()
+    audio = [x for x in out if isinstance(x, m.Audio)]
+    assert [a.key for a in audio] == [1, 2, 3, 4]
+    owner = {job_id: key for key, job_id in zip(formats, sorted(o.job_id for o in captured))}
+    for a, result in zip(audio, captured):
+        assert owner[result.job_id] == a.key
+        if formats[a.key] == "pcm_f32le":
+            assert a.pcm == result.pcm.astype("<f4").tobytes()
+        else:  # the format's definition: round toward zero of clip(x, -1, 1) * 32767
+            expected = np.clip(result.pcm.astype(np.float64), -1, 1) * 32767
+            assert np.frombuffer(a.pcm, "<i2").tolist() == expected.astype(np.int64).tolist()
