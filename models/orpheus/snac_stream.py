@@ -142,8 +142,8 @@ class StreamingSnac:
     depthwise k7 convolutions shifted multiply-adds. ``compile=True`` (implies channels_last)
     wraps that step in ``torch.compile`` (default mode, batch dimension dynamic), which fuses
     Snake, masks, noise, state concatenation and the depthwise taps into a few kernels; the
-    result can be captured in CUDA graphs (``StreamingCodecGraphs``) after one warm-up call
-    per batch size. The state layout differs between the two paths (time-major when
+    result can be captured in CUDA graphs (``StreamingCodecGraphs``) after one warm-up call.
+    The state layout differs between the two paths (time-major when
     channels-last); the audio is the same up to float rounding.
     """
 
@@ -236,6 +236,9 @@ class StreamingSnac:
         as two, so batch 1 does not specialise a second graph); it is compiled lazily at the
         first call: warm up once before capturing CUDA graphs (``BatchGraphs`` does).
         ``backend`` is torch.compile's (tests use "aot_eager": same tracing, no codegen).
+        Each instance is one more entry in Dynamo's cache for the same code: beyond
+        ``torch._dynamo.config.recompile_limit`` (8) compiled instances in one process, the
+        next ones run eagerly (same results, slower).
         """
         if enabled and self._nwc is None:
             raise ValueError("compile needs the channels-last path: build StreamingSnac(channels_last=True)")
@@ -487,8 +490,8 @@ def _stream_conv(x: Tensor, state: Tensor, conv: _NwcConv) -> tuple[Tensor, Tens
     d, k = conv.dilation, ctx // conv.dilation + 1
     if conv.depthwise:
         out = full[:, :n] * conv.taps[0]
-        for j in range(1, k):
-            out = out + full[:, j * d:j * d + n] * conv.taps[j]  # [B, n, C]
+        for j in range(1, k):  # addcmul: one kernel per tap when eager
+            out = torch.addcmul(out, full[:, j * d:j * d + n], conv.taps[j])  # [B, n, C]
     else:
         g = F.linear(full, conv.taps).unflatten(2, (k, -1))  # [B, E - 1 + n, k, C_out]
         out = g[:, :n, 0]
