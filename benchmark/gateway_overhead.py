@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     _raise_fd_limit()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in cfg.streams:
         server = _Server(cfg.server_args, max_connections=n + 16,
                          start_timeout_s=cfg.start_timeout_s)
@@ -400,18 +400,23 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
         rows.append(row)
         _print_table([row])
+        if args.json_path:  # after every level: a run cut short keeps the levels it finished
+            _write_json(Path(args.json_path), cfg, rows)
     print()
     _print_table(rows)
     if args.json_path:
-        from benchmark.bench.report import _git_commit
-
-        out = {"tool": "benchmark.gateway_overhead", "commit": _git_commit(), "machine": {
-            "platform": platform.platform(), "cpus": os.cpu_count(),
-            "python": platform.python_version()},
-            "config": {**cfg.__dict__}, "levels": rows}
-        Path(args.json_path).write_text(json.dumps(out, indent=1, default=str))
         print(f"wrote {args.json_path}")
     return 0
+
+
+def _write_json(path: Path, cfg: OverheadConfig, rows: list[dict[str, Any]]) -> None:
+    from benchmark.bench.report import _git_commit
+
+    out = {"tool": "benchmark.gateway_overhead", "commit": _git_commit(), "machine": {
+        "platform": platform.platform(), "cpus": os.cpu_count(),
+        "python": platform.python_version()},
+        "config": {**cfg.__dict__}, "levels": rows}
+    path.write_text(json.dumps(out, indent=1, default=str))
 
 
 def _run(coro: Any) -> Any:

@@ -214,7 +214,8 @@ _PACKER = msgpack.Packer(use_bin_type=True)
 
 def encode(msg: Message) -> bytes:
     if type(msg) is Batch:
-        return _PACKER.pack([int(Kind.BATCH), [_items(x) for x in msg.messages]])  # type: ignore[attr-defined]
+        items = [_items(x) for x in msg.messages]  # type: ignore[attr-defined]
+        return _PACKER.pack([int(Kind.BATCH), items])
     return _PACKER.pack(_items(msg))
 
 

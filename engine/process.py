@@ -3,9 +3,9 @@
 Started by the gateway with multiprocessing *spawn*. It loads the model, answers with a
 ``Hello`` (or an ``Error`` with ``key=None`` if loading failed, then exits), and runs a loop:
 read every queued command, take one engine step if there is work, send the outputs (a step's
-outputs as one ``Batch`` record: one queue put for the engine, one get for the gateway). When idle it
-sleeps on the queue's doorbell (no polling); it wakes at least every ``_PARENT_CHECK_S`` to exit
-if the gateway has gone.
+outputs as one ``Batch`` record: one queue put for the engine, one get for the gateway). When
+idle it sleeps on the queue's doorbell (no polling); it wakes at least every
+``_PARENT_CHECK_S`` to exit if the gateway has gone.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ class EngineLoop:
         while self._is_running:
             wait_s = self._wait_s()
             # A paced sleep is on purpose: no busy-polling before it (see ShmQueue.get).
-            data = self.inbox.get(timeout_s=wait_s, spin_s=0.0 if wait_s > 0.0 and self.core.has_work()
-                                  else None)
+            is_paced = wait_s > 0.0 and self.core.has_work()
+            data = self.inbox.get(timeout_s=wait_s, spin_s=0.0 if is_paced else None)
             while data is not None and self._is_running:
                 self._handle(data)
                 data = self.inbox.get_nowait()

@@ -10,6 +10,7 @@ once from the engine reader's callback, without waking the writer task (at 25,00
 the task switch, ``send``'s context manager and the event cost more than the write itself).
 Everything else (back-pressure, a backlog, closing) goes through the outbox and the writer, in
 order: a frame is written directly only when nothing is queued before it.
+
 Engine output is routed synchronously by stream key from the engine queue's reader callback;
 nothing here blocks the event loop.
 """
