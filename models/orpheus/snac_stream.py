@@ -238,7 +238,9 @@ class StreamingSnac:
         ``backend`` is torch.compile's (tests use "aot_eager": same tracing, no codegen).
         Each instance is one more entry in Dynamo's cache for the same code: beyond
         ``torch._dynamo.config.recompile_limit`` (8) compiled instances in one process, the
-        next ones run eagerly (same results, slower).
+        next ones run eagerly (same results, slower). Calls under ``torch.inference_mode``
+        and under ``no_grad`` need a graph each (the inputs' dispatch keys differ): keep one
+        mode per process (``BatchGraphs`` warms up and captures in inference mode).
         """
         if enabled and self._nwc is None:
             raise ValueError("compile needs the channels-last path: build StreamingSnac(channels_last=True)")
