@@ -1,11 +1,11 @@
 """``LMBackend``: the ``engine.backend.Backend`` contract over scheduler + runner + program.
 
-One ``step`` = schedule step N+1 (admit, pick decodes then prefill chunks) and start it on the
-device; while it runs, collect the audio of step N (started by the previous call); wait for
-N+1's tokens (the one host sync), update the sequences, do the host bookkeeping of the new
-tokens (positions, ended sequences leave the scheduler) and start their codec work. A token's
-audio therefore leaves one step after the token; the host work of a step overlaps the device's
-next step instead of adding to it. Errors:
+One ``step`` call = take step N's tokens (launched by the previous call; the one host sync),
+update the sequences, do the host bookkeeping of the new tokens (positions, ended sequences
+leave the scheduler) and start their codec work on the codec's own CUDA stream; schedule step
+N+1 and launch it; then collect step N's audio while N+1 runs, and return. The host work of a
+step and the engine core's work on its outputs (encoding, sending) overlap the device's next
+step instead of adding to it. Errors:
 - a job refused at ``add_job`` (capacity, too long) gets its error from the next ``step``;
 - an exception in the model step fails every job of that step with ``model_error`` (not
   retryable: the same input is likely to fail again), frees their pages, and the backend keeps
@@ -26,8 +26,8 @@ import numpy as np
 from engine.backend import BackendInfo, JobError, JobOutput
 from engine.llm.model_runner import ModelRunner
 from engine.llm.program import Program
-from engine.llm.scheduler import RequestError, Scheduler
-from engine.llm.sequence import Sequence
+from engine.llm.scheduler import RequestError, ScheduledBatch, Scheduler
+from engine.llm.sequence import Sequence, SequenceStatus
 
 __all__ = ["LMBackend", "MAX_CHUNK_SAMPLES", "build_orpheus_backend"]
 
@@ -46,8 +46,7 @@ class LMBackend:
         self.scheduler = scheduler
         self.info: BackendInfo = program.info
         self._pending: list[JobOutput] = []
-        self._inflight: _Inflight | None = None  # a step's audio being decoded on the device
-        self._aborted: set[int] = set()  # jobs aborted while in ``_inflight``
+        self._running: tuple[ScheduledBatch, Callable[[], list[int]]] | None = None  # launched step
         self._closed = False
 
     # -- Backend contract -----------------------------------------------------------------
@@ -75,10 +74,8 @@ class LMBackend:
         seq = self.scheduler.abort(job_id)
         if seq is not None:
             self._release(seq)
-        if self._inflight is not None and any(s.seq_id == job_id for s, _ in self._inflight.new):
-            self._aborted.add(job_id)
-            if all(s.seq_id in self._aborted for s, _ in self._inflight.new):
-                self._inflight, self._aborted = None, set()  # nobody waits for that audio any more
+        if self._running is not None and all(s.status is not SequenceStatus.RUNNING for s in self._running[0].seqs):
+            self._running = None  # the launched step's tokens concern nobody now (the device finishes it)
         self._pending = [o for o in self._pending if o.job_id != job_id]
 
     def set_deadline(self, job_id: int, deadline_s: float) -> None:
@@ -86,7 +83,7 @@ class LMBackend:
         self.scheduler.set_deadline(job_id, deadline_s)
 
     def has_work(self) -> bool:
-        return bool(self._pending) or self._inflight is not None or self.scheduler.has_work()
+        return bool(self._pending) or self._running is not None or self.scheduler.has_work()
 
     def num_queued(self) -> int:
         return self.scheduler.num_waiting
@@ -113,33 +110,44 @@ class LMBackend:
         raise RuntimeError("warm-up did not finish")
 
     def step(self) -> list[JobOutput]:
-        """Schedule and start step N+1, hand out step N's audio while the device runs it, then
-        take N+1's tokens and start decoding their audio (collected by the next call)."""
+        """Take step N's tokens (launched by the previous call) and start their audio on the
+        codec's CUDA stream; schedule and launch step N+1; then collect N's audio while N+1 runs.
+        Returns while N+1 runs on the device, so the caller's own work (encoding, sending)
+        overlaps it too."""
         outputs, self._pending = self._pending, []
+        work = None
+        if self._running is not None:
+            batch, wait = self._running
+            self._running = None
+            work = self._take_tokens(batch, wait, outputs)
         batch = self.scheduler.schedule()
-        wait = None
         if batch is not None:
             try:
-                wait = self.runner.launch(batch)
+                self._running = (batch, self.runner.launch(batch))
             except Exception as e:
                 log.exception("model step failed; failing its %d jobs", batch.num_seqs)
                 outputs.extend(self._fail(batch.seqs, f"model step failed: {type(e).__name__}: {e}"))
-        if self._inflight is not None:
-            outputs.extend(self._collect(self._inflight))
-            self._inflight = None
-        if wait is not None:
-            try:
-                tokens = wait()
-            except Exception as e:
-                log.exception("model step failed; failing its %d jobs", batch.num_seqs)
-                return outputs + self._fail(batch.seqs, f"model step failed: {type(e).__name__}: {e}")
-            new = self.scheduler.update(batch, tokens)
-            try:
-                self._inflight = self._launch_audio(new)
-            except Exception as e:
-                log.exception("postprocessing failed; failing its %d jobs", len(new))
-                outputs.extend(self._fail([s for s, _ in new], f"audio decoding failed: {type(e).__name__}: {e}"))
+        if work is not None:
+            outputs.extend(self._collect(work))
         return outputs
+
+    def _take_tokens(self, batch: ScheduledBatch, wait: Callable[[], list[int]], outputs: list[JobOutput]
+                     ) -> _Inflight | None:
+        """Wait for a launched step's tokens, record them, start their audio."""
+        try:
+            tokens = wait()
+        except Exception as e:
+            log.exception("model step failed; failing its %d jobs", batch.num_seqs)
+            live = [s for s in batch.seqs if s.status is SequenceStatus.RUNNING]
+            outputs.extend(self._fail(live, f"model step failed: {type(e).__name__}: {e}"))
+            return None
+        new = [(s, t) for s, t in self.scheduler.update(batch, tokens) if s.status is SequenceStatus.RUNNING]
+        try:
+            return self._launch_audio(new)  # (sequences aborted meanwhile are left out)
+        except Exception as e:
+            log.exception("postprocessing failed; failing its %d jobs", len(new))
+            outputs.extend(self._fail([s for s, _ in new], f"audio decoding failed: {type(e).__name__}: {e}"))
+            return None
 
     # -- internals ------------------------------------------------------------------------
 
@@ -176,11 +184,8 @@ class LMBackend:
             return self._outputs(work)
         except Exception as e:
             log.exception("postprocessing failed; failing its %d jobs", len(work.new))
-            gone = self._aborted
-            return self._fail([s for s, _ in work.new if s.seq_id not in gone],
+            return self._fail([s for s, _ in work.new],
                               f"audio decoding failed: {type(e).__name__}: {e}")
-        finally:
-            self._aborted = set()
 
     def _outputs(self, work: _Inflight) -> list[JobOutput]:
         audio: dict[int, list[np.ndarray]] = {}
@@ -193,8 +198,6 @@ class LMBackend:
         ended_ids = {s.seq_id for s in work.ended}
         outputs: list[JobOutput] = []
         for seq, _ in work.new:
-            if seq.seq_id in self._aborted:
-                continue  # aborted while its audio was being decoded
             is_finished = seq.seq_id in ended_ids
             parts = audio.pop(seq.seq_id, [])
             if parts or is_finished:
