@@ -37,6 +37,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization)
     m.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
     m.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len)
+    m.add_argument("--max-num-decode-seqs", type=int, default=EngineConfig.max_num_decode_seqs,
+                   help="decode rows per step, earliest deadlines first; the rest wait a step "
+                        "(-1 auto: 256 on CUDA, no cap on the CPU; 0 no cap)")
     m.add_argument("--no-cuda-graphs", dest="enable_cuda_graphs", action="store_false")
     m.add_argument("--kv-cache-dtype", default=EngineConfig.kv_cache_dtype, choices=["auto", "fp8"],
                    help="fp8: KV cache pages in float8_e4m3fn, half the bytes (CUDA, bf16 only; "

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 MAX_CHUNK_SAMPLES = 2400  # 100 ms at 24 kHz: the contract's largest chunk
 RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-start ramp
+AUTO_DECODE_CAP_CUDA = 256  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs)
 
 
 class LMBackend:
@@ -260,6 +261,7 @@ def build_orpheus_backend(
     stateful_codec: bool | None = None,
     codec_dtype: str | None = None,
     codec_compile: bool | None = None,
+    max_num_decode_seqs: int | None = None,
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
     warmup: bool = True,
@@ -285,7 +287,9 @@ def build_orpheus_backend(
     re-decodes a window per frame. ``codec_dtype`` of the stateful codec: "auto" (bf16 on CUDA,
     fp32 on the CPU), "float32" or "bfloat16"; the ramp's window decodes stay fp32.
     ``codec_compile`` (default: with CUDA graphs): the stateful codec's channels-last step
-    through ``torch.compile``.
+    through ``torch.compile``. ``max_num_decode_seqs``: decode rows per step, earliest
+    deadlines first (``SchedulerConfig``); -1 (default) = ``AUTO_DECODE_CAP_CUDA`` on CUDA, no
+    cap on the CPU.
     """
     import functools
     import importlib.util
@@ -404,6 +408,9 @@ def build_orpheus_backend(
         allocator_pages = num_pages - 1
         runner.scratch_page = allocator_pages
     prefill_graphs = getattr(runner, "prefill_graphs", None)
+    decode_cap = pick(max_num_decode_seqs, "max_num_decode_seqs", -1)
+    if decode_cap < 0:  # auto: what a step keeps in real time (measured on an H200: docs/performance.md)
+        decode_cap = AUTO_DECODE_CAP_CUDA if device == "cuda" else 0
     scheduler = Scheduler(
         SchedulerConfig(
             max_num_seqs=max_num_seqs,
@@ -412,6 +419,7 @@ def build_orpheus_backend(
             max_waiting=max_waiting,
             # whole fresh prompts, as many as one packed prefill graph holds
             max_num_prefill_seqs=prefill_graphs.max_num_seqs if prefill_graphs is not None else 0,
+            max_num_decode_seqs=decode_cap,
             whole_prompts=prefill_graphs is not None,
         ),
         PageAllocator(allocator_pages, page_size),

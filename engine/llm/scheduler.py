@@ -20,6 +20,11 @@ Policy (written down because callers depend on it):
   ``whole_prompts`` a prompt that would fit a step on its own is never split: it waits for the
   next step instead (so the step stays replayable from a CUDA graph); ``max_num_prefill_seqs``
   caps the prefill rows of a step.
+- ``max_num_decode_seqs`` (0 = off) caps the decode rows: beyond it the running sequences with
+  the earliest deadlines decode and the rest skip the step, keeping their pages. A stream's
+  segment generated ahead has a later deadline than the segment being spoken, so when the GPU
+  is full the spoken segments keep real time and the ones ahead use what is left; a skipped
+  sequence's deadline does not move while the others' do, so it is not starved.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class SchedulerConfig:
     max_waiting: int = 256
     # Prefill rows per step (0 = no limit); a CUDA-graph runner packs at most this many prompts.
     max_num_prefill_seqs: int = 0
+    # Decode rows per step (0 = every running sequence). Above it, the earliest deadlines
+    # decode and the others wait a step (holding their pages): set it to the largest batch whose
+    # step still keeps real time, and segments generated ahead only use what is left.
+    max_num_decode_seqs: int = 0
     # True: a prompt is split across steps only when it cannot fit a step on its own; one that
     # does not fit what is left of this step's budget waits for the next step (whole fresh
     # prompts can be replayed from a graph, chunks cannot).
@@ -69,6 +78,8 @@ class SchedulerConfig:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
         if self.max_num_prefill_seqs < 0:
             raise ValueError(f"max_num_prefill_seqs must be >= 0, got {self.max_num_prefill_seqs}")
+        if self.max_num_decode_seqs < 0:
+            raise ValueError(f"max_num_decode_seqs must be >= 0, got {self.max_num_decode_seqs}")
 
 
 @dataclass
@@ -217,6 +228,9 @@ class Scheduler:
             return None
         budget = self.config.max_num_batched_tokens
         decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        cap = self.config.max_num_decode_seqs
+        if cap and len(decodes) > cap:  # earliest deadlines first (stable: ties in running order)
+            decodes = sorted(decodes, key=_by_deadline)[:cap]
         prefills = sorted((s for s in self.running if s.num_uncomputed_tokens > 1), key=_by_deadline)
         seqs: list[Sequence] = list(decodes)
         counts = [1] * len(decodes)

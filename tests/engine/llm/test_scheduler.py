@@ -144,3 +144,24 @@ def test_prefill_cap_validation():
     """A negative prefill-row cap is refused."""
     with pytest.raises(ValueError):
         SchedulerConfig(max_num_prefill_seqs=-1)
+
+
+def test_decode_cap_runs_earliest_deadlines_and_starves_nobody():
+    """With max_num_decode_seqs, only the earliest-deadline decodes run; a skipped sequence keeps
+    its pages, and once the others' deadlines move past it, it decodes."""
+    s = _sched(num_pages=64, page_size=4, max_num_batched_tokens=16, max_num_seqs=4, max_waiting=8,
+               max_num_decode_seqs=2)
+    for i in range(3):
+        s.add(_seq(i, 2, max_tokens=20))
+    _run_step(s)  # the three prefills
+    for seq, due in zip(s.running, (5.0, 1.0, 3.0)):
+        s.set_deadline(seq.seq_id, due)
+    batch = _run_step(s)
+    assert [q.seq_id for q in batch.seqs] == [1, 2]  # 0 (due last) waits
+    assert len(s.running[0].pages) > 0 and s.running[0].num_output_tokens == 1
+    s.set_deadline(1, 6.0)  # as a stream's audio grows, its deadline moves on
+    s.set_deadline(2, 7.0)
+    batch = _run_step(s)
+    assert [q.seq_id for q in batch.seqs] == [0, 1]
+    with pytest.raises(ValueError):
+        SchedulerConfig(max_num_decode_seqs=-1)
