@@ -12,6 +12,7 @@ from the queue and sends what ``step`` and those calls return.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -261,6 +262,9 @@ class EngineCore:
                 out.append(self._audio(stream, job, result.pcm))
                 if not result.is_finished:
                     self._schedule(stream, job)  # more audio sent: its next is due later
+                for ahead in itertools.islice(stream.jobs, 1, None):  # needed after the head's: later too
+                    if not ahead.is_finished:
+                        self._schedule(stream, ahead)
             else:
                 job.held.append(result.pcm)
         if result.is_finished:

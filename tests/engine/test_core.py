@@ -142,7 +142,9 @@ class _Clock:
 
 
 def test_deadlines_first_audio_playing_lookahead() -> None:
-    """First audio is due within the budget; a playing head when its audio runs out; lookahead later."""
+    """First audio is due within the budget; a playing head when its audio runs out; lookahead
+    later, and moved on with the head's (a stale early deadline would let it crowd out spoken
+    segments)."""
     backend = _DeadlineRecorder(chunks_per_job=2, chunk_samples=2400)  # 100 ms chunks
     clock = _Clock()
     core = EngineCore(backend, CoreConfig(first_segment_min_chars=5, min_segment_chars=10,
@@ -156,6 +158,7 @@ def test_deadlines_first_audio_playing_lookahead() -> None:
     clock.t = 10.05
     core.step()  # first chunk (0.1 s) of the head: its next audio is due when that has played
     assert backend.deadlines[first][-1] == pytest.approx(10.05 + 0.1)
+    assert backend.deadlines[second][-1] == pytest.approx(10.05 + 0.1 + 1.0)  # kept after the head's
     core.step()  # the head finishes; the lookahead job, promoted, releases its held chunk
     assert backend.deadlines[second][-1] == pytest.approx(10.05 + 0.3)  # 3 chunks sent
 
