@@ -63,6 +63,6 @@ awk 'NR>2 {s+=$2; n++} END {if (n) printf "GPU utilisation (sm %%), mean over th
 
 [ -n "${OVERHEAD_LEVELS:-}" ] || exit 0
 echo "== gateway overhead (synthetic engine, CPU only)"
-timeout 100 python3 -m benchmark.gateway_overhead --streams "$OVERHEAD_LEVELS" --ramp-s 3 \
+timeout 150 python3 -m benchmark.gateway_overhead --streams "$OVERHEAD_LEVELS" --ramp-s 3 \
   --settle-s 2 --measure-s 6 --json "$out/overhead.json" 2>&1 | tail -6 | tee "$out/overhead.txt"
 
