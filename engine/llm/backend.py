@@ -158,24 +158,11 @@ class LMBackend:
         program = self.program
         stop_ids = program.stop_ids
         live = [(s, t) for s, t in new if t not in stop_ids]
-        launch = getattr(program, "launch_postprocess", None)
-        states = [s.program_state for s, _ in live]
-        toks = [t for _, t in live]
-        if launch is not None:
-            live_audio = launch(states, toks)
-        else:
-            pcms = program.postprocess(states, toks)
-            live_audio = lambda: pcms  # noqa: E731
+        live_audio = program.launch_postprocess([s.program_state for s, _ in live], [t for _, t in live])
         for seq, _ in live:
             seq.allowed_row = program.allowed_row(seq.program_state)
         ended = [s for s, t in new if t in stop_ids or s.num_output_tokens >= s.params.max_tokens]
-        launch_finish = getattr(program, "launch_finish", None)
-        ended_states = [s.program_state for s in ended]
-        if launch_finish is not None:
-            tail_audio = launch_finish(ended_states)
-        else:
-            tails = program.finish(ended_states)
-            tail_audio = lambda: tails  # noqa: E731
+        tail_audio = program.launch_finish([s.program_state for s in ended])
         for seq in ended:
             self.scheduler.finish(seq)
         return _Inflight(new, live, ended, live_audio, tail_audio)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from engine.llm.cuda_graphs import DEFAULT_CODEC_BUCKETS, BatchGraphs
+from engine.llm.host_copy import start_host_copy
 
 __all__ = ["make_graph_decode_fn"]
 
@@ -56,16 +57,12 @@ def make_graph_decode_fn(
             c0, c1, c2 = frames_to_codes(frames)
             aux = torch.tensor([[r.start_frame, r.valid_from, r.valid_to] for r in chunk], dtype=i64)
             aux = aux.to(device, non_blocking=True)  # [B, 3]
-            (audio,) = graphs.run(c0, c1, c2, aux[:, 0], aux[:, 1], aux[:, 2])
-            host = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)  # [B, W*2048]
-            host.copy_(audio, non_blocking=True)  # before any later replay overwrites the output
-            pending.append((chunk, host))
-        event = torch.cuda.Event()
-        event.record()
+            (audio,) = graphs.run(c0, c1, c2, aux[:, 0], aux[:, 1], aux[:, 2])  # [B, W*2048]
+            pending.append((chunk, start_host_copy(audio)))  # before a later replay overwrites it
 
         def collect() -> list[np.ndarray]:
-            event.synchronize()
-            return [host[j, r.emit_from : r.emit_to].numpy() for chunk, host in pending for j, r in enumerate(chunk)]
+            return [host[j, r.emit_from : r.emit_to].numpy() for chunk, wait in pending
+                    for host in (wait(),) for j, r in enumerate(chunk)]
 
         return collect
 

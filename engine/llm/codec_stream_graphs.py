@@ -10,12 +10,13 @@ they are fully masked and touch no real stream's state.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from engine.llm.cuda_graphs import DEFAULT_CODEC_BUCKETS, BatchGraphs
+from engine.llm.host_copy import start_host_copy
 from models.orpheus.snac_stream import StreamingSnac
 from models.orpheus.tokens import SAMPLES_PER_FRAME, TOKENS_PER_FRAME
 
@@ -89,11 +90,15 @@ class StreamingCodecGraphs:
         Row i's audio is at the positions ``StreamingSnac.step`` documents (``StreamCursor``
         says which part to emit). One host-to-device copy of the inputs, one copy back.
         """
+        return self.launch(rows)()
+
+    def launch(self, rows: Sequence[CodecRow]) -> Callable[[], np.ndarray]:
+        """``decode`` started on the device (current CUDA stream); the returned call waits."""
         if not rows:
-            return np.zeros((0, SAMPLES_PER_FRAME), dtype=np.float32)
+            return lambda: np.zeros((0, SAMPLES_PER_FRAME), dtype=np.float32)
         dev = self._rows_to_device(rows)  # [n, 9]
-        audio = self.step(dev[:, 0], dev[:, 2:], dev[:, 1])  # [n, 2048]
-        return audio.cpu().numpy()
+        wait = start_host_copy(self.step(dev[:, 0], dev[:, 2:], dev[:, 1]))  # [n, 2048]
+        return lambda: wait().float().numpy()
 
     def flush(self, rows: Sequence[tuple[int, int]], num_steps: int | None = None) -> np.ndarray:
         """Finished streams (slot, end_frames): ``num_steps`` (default ``snac.num_flush_steps``)
@@ -103,12 +108,18 @@ class StreamingCodecGraphs:
         gives each step's range to emit. Flushing at finish, in the finishing engine step,
         frees the slot at once for the next stream.
         """
+        return self.launch_flush(rows, num_steps)()
+
+    def launch_flush(self, rows: Sequence[tuple[int, int]], num_steps: int | None = None
+                     ) -> Callable[[], np.ndarray]:
+        """``flush`` started on the device (current CUDA stream); the returned call waits."""
         k = self.snac.num_flush_steps if num_steps is None else num_steps
         if not rows or k == 0:
-            return np.zeros((len(rows), k * SAMPLES_PER_FRAME), dtype=np.float32)
+            return lambda: np.zeros((len(rows), k * SAMPLES_PER_FRAME), dtype=np.float32)
         dev = self._rows_to_device([(slot, (0,) * TOKENS_PER_FRAME, end) for slot, end in rows])
         outs = [self.step(dev[:, 0], dev[:, 2:], dev[:, 1]).clone() for _ in range(k)]  # k x [n, 2048]
-        return torch.cat(outs, dim=1).cpu().numpy()
+        wait = start_host_copy(torch.cat(outs, dim=1))
+        return lambda: wait().float().numpy()
 
     def _rows_to_device(self, rows: Sequence[CodecRow]) -> torch.Tensor:
         slots = [r[0] for r in rows]

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from engine.llm.attention import AttentionMetadata, KVCacheSpec, build_attention_metadata
+from engine.llm.host_copy import start_host_copy
 from engine.llm.model_runner import ModelRunner
 
 __all__ = [
@@ -232,7 +233,8 @@ class DecodeGraphs:
         if b is None or b not in self._graphs or not self.can_run(meta):
             raise ValueError(f"no captured graph for this step (batch {n}, buckets {self.buckets})")
         gr = self._graphs[b]
-        padded = pad_decode_metadata(meta, b, scratch_page=self.scratch_page, page_size=self.page_size)
+        padded = meta if int(meta.kv_last_page_len.numel()) == b else pad_decode_metadata(  # (padded already)
+            meta, b, scratch_page=self.scratch_page, page_size=self.page_size)
         gr.attn.begin_step(padded)
         gr.ids[:n].copy_(input_ids, non_blocking=True)
         gr.pos.copy_(padded.positions, non_blocking=True)
@@ -407,13 +409,8 @@ class CudaGraphModelRunner(ModelRunner):
         tokens = cols if self.vocab_ids is None else self.vocab_ids.index_select(0, cols)
         return tokens, logits  # [B] token ids, [B, K] raw logits (for checks)
 
-    @torch.inference_mode()
     def execute(self, batch: Any) -> torch.Tensor:
-        if self.use_graphs:
-            tokens = self._execute_graphs(batch)
-            if tokens is not None:
-                return tokens.cpu()  # the step's only host sync
-        return self._execute_eager(batch, build_attention_metadata(batch, self.page_size))
+        return torch.tensor(self.launch(batch)(), dtype=torch.int64)  # the step's only host sync
 
     @torch.inference_mode()
     def launch(self, batch: Any) -> Callable[[], list[int]]:
@@ -423,19 +420,8 @@ class CudaGraphModelRunner(ModelRunner):
         if tokens is None:
             done = self._execute_eager(batch, build_attention_metadata(batch, self.page_size)).tolist()
             return lambda: done
-        if tokens.device.type != "cuda":
-            host = tokens.tolist()
-            return lambda: host
-        buf = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        buf.copy_(tokens, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-
-        def wait() -> list[int]:
-            event.synchronize()
-            return buf.tolist()
-
-        return wait
+        wait = start_host_copy(tokens)
+        return lambda: wait().tolist()
 
     def _execute_graphs(self, batch: Any) -> torch.Tensor | None:
         """Device tokens [B] from graph replays, or None when some row cannot be graphed.

@@ -34,7 +34,9 @@ import torch
 from engine.backend import BackendInfo
 from engine.llm.sequence import SamplingParams
 
-__all__ = ["OrpheusProgram", "OrpheusState", "Program"]
+__all__ = ["Collect", "OrpheusProgram", "OrpheusState", "Program"]
+
+Collect = Callable[[], "list[np.ndarray | None]"]  # waits for a launched piece of work, gives its audio
 
 
 class Program(Protocol):
@@ -53,12 +55,14 @@ class Program(Protocol):
 
     def allowed_row(self, state: Any) -> int: ...
 
-    def postprocess(self, states: list[Any], tokens: list[int]) -> list[np.ndarray | None]:
-        """One generated (non-stop) token per row -> new audio per row (None if none)."""
+    def launch_postprocess(self, states: list[Any], tokens: list[int]) -> Collect:
+        """One generated (non-stop) token per row: its bookkeeping now, its audio started;
+        ``collect()`` gives the new audio per row (None if none)."""
         ...
 
-    def finish(self, states: list[Any]) -> list[np.ndarray | None]:
-        """These sequences ended (stop or max_tokens): each one's remaining audio."""
+    def launch_finish(self, states: list[Any]) -> Collect:
+        """These sequences ended (stop or max_tokens): ``collect()`` gives each one's remaining
+        audio."""
         ...
 
     def release(self, state: Any) -> None:
@@ -310,7 +314,7 @@ class OrpheusProgram:
                     state.in_ramp = False
         self.stream_codec.reset(fresh)
         windows = self._launch_windows(num_rows, ramp_rows, ramp_reqs)
-        audio = self._launch_codec(codec_rows)
+        audio = self.stream_codec.launch(codec_rows)
         from_window = set(ramp_rows)
         steps = [state.cursor.num_steps - 1 for _, state, _ in done]
 
@@ -322,14 +326,6 @@ class OrpheusProgram:
             return out
 
         return collect
-
-    def _launch_codec(self, rows: list[tuple[int, list[int], int]]) -> Callable[[], np.ndarray]:
-        """One stateful codec step for each (slot, codes, end_frames) row, started on the device."""
-        if not rows:
-            return lambda: np.zeros((0, self._tokens.SAMPLES_PER_FRAME), dtype=np.float32)
-        host = torch.tensor([[slot, end, *codes] for slot, codes, end in rows], dtype=torch.int64)  # [n, 9]
-        dev = host.to(self.stream_codec.device, non_blocking=True)
-        return _to_host(self.stream_codec.step(dev[:, 0], dev[:, 2:], dev[:, 1]))  # [n, 2048]
 
     def _take(self, state: OrpheusState, pcm: np.ndarray, step: int) -> np.ndarray | None:
         """The not yet emitted real samples of one stateful step's 2048 (absolute positions)."""
@@ -345,25 +341,21 @@ class OrpheusProgram:
         return pcm[lo - start : end - start]
 
     def _launch_flush(self, states: list[OrpheusState]) -> Callable[[], dict[int, np.ndarray]]:
-        """Start the flush steps of finished streams (batched per step); slots freed."""
-        launched: list[tuple[list[int], list[int], Callable[[], np.ndarray]]] = []
-        live = [k for k, st in enumerate(states) if st.cursor.num_flush_steps_left > 0]
-        while live:
-            rows, steps = [], []
-            for k in live:
-                states[k].cursor.flush()
-                steps.append(states[k].cursor.num_steps - 1)
-                rows.append((states[k].slot, [0] * self._tokens.TOKENS_PER_FRAME, states[k].cursor.end_frames))
-            launched.append((live, steps, self._launch_codec(rows)))
-            live = [k for k in live if states[k].cursor.num_flush_steps_left > 0]
+        """Start the flush steps of finished streams (all together); their slots are freed."""
+        spf = self._tokens.SAMPLES_PER_FRAME
+        num_steps = max(st.cursor.num_flush_steps_left for st in states)
+        first_steps = [st.cursor.num_steps for st in states]
+        audio = self.stream_codec.launch_flush([(st.slot, st.cursor.end_frames) for st in states], num_steps)
         for st in states:
+            while st.cursor.num_flush_steps_left:
+                st.cursor.flush()
             self.release(st)
 
         def collect() -> dict[int, np.ndarray]:
             parts: dict[int, list[np.ndarray]] = {}
-            for ks, steps, audio in launched:
-                for k, step, pcm in zip(ks, steps, audio()):
-                    piece = self._take(states[k], pcm, step)
+            for k, (st, first, pcm) in enumerate(zip(states, first_steps, audio())):
+                for j in range(num_steps):
+                    piece = self._take(st, pcm[j * spf : (j + 1) * spf], first + j)
                     if piece is not None:
                         parts.setdefault(k, []).append(piece)
             return {k: np.concatenate(v) for k, v in parts.items()}
@@ -393,25 +385,6 @@ class OrpheusProgram:
 
         return collect
 
-
-Collect = Callable[[], "list[np.ndarray | None]"]
-
-
-def _to_host(t: torch.Tensor) -> Callable[[], np.ndarray]:
-    """Start copying a device tensor to pinned host memory; the returned call waits for it."""
-    if t.device.type != "cuda":
-        host = t.detach().float().numpy()
-        return lambda: host
-    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    buf.copy_(t, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-
-    def get() -> np.ndarray:
-        event.synchronize()
-        return buf.numpy()
-
-    return get
 
 
 def _as_pcm(x: Any) -> np.ndarray:

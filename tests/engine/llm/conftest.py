@@ -93,13 +93,13 @@ class TokenProgram:
     def allowed_row(self, state):
         return 0
 
-    def postprocess(self, states, tokens):
+    def launch_postprocess(self, states, tokens):
         for state, tok in zip(states, tokens):
             state.append(tok)
-        return [None] * len(states)
+        return lambda: [None] * len(states)
 
-    def finish(self, states):
-        return [np.zeros(0, np.float32) for _ in states]
+    def launch_finish(self, states):
+        return lambda: [np.zeros(0, np.float32) for _ in states]
 
 
 def make_backend(model, program=None, *, runner_kw=None, sched_kw=None) -> LMBackend:
