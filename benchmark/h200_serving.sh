@@ -8,6 +8,7 @@
 #
 #   bash benchmark/h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]
 #
+# SERVE_ARGS: more `voxgate serve` options (scheduling settings to compare).
 # Needs the wheels in .whl/ (../shared/device/fetch-wheels.sh) and, to skip FlashInfer's JIT
 # compile, its kernel cache in .fi_cache/fi_cache.tgz (optional).
 set -uo pipefail
@@ -38,7 +39,7 @@ fi
 
 echo "== orpheus serve"
 python3 -m gateway.cli serve --model orpheus --load-format dummy --device cuda \
-  --max-num-seqs 512 --port 8765 --log-level WARNING > "$out/serve.log" 2>&1 &
+  --max-num-seqs 512 --port 8765 --log-level WARNING ${SERVE_ARGS:-} > "$out/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 300); do
   grep -q "serving on" "$out/serve.log" && break
@@ -56,6 +57,7 @@ echo "== levels $levels"
 python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c "$levels" --warmup 2 --duration ${DURATION_S:-15} \
   --ramp "${RAMP_S:-3}" --option max_tokens="$max_tokens" --min-words 30 --max-words 50 --no-progress \
   --json "$out/bench.json" 2>&1 | tail -15 | tee "$out/bench.txt"
+gzip -f "$out/bench.json"  # every stream's chunk times: too big to bring back uncompressed
 kill $dmon $server 2>/dev/null
 wait $server 2>/dev/null
 awk 'NR>2 {s+=$2; n++} END {if (n) printf "GPU utilisation (sm %%), mean over the run: %.0f\n", s/n}' \

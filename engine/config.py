@@ -26,6 +26,11 @@ class EngineConfig:
     # Decode rows per step: -1 = auto (256 on CUDA, where a 256-row Orpheus-3B step measured
     # 10 ms of the 12.2 ms real-time budget on an H200; no cap on the CPU), 0 = no cap.
     max_num_decode_seqs: int = -1
+    # Decode only the jobs whose audio is due within this many seconds, filling the step up to
+    # decode_fill_seqs rows with the next deadlines (engine.llm.scheduler): -1 = auto (1.5 s and
+    # 64 rows on CUDA, off on the CPU), 0 = off / no fill.
+    decode_horizon_s: float = -1.0
+    decode_fill_seqs: int = -1
     max_model_len: int = 2048
     enable_cuda_graphs: bool = True
     # fp8 options (CUDA only, bf16 models; engine.llm.fp8): "fp8" stores the KV pages as
@@ -66,6 +71,10 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_decode_seqs < -1:
             raise ValueError("max_num_decode_seqs must be -1 (auto), 0 (no cap) or a row count")
+        if not (self.decode_horizon_s == -1.0 or self.decode_horizon_s >= 0.0):
+            raise ValueError("decode_horizon_s must be -1 (auto), 0 (off) or seconds")
+        if self.decode_fill_seqs < -1:
+            raise ValueError("decode_fill_seqs must be -1 (auto), 0 or a row count")
         if self.max_model_len < 64:
             raise ValueError("max_model_len must be >= 64")
         if self.hibari_threads < 1:

@@ -40,6 +40,13 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--max-num-decode-seqs", type=int, default=EngineConfig.max_num_decode_seqs,
                    help="decode rows per step, earliest deadlines first; the rest wait a step "
                         "(-1 auto: 256 on CUDA, no cap on the CPU; 0 no cap)")
+    m.add_argument("--decode-horizon-s", type=float, default=EngineConfig.decode_horizon_s,
+                   help="decode only jobs whose audio is due within this many seconds, so the "
+                        "step is short for those that need audio now (-1 auto: 1.5 on CUDA, off "
+                        "on the CPU; 0 off)")
+    m.add_argument("--decode-fill-seqs", type=int, default=EngineConfig.decode_fill_seqs,
+                   help="with a decode horizon, rows decoded anyway, earliest deadlines first "
+                        "(-1 auto: 64 on CUDA)")
     m.add_argument("--no-cuda-graphs", dest="enable_cuda_graphs", action="store_false")
     m.add_argument("--kv-cache-dtype", default=EngineConfig.kv_cache_dtype, choices=["auto", "fp8"],
                    help="fp8: KV cache pages in float8_e4m3fn, half the bytes (CUDA, bf16 only; "

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 MAX_CHUNK_SAMPLES = 2400  # 100 ms at 24 kHz: the contract's largest chunk
 RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-start ramp
 AUTO_DECODE_CAP_CUDA = 256  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs)
+AUTO_DECODE_HORIZON_S_CUDA = 1.5  # scheduler.decode_horizon_s by default on CUDA
+AUTO_DECODE_FILL_CUDA = 64  # scheduler.decode_fill_seqs: an H200 step costs about the same up to 64 rows
 
 
 class LMBackend:
@@ -80,7 +82,7 @@ class LMBackend:
         self._pending = [o for o in self._pending if o.job_id != job_id]
 
     def set_deadline(self, job_id: int, deadline_s: float) -> None:
-        """Admission and prefill order (``engine.backend``); decodes all run every step anyway."""
+        """Admission, prefill and decode order (``engine.backend``; the scheduler's policy)."""
         self.scheduler.set_deadline(job_id, deadline_s)
 
     def has_work(self) -> bool:
@@ -249,6 +251,8 @@ def build_orpheus_backend(
     codec_dtype: str | None = None,
     codec_compile: bool | None = None,
     max_num_decode_seqs: int | None = None,
+    decode_horizon_s: float | None = None,
+    decode_fill_seqs: int | None = None,
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
     warmup: bool = True,
@@ -276,7 +280,9 @@ def build_orpheus_backend(
     ``codec_compile`` (default: with CUDA graphs): the stateful codec's channels-last step
     through ``torch.compile``. ``max_num_decode_seqs``: decode rows per step, earliest
     deadlines first (``SchedulerConfig``); -1 (default) = ``AUTO_DECODE_CAP_CUDA`` on CUDA, no
-    cap on the CPU.
+    cap on the CPU. ``decode_horizon_s`` / ``decode_fill_seqs``: decode only jobs due within the
+    horizon, filling up to that many rows (``SchedulerConfig``); -1 (default) =
+    ``AUTO_DECODE_HORIZON_S_CUDA`` / ``AUTO_DECODE_FILL_CUDA`` on CUDA, off on the CPU.
     """
     import functools
     import importlib.util
@@ -398,6 +404,12 @@ def build_orpheus_backend(
     decode_cap = pick(max_num_decode_seqs, "max_num_decode_seqs", -1)
     if decode_cap < 0:  # auto: what a step keeps in real time (measured on an H200: docs/performance.md)
         decode_cap = AUTO_DECODE_CAP_CUDA if device == "cuda" else 0
+    horizon = pick(decode_horizon_s, "decode_horizon_s", -1.0)
+    if horizon < 0:
+        horizon = AUTO_DECODE_HORIZON_S_CUDA if device == "cuda" else 0.0
+    fill = pick(decode_fill_seqs, "decode_fill_seqs", -1)
+    if fill < 0:
+        fill = AUTO_DECODE_FILL_CUDA if device == "cuda" else 0
     scheduler = Scheduler(
         SchedulerConfig(
             max_num_seqs=max_num_seqs,
@@ -407,6 +419,8 @@ def build_orpheus_backend(
             # whole fresh prompts, as many as one packed prefill graph holds
             max_num_prefill_seqs=prefill_graphs.max_num_seqs if prefill_graphs is not None else 0,
             max_num_decode_seqs=decode_cap,
+            decode_horizon_s=horizon,
+            decode_fill_seqs=fill,
             whole_prompts=prefill_graphs is not None,
         ),
         PageAllocator(allocator_pages, page_size),

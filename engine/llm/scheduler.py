@@ -25,11 +25,21 @@ Policy (written down because callers depend on it):
   segment generated ahead has a later deadline than the segment being spoken, so when the GPU
   is full the spoken segments keep real time and the ones ahead use what is left; a skipped
   sequence's deadline does not move while the others' do, so it is not starved.
+- ``decode_horizon_s`` (0 = off) decodes only what is needed soon: a running sequence whose
+  deadline is more than this beyond now (a stream with that much audio buffered, or a segment
+  generated ahead of one) skips the step, unless fewer than ``decode_fill_seqs`` rows would
+  decode (a small batch costs about as much as one row, so those rows are filled with the next
+  deadlines). Fewer rows make a shorter step, so the sequences that need audio now (a new
+  stream's first frames, a buffer running low) get it sooner; as a stream's buffer drains, its
+  deadline comes within the horizon and it decodes again. At least one row always decodes.
 """
 
 from __future__ import annotations
 
+import bisect
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from engine.backend import JobError
@@ -63,6 +73,10 @@ class SchedulerConfig:
     # does not fit what is left of this step's budget waits for the next step (whole fresh
     # prompts can be replayed from a graph, chunks cannot).
     whole_prompts: bool = False
+    # Seconds ahead of now within which a deadline makes a decode run this step (0 = off), and
+    # the rows decoded anyway, earliest deadlines first, while fewer than that are due.
+    decode_horizon_s: float = 0.0
+    decode_fill_seqs: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -80,6 +94,10 @@ class SchedulerConfig:
             raise ValueError(f"max_num_prefill_seqs must be >= 0, got {self.max_num_prefill_seqs}")
         if self.max_num_decode_seqs < 0:
             raise ValueError(f"max_num_decode_seqs must be >= 0, got {self.max_num_decode_seqs}")
+        if not self.decode_horizon_s >= 0.0:  # (also refuses NaN)
+            raise ValueError(f"decode_horizon_s must be >= 0, got {self.decode_horizon_s}")
+        if self.decode_fill_seqs < 0:
+            raise ValueError(f"decode_fill_seqs must be >= 0, got {self.decode_fill_seqs}")
 
 
 @dataclass
@@ -108,7 +126,8 @@ def _by_deadline(seq: Sequence) -> float:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, allocator: PageAllocator) -> None:
+    def __init__(self, config: SchedulerConfig, allocator: PageAllocator, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         capacity = allocator.num_pages * allocator.page_size
         if capacity < config.max_model_len:
             raise ValueError(
@@ -116,6 +135,7 @@ class Scheduler:
             )
         self.config = config
         self.allocator = allocator
+        self._clock = clock  # the deadlines' clock (the engine core's)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
@@ -227,10 +247,7 @@ class Scheduler:
         if not self.running:
             return None
         budget = self.config.max_num_batched_tokens
-        decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
-        cap = self.config.max_num_decode_seqs
-        if cap and len(decodes) > cap:  # earliest deadlines first (stable: ties in running order)
-            decodes = sorted(decodes, key=_by_deadline)[:cap]
+        decodes = self._pick_decodes([s for s in self.running if s.num_uncomputed_tokens == 1])
         prefills = sorted((s for s in self.running if s.num_uncomputed_tokens > 1), key=_by_deadline)
         seqs: list[Sequence] = list(decodes)
         counts = [1] * len(decodes)
@@ -248,6 +265,20 @@ class Scheduler:
             budget -= n
         sampled = [s.num_computed_tokens + n == s.num_tokens for s, n in zip(seqs, counts)]
         return ScheduledBatch(seqs, counts, sampled, num_decode_seqs=len(decodes))
+
+    def _pick_decodes(self, decodes: list[Sequence]) -> list[Sequence]:
+        """This step's decode rows: the cap and the horizon, earliest deadlines first (stable:
+        ties keep running order)."""
+        cfg = self.config
+        cap = cfg.max_num_decode_seqs or len(decodes)
+        if cfg.decode_horizon_s <= 0.0:
+            return decodes if len(decodes) <= cap else sorted(decodes, key=_by_deadline)[:cap]
+        keep = max(1, min(cfg.decode_fill_seqs, cap))
+        if len(decodes) <= keep:
+            return decodes
+        ordered = sorted(decodes, key=_by_deadline)
+        due = bisect.bisect_right(ordered, self._clock() + cfg.decode_horizon_s, key=_by_deadline)
+        return ordered[:min(cap, max(keep, due))]
 
     def update(self, batch: ScheduledBatch, tokens: list[int]) -> list[tuple[Sequence, int]]:
         """Record a step's results; returns (sequence, new token) for every sampled row."""

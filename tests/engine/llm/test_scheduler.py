@@ -165,3 +165,44 @@ def test_decode_cap_runs_earliest_deadlines_and_starves_nobody():
     assert [q.seq_id for q in batch.seqs] == [0, 1]
     with pytest.raises(ValueError):
         SchedulerConfig(max_num_decode_seqs=-1)
+
+
+def test_decode_horizon_decodes_what_is_due_and_fills_small_steps():
+    """With a decode horizon only the decodes due within it run (earliest first), topped up to
+    the fill count; a buffered sequence skips steps, keeping its pages, until its deadline comes
+    within the horizon; the cap still bounds the rows; one row always decodes."""
+    now = [100.0]
+    s = Scheduler(SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=32, max_model_len=64, max_waiting=8,
+                                  decode_horizon_s=1.0, decode_fill_seqs=2, max_num_decode_seqs=3),
+                  PageAllocator(128, 4), clock=lambda: now[0])
+    for i in range(5):
+        s.add(_seq(i, 2, max_tokens=30))
+    _run_step(s)  # the five prefills
+    dues = {0: 100.5, 1: 103.0, 2: 100.2, 3: 102.0, 4: 100.9}
+    for i, due in dues.items():
+        s.set_deadline(i, due)
+    assert [q.seq_id for q in _run_step(s).seqs] == [2, 0, 4]  # due within 1 s, earliest first
+    s.set_deadline(2, 101.5)
+    s.set_deadline(0, 101.6)
+    s.set_deadline(4, 101.7)
+    assert [q.seq_id for q in _run_step(s).seqs] == [2, 0]  # none due: the fill count decodes
+    skipped = next(q for q in s.running if q.seq_id == 1)
+    assert skipped.pages and skipped.num_output_tokens == 1
+    now[0] = 102.5  # time passes: 2, 0, 4 and 3 are due; the cap keeps the earliest three
+    assert [q.seq_id for q in _run_step(s).seqs] == [2, 0, 4]
+    now[0] = 102.1
+    s.set_deadline(2, 200.0)
+    s.set_deadline(0, 200.0)
+    s.set_deadline(4, 200.0)
+    assert [q.seq_id for q in _run_step(s).seqs] == [3, 1]  # 3 due, 1 fills
+    one = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=8, max_model_len=64,
+                                    decode_horizon_s=0.5), PageAllocator(64, 4), clock=lambda: 0.0)
+    one.add(_seq(7, 2, max_tokens=10))
+    one.add(_seq(8, 2, max_tokens=10))
+    _run_step(one)
+    one.set_deadline(7, 50.0)
+    one.set_deadline(8, 40.0)
+    assert [q.seq_id for q in _run_step(one).seqs] == [8]  # nothing due, no fill: still one row
+    for bad in ({"decode_horizon_s": -1.0}, {"decode_horizon_s": float("nan")}, {"decode_fill_seqs": -1}):
+        with pytest.raises(ValueError):
+            SchedulerConfig(**bad)
