@@ -27,7 +27,7 @@ class EngineConfig:
     # 10 ms of the 12.2 ms real-time budget on an H200; no cap on the CPU), 0 = no cap.
     max_num_decode_seqs: int = -1
     # Decode only the jobs whose audio is due within this many seconds, filling the step up to
-    # decode_fill_seqs rows with the next deadlines (engine.llm.scheduler): -1 = auto (1.5 s and
+    # decode_fill_seqs rows with the next deadlines (engine.llm.scheduler): -1 = auto (1.0 s and
     # 64 rows on CUDA, off on the CPU), 0 = off / no fill.
     decode_horizon_s: float = -1.0
     decode_fill_seqs: int = -1

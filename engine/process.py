@@ -5,13 +5,17 @@ Started by the gateway with multiprocessing *spawn*. It loads the model, answers
 read every queued command, take one engine step if there is work, send the outputs (a step's
 outputs as one ``Batch`` record: one queue put for the engine, one get for the gateway). When
 idle it sleeps on the queue's doorbell (no polling); it wakes at least every
-``_PARENT_CHECK_S`` to exit if the gateway has gone.
+``_PARENT_CHECK_S`` to exit if the gateway has gone. A step that takes over ``_SLOW_STEP_S``
+is logged (every stream waits on it: typically a first-use compile); one still running after
+``_HUNG_STEP_S`` gets every thread's stack dumped to stderr.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import threading
 import time
 import traceback
 
@@ -26,6 +30,8 @@ __all__ = ["engine_main", "EngineLoop"]
 log = logging.getLogger("voxgate.engine")
 
 _PARENT_CHECK_S = 1.0
+_SLOW_STEP_S = 2.0
+_HUNG_STEP_S = 30.0
 _SEND_TIMEOUT_S = 30.0
 # A paced backend (``next_due_s``) whose next output is not yet due lets the loop sleep at
 # least this long, so that outputs due close together leave in one step and one Batch (at
@@ -50,8 +56,10 @@ class EngineLoop:
         self._parent = os.getppid()
         self._next_stats = 0.0
         self._is_running = True
+        self._step_since: float | None = None  # when the step in progress began (the watchdog's)
 
     def run(self) -> None:
+        threading.Thread(target=self._watchdog, name="engine-watchdog", daemon=True).start()
         try:
             self._run()
         except QueueClosed:
@@ -75,6 +83,17 @@ class EngineLoop:
                 if os.getppid() != self._parent:
                     log.warning("the gateway has gone; the engine exits")
                     return
+
+    def _watchdog(self) -> None:
+        """Dump every thread's stack once per step that runs past ``_HUNG_STEP_S``."""
+        dumped_for = None
+        while self._is_running:
+            time.sleep(_HUNG_STEP_S / 6)
+            since = self._step_since
+            if since is not None and since != dumped_for and time.monotonic() - since > _HUNG_STEP_S:
+                dumped_for = since
+                log.warning("an engine step has run for %.0f s; the threads' stacks follow", time.monotonic() - since)
+                faulthandler.dump_traceback(all_threads=True)
 
     def _wait_s(self) -> float:
         if not self.core.has_work():
@@ -120,6 +139,7 @@ class EngineLoop:
         self._send(out)
 
     def _step(self) -> None:
+        t0 = self._step_since = time.monotonic()
         try:
             out = self.core.step()
         except Exception as exc:  # a backend bug: fail the streams in flight, keep serving
@@ -128,6 +148,11 @@ class EngineLoop:
             for key in list(self.core.stream_keys()):
                 self.core.cancel(key)
                 out.append(m.Error(key, "model_error", f"engine step failed: {exc}", True))
+        finally:
+            self._step_since = None
+        took = time.monotonic() - t0
+        if took > _SLOW_STEP_S:
+            log.warning("an engine step took %.1f s (%d streams waited on it)", took, self.core.num_streams)
         self._send(out)
 
     def _send(self, out: list[m.Message]) -> None:

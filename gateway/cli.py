@@ -42,7 +42,7 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                         "(-1 auto: 256 on CUDA, no cap on the CPU; 0 no cap)")
     m.add_argument("--decode-horizon-s", type=float, default=EngineConfig.decode_horizon_s,
                    help="decode only jobs whose audio is due within this many seconds, so the "
-                        "step is short for those that need audio now (-1 auto: 1.5 on CUDA, off "
+                        "step is short for those that need audio now (-1 auto: 1.0 on CUDA, off "
                         "on the CPU; 0 off)")
     m.add_argument("--decode-fill-seqs", type=int, default=EngineConfig.decode_fill_seqs,
                    help="with a decode horizon, rows decoded anyway, earliest deadlines first "

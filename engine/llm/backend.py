@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 MAX_CHUNK_SAMPLES = 2400  # 100 ms at 24 kHz: the contract's largest chunk
 RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-start ramp
 AUTO_DECODE_CAP_CUDA = 256  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs)
-AUTO_DECODE_HORIZON_S_CUDA = 1.5  # scheduler.decode_horizon_s by default on CUDA
+AUTO_DECODE_HORIZON_S_CUDA = 1.0  # scheduler.decode_horizon_s on CUDA: = CoreConfig.lookahead_slack_s, so segments generated ahead only fill
 AUTO_DECODE_FILL_CUDA = 64  # scheduler.decode_fill_seqs: an H200 step costs about the same up to 64 rows
 
 
@@ -100,9 +100,26 @@ class LMBackend:
         self._pending = []
 
     def warmup(self, text: str = "Hello there.", *, max_tokens: int = 28) -> None:
-        """Run one short greedy job end to end (first-call costs stay out of serving)."""
+        """Run one short greedy job end to end (first-call costs stay out of serving).
+
+        With prefill graphs, a second job's prompt is longer than the largest of them, so it is
+        chunked and takes the eager step path: what that path compiles on first use (FlashInfer's
+        JIT kernels, ``torch.compile`` pieces; over a minute on a fresh GPU host) is done here
+        instead of stalling every stream at the first serving step that needs it."""
         voice, options = self.validate(None, {"temperature": 0.0, "max_tokens": max_tokens})
         self.add_job(-1, text, voice, options)
+        self._run_warmup_job(max_tokens)
+        graphs = getattr(self.runner, "prefill_graphs", None)
+        if graphs is None:
+            return
+        long_text = text
+        while len(self.program.build_prompt(long_text, voice, options)) <= graphs.max_num_tokens:
+            long_text = f"{long_text} {long_text}"
+        if len(self.program.build_prompt(long_text, voice, options)) < self.scheduler.config.max_model_len - 8:
+            self.add_job(-2, long_text, voice, dict(options, max_tokens=7))
+            self._run_warmup_job(7)
+
+    def _run_warmup_job(self, max_tokens: int) -> None:
         for _ in range(10 * max_tokens + 100):
             outs = self.step()
             bad = [o.error for o in outs if o.error is not None]
@@ -418,6 +435,7 @@ def build_orpheus_backend(
             max_waiting=max_waiting,
             # whole fresh prompts, as many as one packed prefill graph holds
             max_num_prefill_seqs=prefill_graphs.max_num_seqs if prefill_graphs is not None else 0,
+            max_num_prefill_tokens=prefill_graphs.max_num_tokens if prefill_graphs is not None else 0,
             max_num_decode_seqs=decode_cap,
             decode_horizon_s=horizon,
             decode_fill_seqs=fill,

@@ -134,6 +134,10 @@ class PrefillGraphs:
     def max_num_seqs(self) -> int:
         return self.row_buckets[-1]
 
+    @property
+    def max_num_tokens(self) -> int:
+        return self.buckets[-1]
+
     def can_run(self, batch: Any) -> bool:
         """True for fresh sequences prefilling their whole prompts, within the largest buckets."""
         if batch.num_decode_seqs != 0 or not 1 <= len(batch.seqs) <= self.row_buckets[-1] or not self._graphs:

@@ -19,7 +19,9 @@ Policy (written down because callers depend on it):
   never skipped for a prefill, so running streams never stall behind a long prompt. With
   ``whole_prompts`` a prompt that would fit a step on its own is never split: it waits for the
   next step instead (so the step stays replayable from a CUDA graph); ``max_num_prefill_seqs``
-  caps the prefill rows of a step.
+  caps the prefill rows of a step and ``max_num_prefill_tokens`` their tokens (what one packed
+  prefill graph holds: a step with fewer decode rows has more of the token budget left, and
+  prompts beyond the graph's size would make it an eager step).
 - ``max_num_decode_seqs`` (0 = off) caps the decode rows: beyond it the running sequences with
   the earliest deadlines decode and the rest skip the step, keeping their pages. A stream's
   segment generated ahead has a later deadline than the segment being spoken, so when the GPU
@@ -65,6 +67,9 @@ class SchedulerConfig:
     max_waiting: int = 256
     # Prefill rows per step (0 = no limit); a CUDA-graph runner packs at most this many prompts.
     max_num_prefill_seqs: int = 0
+    # Prefill tokens per step (0 = what the token budget leaves); with prefill graphs, their
+    # largest token bucket.
+    max_num_prefill_tokens: int = 0
     # Decode rows per step (0 = every running sequence). Above it, the earliest deadlines
     # decode and the others wait a step (holding their pages): set it to the largest batch whose
     # step still keeps real time, and segments generated ahead only use what is left.
@@ -92,6 +97,8 @@ class SchedulerConfig:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
         if self.max_num_prefill_seqs < 0:
             raise ValueError(f"max_num_prefill_seqs must be >= 0, got {self.max_num_prefill_seqs}")
+        if self.max_num_prefill_tokens < 0:
+            raise ValueError(f"max_num_prefill_tokens must be >= 0, got {self.max_num_prefill_tokens}")
         if self.max_num_decode_seqs < 0:
             raise ValueError(f"max_num_decode_seqs must be >= 0, got {self.max_num_decode_seqs}")
         if not self.decode_horizon_s >= 0.0:  # (also refuses NaN)
@@ -253,12 +260,15 @@ class Scheduler:
         counts = [1] * len(decodes)
         budget -= len(decodes)
         cfg = self.config
+        if cfg.max_num_prefill_tokens:
+            budget = min(budget, cfg.max_num_prefill_tokens)
+        whole_limit = budget  # the most prompt tokens a step with these decodes takes
         for seq in prefills:
             if budget <= 0 or (cfg.max_num_prefill_seqs and len(seqs) - len(decodes) >= cfg.max_num_prefill_seqs):
                 break
             n = min(seq.num_uncomputed_tokens, budget)
             if (cfg.whole_prompts and n < seq.num_uncomputed_tokens and len(seqs) > len(decodes)
-                    and seq.num_uncomputed_tokens <= cfg.max_num_batched_tokens - len(decodes)):
+                    and seq.num_uncomputed_tokens <= whole_limit):
                 break  # fits a later step whole: wait (earliest deadline first is kept)
             seqs.append(seq)
             counts.append(n)

@@ -86,3 +86,20 @@ def test_paced_backend_sleeps_at_least_the_minimum() -> None:
         assert loop._wait_s() == 0.0
         backend.due_s = 0.2
         assert loop._wait_s() == 0.2
+
+
+def test_a_slow_step_is_logged_with_the_streams_it_held(monkeypatch, caplog) -> None:
+    """A step over the slow-step threshold is logged as a warning naming how many streams
+    waited; its outputs still leave."""
+    import engine.process as process
+
+    monkeypatch.setattr(process, "_SLOW_STEP_S", -1.0)  # every step counts as slow
+    loop, inbox, outbox = _loop(FakeBackend())
+    with inbox, outbox:
+        _open_streams(loop, range(1, 3))
+        _received(outbox)
+        with caplog.at_level("WARNING", logger="voxgate.engine"):
+            loop._step()
+        assert any("engine step took" in r.message and "2 streams" in r.message for r in caplog.records)
+        assert _received(outbox)
+        assert loop._step_since is None

@@ -100,3 +100,26 @@ def test_orpheus_stream_equals_whole_sequence_decode(llm_model, small_codec, fir
     assert pcm.shape == ref.shape == (whole // 7 * 2048,)
     edge = 0 if first_lookahead is None else 4096
     np.testing.assert_allclose(pcm[edge:], ref[edge:], atol=1e-4)
+
+
+def test_warmup_with_prefill_graphs_also_runs_a_chunked_prompt(llm_model):
+    """With prefill graphs the warm-up adds a job whose prompt is longer than the largest graph,
+    so a chunked (eager) step runs before serving; both jobs finish and free everything."""
+    from types import SimpleNamespace
+
+    backend = make_backend(llm_model, runner_kw=dict(num_pages=64, page_size=4),
+                           sched_kw=dict(max_model_len=64, max_num_batched_tokens=12, max_num_prefill_tokens=8))
+    backend.runner.prefill_graphs = SimpleNamespace(max_num_tokens=8)
+    chunked = []
+    real = backend.scheduler.schedule
+
+    def spy():
+        batch = real()
+        if batch is not None:
+            chunked.extend(n for n, done in zip(batch.num_new_tokens, batch.is_sampled) if n > 1 and not done)
+        return batch
+
+    backend.scheduler.schedule = spy
+    backend.warmup(text="11 12 13", max_tokens=4)
+    assert chunked  # the long prompt (12 tokens > 8) was split across steps
+    assert not backend.has_work() and backend.scheduler.allocator.num_free_pages == 64

@@ -140,6 +140,26 @@ def test_whole_prompts_wait_for_the_next_step_instead_of_being_split():
     assert batch.num_new_tokens == [1, 6]
 
 
+def test_prefill_token_cap_holds_whatever_the_decodes_leave():
+    """max_num_prefill_tokens bounds a step's prompt tokens even when few decodes leave most of
+    the token budget (a packed prefill graph's size): a whole prompt that would pass it waits,
+    one longer than it is chunked to it."""
+    s = _sched(num_pages=64, page_size=4, max_num_batched_tokens=20, max_num_seqs=8, max_waiting=8,
+               whole_prompts=True, max_num_prefill_tokens=8)
+    s.add(_seq(0, 5))
+    s.add(_seq(1, 4))
+    batch = _run_step(s)
+    assert [q.seq_id for q in batch.seqs] == [0] and batch.num_new_tokens == [5]  # 5 + 4 > 8: 1 waits whole
+    s.add(_seq(2, 11))
+    batch = _run_step(s)  # 11 > 8 fits no step whole: chunked into what is left
+    assert [q.seq_id for q in batch.seqs] == [0, 1, 2] and batch.num_new_tokens == [1, 4, 4]
+    assert batch.is_sampled[-1] is False
+    batch = _run_step(s)
+    assert batch.num_new_tokens == [1, 1, 7] and batch.is_sampled[-1] is True
+    with pytest.raises(ValueError):
+        SchedulerConfig(max_num_prefill_tokens=-1)
+
+
 def test_prefill_cap_validation():
     """A negative prefill-row cap is refused."""
     with pytest.raises(ValueError):
