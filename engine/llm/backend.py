@@ -270,6 +270,7 @@ def build_orpheus_backend(
     max_num_decode_seqs: int | None = None,
     decode_horizon_s: float | None = None,
     decode_fill_seqs: int | None = None,
+    ramp_step_samples: int | None = None,
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
     warmup: bool = True,
@@ -300,6 +301,8 @@ def build_orpheus_backend(
     cap on the CPU. ``decode_horizon_s`` / ``decode_fill_seqs``: decode only jobs due within the
     horizon, filling up to that many rows (``SchedulerConfig``); -1 (default) =
     ``AUTO_DECODE_HORIZON_S_CUDA`` / ``AUTO_DECODE_FILL_CUDA`` on CUDA, off on the CPU.
+    ``ramp_step_samples``: the fast-start ramp's lookahead growth per frame
+    (``models.orpheus.codec.StreamingDecoder``; default 1024).
     """
     import functools
     import importlib.util
@@ -377,7 +380,8 @@ def build_orpheus_backend(
                           channels_last=compiled, compile=compiled),
             capture=decode_fn is not None)
     program = OrpheusProgram(tokenizer, codec, model_name=str(model_path_or_id), decode_fn=decode_fn,
-                             stream_codec=stream_codec, window_frames=window_frames)
+                             stream_codec=stream_codec, window_frames=window_frames,
+                             ramp_step_samples=pick(ramp_step_samples, "ramp_step_samples", None))
 
     pages_per_seq = -(-max_model_len // page_size)
     if num_pages is None:

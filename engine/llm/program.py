@@ -98,6 +98,7 @@ class OrpheusProgram:
         window_frames: int | None = None,
         lookahead_samples: int | None = None,
         first_lookahead_samples: int | None = 1024,
+        ramp_step_samples: int | None = None,
         decode_fn: Callable[[list[Any]], list[np.ndarray]] | None = None,
         stream_codec: Any = None,
         seed_rng: random.Random | None = None,
@@ -112,6 +113,8 @@ class OrpheusProgram:
         ``first_lookahead_samples`` (default 1024) starts each segment's audio after its first
         frame instead of its third (``StreamingDecoder``'s fast-start ramp; the first 171 ms are
         decoded with less right context); ``None`` keeps the decoder exact from the first sample.
+        ``ramp_step_samples``: the ramp's lookahead growth per frame (default 1024,
+        ``StreamingDecoder``).
         """
         from models.orpheus import codec as codec_mod
         from models.orpheus import prompt, tokens
@@ -136,6 +139,7 @@ class OrpheusProgram:
             else lookahead_samples,
             "first_lookahead_samples": None if first_lookahead_samples is None else min(
                 first_lookahead_samples, lookahead_samples or codec_mod.DEFAULT_LOOKAHEAD_SAMPLES),
+            "ramp_step_samples": ramp_step_samples or codec_mod.DEFAULT_RAMP_STEP_SAMPLES,
         }
         self.stop_ids = frozenset({prompt.STOP_ID})
         self.vocab_ids = tokens.audio_token_ids()  # [K] = 7*4096 audio ids, then STOP_ID

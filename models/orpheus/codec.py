@@ -178,7 +178,7 @@ class WindowRequest:
     emit_to: int
 
 
-_RAMP_STEP_SAMPLES = 1024  # fast start: lookahead growth per frame (audio out per frame meanwhile)
+DEFAULT_RAMP_STEP_SAMPLES = 1024  # fast start: lookahead growth per frame (2048 minus it out per frame)
 
 
 class StreamingDecoder:
@@ -202,7 +202,8 @@ class StreamingDecoder:
     lookaheads trade exactness for latency (error table in docs/orpheus.md).
 
     Fast start (``first_lookahead_samples``): the k-th frame (k = 1, 2, ...) uses a lookahead of
-    ``min(lookahead_samples, first_lookahead_samples + (k - 1) * 1024)``, so with 1024 the first
+    ``min(lookahead_samples, first_lookahead_samples + (k - 1) * ramp_step_samples)`` (step 1024
+    by default), so with 1024 the first
     1024 samples leave after ONE frame (7 tokens), and each later frame releases 1024 samples
     until the lookahead reaches ``lookahead_samples`` (frame 5 for the defaults); from then on
     the decoder is exact. Every sample is still emitted exactly once, and at every frame at
@@ -210,11 +211,17 @@ class StreamingDecoder:
     ``lookahead_samples - first_lookahead_samples`` (4096, 171 ms) see less right context than
     the receptive field (errors per context in docs/orpheus.md: about 9e-2 for the first 1024
     samples, 2e-2, 6e-3, 3e-4 for the next ones) -- the stream's leading edge only.
+
+    A larger ``ramp_step_samples`` reaches the full lookahead in fewer frames: fewer samples
+    decoded with less context and less audio in frames 2-4 (1536: 1024, 512, 512, 1024 samples),
+    so a player that waits for a start buffer starts a frame later but with more of the ramp's
+    deficit behind it (docs/performance.md, "Scheduling for real time").
     """
 
     def __init__(self, decoder: SnacDecoder | None = None, *, window_frames: int = DEFAULT_WINDOW_FRAMES,
                  lookahead_samples: int = DEFAULT_LOOKAHEAD_SAMPLES,
-                 first_lookahead_samples: int | None = None) -> None:
+                 first_lookahead_samples: int | None = None,
+                 ramp_step_samples: int = DEFAULT_RAMP_STEP_SAMPLES) -> None:
         if window_frames < 1:
             raise ValueError(f"window_frames must be >= 1, got {window_frames}")
         if not 0 <= lookahead_samples <= (window_frames - 1) * SAMPLES_PER_FRAME:
@@ -226,7 +233,10 @@ class StreamingDecoder:
         if not 0 <= first <= lookahead_samples:
             raise ValueError(
                 f"first_lookahead_samples must be in [0, {lookahead_samples}], got {first}")
+        if ramp_step_samples < 1:
+            raise ValueError(f"ramp_step_samples must be >= 1, got {ramp_step_samples}")
         self.decoder = decoder
+        self.ramp_step_samples = ramp_step_samples
         self.window_frames = window_frames
         self.lookahead_samples = lookahead_samples
         self.first_lookahead_samples = first
@@ -249,7 +259,7 @@ class StreamingDecoder:
         recent[-1] = frame
         self.num_frames += 1
         lookahead = min(self.lookahead_samples,
-                        self.first_lookahead_samples + (self.num_frames - 1) * _RAMP_STEP_SAMPLES)
+                        self.first_lookahead_samples + (self.num_frames - 1) * self.ramp_step_samples)
         return self._request(self.num_frames * SAMPLES_PER_FRAME - lookahead)
 
     def finish(self) -> WindowRequest | None:

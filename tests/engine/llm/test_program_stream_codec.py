@@ -47,13 +47,15 @@ def _run(program: OrpheusProgram, streams: dict[str, list[int]], starts: dict[st
     return {n: np.concatenate(a) if a else np.zeros(0, np.float32) for n, a in audio.items()}
 
 
-@pytest.mark.parametrize(("first_lookahead", "ramp_window"), [(1024, 6), (1024, 4), (None, 6)])
-def test_stateful_codec_gives_the_window_decoders_audio(small_codec, first_lookahead, ramp_window) -> None:
+@pytest.mark.parametrize(("first_lookahead", "ramp_window", "ramp_step"),
+                         [(1024, 6, None), (1024, 4, None), (None, 6, None), (1024, 4, 1536), (1024, 4, 2048)])
+def test_stateful_codec_gives_the_window_decoders_audio(small_codec, first_lookahead, ramp_window, ramp_step) -> None:
     """Four interleaved streams (1, 3, 6 and 12 frames; more streams than slots over time):
     the stateful path's audio equals the 6-frame window decoder path's (ramp samples the same,
     also from 4-frame ramp windows, the rest exact in both), every sample once, and every
     slot is free at the end."""
-    plain, stream = _programs(small_codec, first_lookahead_samples=first_lookahead, window_frames=ramp_window)
+    plain, stream = _programs(small_codec, first_lookahead_samples=first_lookahead, window_frames=ramp_window,
+                              ramp_step_samples=ramp_step)
     streams = {"a": _tokens(1, 0), "b": _tokens(3, 1), "c": _tokens(6, 2), "d": _tokens(12, 3)}
     starts = {"a": 0, "b": 2, "c": 5, "d": 10}  # a ends before d starts: its slot is reused
     ref = _run(plain, streams, starts)

@@ -175,6 +175,24 @@ def test_streaming_rejects_bad_frames_and_settings(small):
         StreamingDecoder(window_frames=2, lookahead_samples=4096)
 
 
+def test_steeper_ramp_reaches_the_full_lookahead_in_fewer_frames(small):
+    """ramp_step_samples=1536: 1024, 512, 512, 1024 samples in frames 1-4, then 2048 per frame;
+    every sample once, exact from 3072 on (samples there saw the full lookahead); never behind
+    the exact schedule; a step below 1 is refused."""
+    dec = SnacDecoder(small)
+    codes = _codes(9, seed=12)
+    chunks = _stream(dec, codes, first_lookahead_samples=1024, ramp_step_samples=1536)
+    assert [len(c) for c in chunks] == [1024, 512, 512, 1024] + [2048] * 5 + [5120]
+    out = np.concatenate(chunks)
+    full = dec.decode(codes)[0].numpy()
+    assert out.shape == full.shape
+    assert float(np.abs(out[3072:] - full[3072:]).max()) < STREAM_ATOL
+    exact_out = np.cumsum([len(c) for c in _stream(dec, codes)])
+    assert (np.cumsum([len(c) for c in chunks]) >= exact_out).all()
+    with pytest.raises(ValueError, match="ramp_step_samples"):
+        StreamingDecoder(ramp_step_samples=0)
+
+
 def test_fast_start_ramp_emits_first_samples_after_one_frame(small):
     """Fast start: 1024 samples per frame from frame 1, then exact; every sample once, exact past 4096."""
     dec = SnacDecoder(small)
