@@ -73,6 +73,9 @@ class PlayerResult:
     underruns: int
     stalled_s: float  # time spent stalled after playback first started
     t_play_start: float | None  # when playback first started (None: it never did)
+    # Seconds of audio received before the first underrun (None: none): small values point at a
+    # stream's start (a server's fast-start ramp), larger ones at a later slowdown.
+    first_underrun_audio_s: float | None = None
 
 
 def simulate_player(chunk_t: Sequence[float], chunk_s: Sequence[float], *, start_buffer_s: float,
@@ -93,11 +96,15 @@ def simulate_player(chunk_t: Sequence[float], chunk_s: Sequence[float], *, start
     stalled_s = 0.0
     stall_since: float | None = None
     t_play_start: float | None = None
+    first_underrun_audio_s: float | None = None
+    received = 0.0
     last = len(chunk_t) - 1
     for i, (t, dur) in enumerate(zip(chunk_t, chunk_s)):
         if is_playing:
             elapsed = t - clock
             if elapsed > buffered + _EPS_S:
+                if first_underrun_audio_s is None:
+                    first_underrun_audio_s = received
                 underruns += 1
                 stall_since = clock + buffered
                 buffered = 0.0
@@ -106,6 +113,7 @@ def simulate_player(chunk_t: Sequence[float], chunk_s: Sequence[float], *, start
                 buffered = max(0.0, buffered - elapsed)
             clock = t
         buffered += dur
+        received += dur
         if not is_playing and (buffered >= start_buffer_s - _EPS_S or (is_complete and i == last)):
             is_playing = True
             clock = t
@@ -114,7 +122,8 @@ def simulate_player(chunk_t: Sequence[float], chunk_s: Sequence[float], *, start
             if stall_since is not None:
                 stalled_s += t - stall_since
                 stall_since = None
-    return PlayerResult(underruns=underruns, stalled_s=stalled_s, t_play_start=t_play_start)
+    return PlayerResult(underruns=underruns, stalled_s=stalled_s, t_play_start=t_play_start,
+                        first_underrun_audio_s=first_underrun_audio_s)
 
 
 @dataclass(frozen=True)
@@ -133,6 +142,7 @@ class StreamMetrics:
     underruns: int
     stalled_s: float
     startup_s: float | None  # first text -> playback start (TTFA plus the start-up buffer)
+    first_underrun_audio_s: float | None = None  # see PlayerResult
 
 
 def stream_metrics(trace: StreamTrace, *, start_buffer_s: float = 0.1) -> StreamMetrics:
@@ -160,7 +170,7 @@ def stream_metrics(trace: StreamTrace, *, start_buffer_s: float = 0.1) -> Stream
         error_code=trace.error_code or (None if is_ok else "no_audio"),
         ttfa_s=ttfa, ttfa_end_input_s=ttfa_end, audio_s=audio_s, num_chunks=len(trace.chunk_t),
         gaps_s=gaps, rtf=rtf, underruns=player.underruns, stalled_s=player.stalled_s,
-        startup_s=startup)
+        startup_s=startup, first_underrun_audio_s=player.first_underrun_audio_s)
 
 
 @dataclass
@@ -186,6 +196,9 @@ class LevelSummary:
     wall_s: float
     throughput_audio_s_per_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    # Over the streams that underran: seconds of audio each had received before its first
+    # underrun (where in a stream the trouble starts).
+    first_underrun_audio_s: dict[str, float | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -213,6 +226,7 @@ def summarize_level(metrics: Sequence[StreamMetrics], *, level: float, mode: str
         stalled_s_total=sum(m.stalled_s for m in metrics),
         audio_s_total=audio_s, wall_s=wall_s,
         throughput_audio_s_per_s=audio_s / wall_s if wall_s > 0 else 0.0,
+        first_underrun_audio_s=distribution(_present(m.first_underrun_audio_s for m in metrics)),
     )
 
 

@@ -83,6 +83,9 @@ def test_player_counts_one_underrun_and_its_stall() -> None:
     r = simulate_player([0.0, 0.1, 0.5, 0.6], [0.1] * 4, start_buffer_s=0.1, is_complete=True)
     assert r.underruns == 1
     assert r.stalled_s == pytest.approx(0.3)
+    assert r.first_underrun_audio_s == pytest.approx(0.2)  # the late chunk came after 200 ms of audio
+    on_time = simulate_player([0.1 * i for i in range(5)], [0.1] * 5, start_buffer_s=0.1, is_complete=True)
+    assert on_time.first_underrun_audio_s is None
 
 
 def test_player_waits_for_start_buffer_before_playing() -> None:
@@ -151,6 +154,8 @@ def test_summarize_level_aggregates() -> None:
     assert s.throughput_audio_s_per_s == pytest.approx(3.5 / 2.0)
     assert s.ttfa_ms["p50"] == pytest.approx(100)
     assert s.gap_ms["max"] == pytest.approx(700)
+    assert s.first_underrun_audio_s["count"] == 1  # only the late stream
+    assert s.first_underrun_audio_s["p50"] == pytest.approx(0.2)
 
 
 def test_meets_target_thresholds() -> None:
