@@ -33,12 +33,14 @@ Policy (written down because callers depend on it):
   decode (a small batch costs about as much as one row, so those rows are filled with the next
   deadlines). Fewer rows make a shorter step, so the sequences that need audio now (a new
   stream's first frames, a buffer running low) get it sooner; as a stream's buffer drains, its
-  deadline comes within the horizon and it decodes again. At least one row always decodes.
+  deadline comes within the horizon and it decodes again. At least one row always decodes, and
+  a job with no deadline (a caller that sets none) decodes every step.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -287,8 +289,12 @@ class Scheduler:
         if len(decodes) <= keep:
             return decodes
         ordered = sorted(decodes, key=_by_deadline)
-        due = bisect.bisect_right(ordered, self._clock() + cfg.decode_horizon_s, key=_by_deadline)
-        return ordered[:min(cap, max(keep, due))]
+        no_deadline = bisect.bisect_left(ordered, math.inf, key=_by_deadline)  # they sort last
+        due = bisect.bisect_right(ordered, self._clock() + cfg.decode_horizon_s, hi=no_deadline, key=_by_deadline)
+        rows = ordered[:due] + ordered[no_deadline:]  # a job without a deadline is always due
+        if len(rows) < keep:
+            rows += ordered[due:no_deadline][:keep - len(rows)]
+        return rows[:cap]
 
     def update(self, batch: ScheduledBatch, tokens: list[int]) -> list[tuple[Sequence, int]]:
         """Record a step's results; returns (sequence, new token) for every sampled row."""

@@ -223,6 +223,10 @@ def test_decode_horizon_decodes_what_is_due_and_fills_small_steps():
     one.set_deadline(7, 50.0)
     one.set_deadline(8, 40.0)
     assert [q.seq_id for q in _run_step(one).seqs] == [8]  # nothing due, no fill: still one row
+    one.abort(7)
+    one.add(_seq(9, 2, max_tokens=10))  # no deadline set: always due
+    _run_step(one)  # its prefill
+    assert [q.seq_id for q in _run_step(one).seqs] == [9]  # 8 is not due and the one row is taken
     for bad in ({"decode_horizon_s": -1.0}, {"decode_horizon_s": float("nan")}, {"decode_fill_seqs": -1}):
         with pytest.raises(ValueError):
             SchedulerConfig(**bad)
