@@ -37,7 +37,7 @@ MAX_CHUNK_SAMPLES = 2400  # 100 ms at 24 kHz: the contract's largest chunk
 RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-start ramp
 AUTO_DECODE_CAP_CUDA = 256  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs)
 AUTO_DECODE_HORIZON_S_CUDA = 1.0  # scheduler.decode_horizon_s on CUDA: = CoreConfig.lookahead_slack_s, so segments generated ahead only fill
-AUTO_DECODE_FILL_CUDA = 64  # scheduler.decode_fill_seqs: an H200 step costs about the same up to 64 rows
+AUTO_DECODE_FILL_CUDA = 64  # scheduler.decode_fill_seqs: on an H200 a 64-row step took 4.5 ms, one row 3.0 ms
 
 
 class LMBackend:

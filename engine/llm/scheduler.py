@@ -30,7 +30,7 @@ Policy (written down because callers depend on it):
 - ``decode_horizon_s`` (0 = off) decodes only what is needed soon: a running sequence whose
   deadline is more than this beyond now (a stream with that much audio buffered, or a segment
   generated ahead of one) skips the step, unless fewer than ``decode_fill_seqs`` rows would
-  decode (a small batch costs about as much as one row, so those rows are filled with the next
+  decode (a small batch costs little more than one row, so those rows are filled with the next
   deadlines). Fewer rows make a shorter step, so the sequences that need audio now (a new
   stream's first frames, a buffer running low) get it sooner; as a stream's buffer drains, its
   deadline comes within the horizon and it decodes again. At least one row always decodes, and
