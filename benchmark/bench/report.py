@@ -45,6 +45,11 @@ def format_summary(result: BenchResult) -> str:
             f"{s.underruns_total:>9} {s.stalled_s_total:>7.2f} "
             f"{s.throughput_audio_s_per_s:>9.2f} {'yes' if run.passed else 'no':>4}")
     for run in result.levels:
+        onset = run.summary.first_underrun_audio_s
+        if onset.get("count"):
+            lines.append(f"underran at {run.summary.level:g}: {onset['count']} streams, the first time after "
+                         f"{_f(onset['p50'], 2)} s of audio (p50; p90 {_f(onset['p90'], 2)} s)")
+    for run in result.levels:
         if run.summary.errors_by_code:
             errs = ", ".join(f"{k}: {v}" for k, v in run.summary.errors_by_code.items())
             lines.append(f"errors at {run.summary.level:g}: {errs}")

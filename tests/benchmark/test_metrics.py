@@ -188,3 +188,24 @@ def test_added_latencies_use_engine_timestamps() -> None:
     tr = make_trace([1.0, 1.1])
     tr.chunk_engine_t = [0.999, 1.098]
     assert added_latencies([tr, make_trace([2.0])]) == pytest.approx([0.001, 0.002])
+
+
+def test_summary_says_where_streams_first_underran() -> None:
+    """The terminal summary has a line per level with underruns: how many streams and after how
+    much audio (p50, p90) the first one came; a level without underruns has no such line."""
+    from benchmark.bench.config import BenchConfig
+    from benchmark.bench.report import format_summary
+    from benchmark.bench.runner import BenchResult, LevelRun
+
+    def level(n: int, traces: list) -> LevelRun:
+        ms = [stream_metrics(t, start_buffer_s=0.1) for t in traces]
+        return LevelRun(summary=summarize_level(ms, level=n, mode="concurrency", wall_s=2.0), passed=False,
+                        metrics=ms, traces=traces)
+
+    late = [make_trace([0.1, 0.2, 0.9, 1.0], sid="a"), make_trace([0.1, 0.2, 0.3, 0.4, 1.5], sid="b")]
+    smooth = [make_trace([0.1 + 0.1 * i for i in range(5)], sid="c")]
+    result = BenchResult(config=BenchConfig(concurrency=[1, 2]), target_info={}, prompts={},
+                         levels=[level(1, smooth), level(2, late)])
+    text = format_summary(result)
+    assert "underran at 2: 2 streams, the first time after 0.30 s of audio (p50; p90 0.38 s)" in text
+    assert "underran at 1" not in text
