@@ -56,7 +56,7 @@ python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c 1 -n "${SING
 echo "== levels $levels"
 python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c "$levels" --warmup 2 --duration ${DURATION_S:-15} \
   --ramp "${RAMP_S:-3}" --option max_tokens="$max_tokens" --min-words 30 --max-words 50 --no-progress \
-  --json "$out/bench.json" 2>&1 | tail -15 | tee "$out/bench.txt"
+  --json "$out/bench.json" 2>&1 | tail -30 | tee "$out/bench.txt"
 gzip -f "$out/bench.json"  # every stream's chunk times: too big to bring back uncompressed
 kill $dmon $server 2>/dev/null
 wait $server 2>/dev/null
