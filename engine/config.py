@@ -33,8 +33,10 @@ class EngineConfig:
     decode_fill_seqs: int = -1
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,
-    # 512, 512, 1024 (a start buffer fills a frame later, with less of a deficit behind it).
-    ramp_step_samples: int = 1024
+    # 512, 512, 1387 (a start buffer fills a frame later, with less of a deficit behind it).
+    # 0 = auto: 1024, and 1536 for segments that start while frames take over 60 ms (on CUDA;
+    # 1024 always on the CPU).
+    ramp_step_samples: int = 0
     max_model_len: int = 2048
     enable_cuda_graphs: bool = True
     # fp8 options (CUDA only, bf16 models; engine.llm.fp8): "fp8" stores the KV pages as
@@ -79,8 +81,8 @@ class EngineConfig:
             raise ValueError("decode_horizon_s must be -1 (auto), 0 (off) or seconds")
         if self.decode_fill_seqs < -1:
             raise ValueError("decode_fill_seqs must be -1 (auto), 0 or a row count")
-        if not 1 <= self.ramp_step_samples <= 8192:
-            raise ValueError("ramp_step_samples must be in [1, 8192]")
+        if not 0 <= self.ramp_step_samples <= 8192:
+            raise ValueError("ramp_step_samples must be 0 (auto) or in [1, 8192]")
         if self.max_model_len < 64:
             raise ValueError("max_model_len must be >= 64")
         if self.hibari_threads < 1:

@@ -49,7 +49,8 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                         "(-1 auto: 64 on CUDA)")
     m.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
                    help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
-                        "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, 1024)")
+                        "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, 1387; "
+                        "0 auto: 1024, or 1536 while frames take over 60 ms, on CUDA)")
     m.add_argument("--no-cuda-graphs", dest="enable_cuda_graphs", action="store_false")
     m.add_argument("--kv-cache-dtype", default=EngineConfig.kv_cache_dtype, choices=["auto", "fp8"],
                    help="fp8: KV cache pages in float8_e4m3fn, half the bytes (CUDA, bf16 only; "

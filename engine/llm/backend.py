@@ -17,6 +17,7 @@ step instead of adding to it. Errors:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ MAX_CHUNK_SAMPLES = 2400  # 100 ms at 24 kHz: the contract's largest chunk
 RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-start ramp
 AUTO_DECODE_CAP_CUDA = 256  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs)
 AUTO_DECODE_HORIZON_S_CUDA = 1.0  # scheduler.decode_horizon_s on CUDA: = CoreConfig.lookahead_slack_s, so segments generated ahead only fill
+AUTO_RAMP_STEPS_CUDA = (1024, 1536)  # ramp_step_samples: light load, under load (OrpheusProgram)
 AUTO_DECODE_FILL_CUDA = 64  # scheduler.decode_fill_seqs: on an H200 a 64-row step took 4.5 ms, one row 3.0 ms
 
 
@@ -50,6 +52,7 @@ class LMBackend:
         self.info: BackendInfo = program.info
         self._pending: list[JobOutput] = []
         self._running: tuple[ScheduledBatch, Callable[[], list[int]]] | None = None  # launched step
+        self._t_step = 0.0  # when the call that launched ``_running`` began
         self._closed = False
 
     # -- Backend contract -----------------------------------------------------------------
@@ -136,7 +139,9 @@ class LMBackend:
         overlaps it too."""
         outputs, self._pending = self._pending, []
         work = None
+        now = time.perf_counter()
         if self._running is not None:
+            self.program.note_step_interval(now - self._t_step)  # steps back to back: the step period
             batch, wait = self._running
             self._running = None
             work = self._take_tokens(batch, wait, outputs)
@@ -144,6 +149,7 @@ class LMBackend:
         if batch is not None:
             try:
                 self._running = (batch, self.runner.launch(batch))
+                self._t_step = now
             except Exception as e:
                 log.exception("model step failed; failing its %d jobs", batch.num_seqs)
                 outputs.extend(self._fail(batch.seqs, f"model step failed: {type(e).__name__}: {e}"))
@@ -247,6 +253,14 @@ def _chunked(job_id: int, parts: list[np.ndarray], is_finished: bool) -> list[Jo
     return outs
 
 
+def _ramp_steps(ramp_step_samples: int, device: str) -> dict[str, int | None]:
+    """OrpheusProgram's ramp settings: a fixed step, or (0) the automatic pair on CUDA."""
+    if ramp_step_samples:
+        return {"ramp_step_samples": ramp_step_samples, "loaded_ramp_step_samples": None}
+    light, loaded = AUTO_RAMP_STEPS_CUDA
+    return {"ramp_step_samples": light, "loaded_ramp_step_samples": loaded if device == "cuda" else None}
+
+
 def build_orpheus_backend(
     model_path_or_id: str,
     *,
@@ -302,7 +316,8 @@ def build_orpheus_backend(
     horizon, filling up to that many rows (``SchedulerConfig``); -1 (default) =
     ``AUTO_DECODE_HORIZON_S_CUDA`` / ``AUTO_DECODE_FILL_CUDA`` on CUDA, off on the CPU.
     ``ramp_step_samples``: the fast-start ramp's lookahead growth per frame
-    (``models.orpheus.codec.StreamingDecoder``; default 1024).
+    (``models.orpheus.codec.StreamingDecoder``); 0 (default) = ``AUTO_RAMP_STEPS_CUDA`` on CUDA
+    (the second one for segments that start under load, ``OrpheusProgram``), 1024 on the CPU.
     """
     import functools
     import importlib.util
@@ -381,7 +396,7 @@ def build_orpheus_backend(
             capture=decode_fn is not None)
     program = OrpheusProgram(tokenizer, codec, model_name=str(model_path_or_id), decode_fn=decode_fn,
                              stream_codec=stream_codec, window_frames=window_frames,
-                             ramp_step_samples=pick(ramp_step_samples, "ramp_step_samples", None))
+                             **_ramp_steps(pick(ramp_step_samples, "ramp_step_samples", 0), device))
 
     pages_per_seq = -(-max_model_len // page_size)
     if num_pages is None:

@@ -34,9 +34,15 @@ import torch
 from engine.backend import BackendInfo
 from engine.llm.sequence import SamplingParams
 
-__all__ = ["Collect", "OrpheusProgram", "OrpheusState", "Program"]
+__all__ = ["Collect", "LOADED_FRAME_INTERVAL_S", "OrpheusProgram", "OrpheusState", "Program"]
 
 Collect = Callable[[], "list[np.ndarray | None]"]  # waits for a launched piece of work, gives its audio
+
+# Frames slower than this start new segments on the loaded ramp: the default ramp (half frames
+# 2-4) keeps a 100 ms start-up buffer fed up to about 76 ms per frame (a player replayed over
+# constant frame intervals), so this leaves margin for jitter.
+LOADED_FRAME_INTERVAL_S = 0.060
+_STEP_EMA = 0.1  # weight of the newest step interval in the moving average
 
 
 class Program(Protocol):
@@ -69,6 +75,11 @@ class Program(Protocol):
         """The sequence was dropped without ``finish`` (aborted, failed): free what it holds."""
         ...
 
+    def note_step_interval(self, seconds: float) -> None:
+        """The time from one engine step to the next while steps run back to back (the backend
+        calls it every such step): a program may adapt to the load, e.g. its start-up ramp."""
+        ...
+
 
 @dataclass
 class OrpheusState:
@@ -99,6 +110,7 @@ class OrpheusProgram:
         lookahead_samples: int | None = None,
         first_lookahead_samples: int | None = 1024,
         ramp_step_samples: int | None = None,
+        loaded_ramp_step_samples: int | None = None,
         decode_fn: Callable[[list[Any]], list[np.ndarray]] | None = None,
         stream_codec: Any = None,
         seed_rng: random.Random | None = None,
@@ -114,7 +126,12 @@ class OrpheusProgram:
         frame instead of its third (``StreamingDecoder``'s fast-start ramp; the first 171 ms are
         decoded with less right context); ``None`` keeps the decoder exact from the first sample.
         ``ramp_step_samples``: the ramp's lookahead growth per frame (default 1024,
-        ``StreamingDecoder``).
+        ``StreamingDecoder``). ``loaded_ramp_step_samples``: the growth for segments that start
+        while frames take longer than ``LOADED_FRAME_INTERVAL_S`` (7 x the engine's recent step
+        interval, ``note_step_interval``); None keeps ``ramp_step_samples`` always. Under load
+        the default ramp's half frames drain a player's start-up buffer faster than real-time
+        frames refill it; a steeper ramp starts playback a frame later with that deficit
+        behind it (docs/orpheus.md).
         """
         from models.orpheus import codec as codec_mod
         from models.orpheus import prompt, tokens
@@ -141,6 +158,9 @@ class OrpheusProgram:
                 first_lookahead_samples, lookahead_samples or codec_mod.DEFAULT_LOOKAHEAD_SAMPLES),
             "ramp_step_samples": ramp_step_samples or codec_mod.DEFAULT_RAMP_STEP_SAMPLES,
         }
+        self._loaded_decoder_kw = None if loaded_ramp_step_samples is None else dict(
+            self._decoder_kw, ramp_step_samples=loaded_ramp_step_samples)
+        self._step_interval_s = 0.0  # moving average of note_step_interval
         self.stop_ids = frozenset({prompt.STOP_ID})
         self.vocab_ids = tokens.audio_token_ids()  # [K] = 7*4096 audio ids, then STOP_ID
         self.allowed_table = self._position_table() if constrain_positions else None
@@ -187,7 +207,18 @@ class OrpheusProgram:
         )
 
     def new_state(self, voice: str, options: dict[str, Any]) -> OrpheusState:
-        return OrpheusState(decoder=self._codec_mod.StreamingDecoder(None, **self._decoder_kw))
+        kw = self._decoder_kw
+        if self._loaded_decoder_kw is not None and self.frame_interval_s > LOADED_FRAME_INTERVAL_S:
+            kw = self._loaded_decoder_kw
+        return OrpheusState(decoder=self._codec_mod.StreamingDecoder(None, **kw))
+
+    def note_step_interval(self, seconds: float) -> None:
+        self._step_interval_s += _STEP_EMA * (seconds - self._step_interval_s)
+
+    @property
+    def frame_interval_s(self) -> float:
+        """How long a frame (7 tokens) takes at the recent step rate."""
+        return self._step_interval_s * self._tokens.TOKENS_PER_FRAME
 
     def allowed_row(self, state: OrpheusState) -> int:
         return state.num_audio_tokens % self._tokens.TOKENS_PER_FRAME

@@ -75,6 +75,7 @@ class TokenProgram:
     allowed_table: torch.Tensor | None = None
     stop_ids: frozenset[int] = frozenset()
     tokens: dict[Any, list[int]] = field(default_factory=dict)
+    step_intervals: list[float] = field(default_factory=list)
     info: BackendInfo = BackendInfo("tokens", ("v",), "v", 24000)
 
     def validate(self, voice, options):
@@ -100,6 +101,9 @@ class TokenProgram:
 
     def launch_finish(self, states):
         return lambda: [np.zeros(0, np.float32) for _ in states]
+
+    def note_step_interval(self, seconds):
+        self.step_intervals.append(seconds)
 
 
 def make_backend(model, program=None, *, runner_kw=None, sched_kw=None) -> LMBackend:

@@ -123,3 +123,14 @@ def test_warmup_with_prefill_graphs_also_runs_a_chunked_prompt(llm_model):
     backend.warmup(text="11 12 13", max_tokens=4)
     assert chunked  # the long prompt (12 tokens > 8) was split across steps
     assert not backend.has_work() and backend.scheduler.allocator.num_free_pages == 64
+
+
+def test_backend_reports_the_step_period_while_steps_run_back_to_back(llm_model):
+    """Each step call that takes the tokens of a step launched by the previous call reports the
+    time between the two calls to the program; the first call of a burst reports nothing."""
+    backend = make_backend(llm_model)
+    _add(backend, 0, max_tokens=4)
+    backend.step()
+    assert backend.program.step_intervals == []  # nothing was running before it
+    drain(backend)
+    assert len(backend.program.step_intervals) >= 4 and all(t > 0 for t in backend.program.step_intervals)

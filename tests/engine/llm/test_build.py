@@ -48,3 +48,12 @@ def test_build_serve_and_validate_on_cpu(llm_tiny_dir, small_snac_dir):
     assert pcm.dtype == np.float32 and pcm.size % 2048 == 0 and pcm.size > 0
     backend.close()
     assert not backend.has_work()
+
+
+def test_ramp_settings_resolve_per_device():
+    """ramp_step_samples 0 (auto): 1024, plus the loaded 1536 on CUDA only; a given step is fixed."""
+    from engine.llm.backend import _ramp_steps
+
+    assert _ramp_steps(0, "cuda") == {"ramp_step_samples": 1024, "loaded_ramp_step_samples": 1536}
+    assert _ramp_steps(0, "cpu") == {"ramp_step_samples": 1024, "loaded_ramp_step_samples": None}
+    assert _ramp_steps(2048, "cuda") == {"ramp_step_samples": 2048, "loaded_ramp_step_samples": None}
