@@ -1,11 +1,12 @@
 """``LMBackend``: the ``engine.backend.Backend`` contract over scheduler + runner + program.
 
 One ``step`` call = take step N's tokens (launched by the previous call; the one host sync),
-update the sequences, do the host bookkeeping of the new tokens (positions, ended sequences
-leave the scheduler) and start their codec work on the codec's own CUDA stream; schedule step
-N+1 and launch it; then collect step N's audio while N+1 runs, and return. The host work of a
-step and the engine core's work on its outputs (encoding, sending) overlap the device's next
-step instead of adding to it. Errors:
+do only what step N+1's inputs need (record the tokens, ended sequences leave the scheduler,
+each row's allowed-token row moves on), schedule step N+1 and launch it; then, while N+1 runs,
+the program's bookkeeping of N's tokens, their codec work on the codec's own CUDA stream, and
+the collection of N's audio; then return. The device waits between steps only for what the
+next step's inputs need; the rest of a step's host work and the engine core's work on its
+outputs (encoding, sending) overlap the device's next step. Errors:
 - a job refused at ``add_job`` (capacity, too long) gets its error from the next ``step``;
 - an exception in the model step fails every job of that step with ``model_error`` (not
   retryable: the same input is likely to fail again), frees their pages, and the backend keeps
@@ -133,18 +134,19 @@ class LMBackend:
         raise RuntimeError("warm-up did not finish")
 
     def step(self) -> list[JobOutput]:
-        """Take step N's tokens (launched by the previous call) and start their audio on the
-        codec's CUDA stream; schedule and launch step N+1; then collect N's audio while N+1 runs.
-        Returns while N+1 runs on the device, so the caller's own work (encoding, sending)
-        overlaps it too."""
+        """Take step N's tokens (launched by the previous call): record them, let ended
+        sequences leave the scheduler and move each row's allowed-token row on; schedule and
+        launch step N+1; then the program's bookkeeping of N's tokens and their codec work (on
+        the codec's CUDA stream), and collect N's audio, all while N+1 runs. Returns while N+1
+        runs on the device, so the caller's own work (encoding, sending) overlaps it too."""
         outputs, self._pending = self._pending, []
-        work = None
+        taken = None
         now = time.perf_counter()
         if self._running is not None:
             self.program.note_step_interval(now - self._t_step)  # steps back to back: the step period
             batch, wait = self._running
             self._running = None
-            work = self._take_tokens(batch, wait, outputs)
+            taken = self._take_tokens(batch, wait, outputs)
         batch = self.scheduler.schedule()
         if batch is not None:
             try:
@@ -153,13 +155,16 @@ class LMBackend:
             except Exception as e:
                 log.exception("model step failed; failing its %d jobs", batch.num_seqs)
                 outputs.extend(self._fail(batch.seqs, f"model step failed: {type(e).__name__}: {e}"))
-        if work is not None:
-            outputs.extend(self._collect(work))
+        if taken is not None:
+            work = self._launch_audio(taken, outputs)
+            if work is not None:
+                outputs.extend(self._collect(work))
         return outputs
 
     def _take_tokens(self, batch: ScheduledBatch, wait: Callable[[], list[int]], outputs: list[JobOutput]
-                     ) -> _Inflight | None:
-        """Wait for a launched step's tokens, record them, start their audio."""
+                     ) -> _Taken | None:
+        """Wait for a launched step's tokens and do what the next step's inputs need: record
+        them, ended sequences leave the scheduler, the others' allowed rows move on."""
         try:
             tokens = wait()
         except Exception as e:
@@ -167,30 +172,33 @@ class LMBackend:
             live = [s for s in batch.seqs if s.status is SequenceStatus.RUNNING]
             outputs.extend(self._fail(live, f"model step failed: {type(e).__name__}: {e}"))
             return None
+        # (sequences aborted meanwhile are left out)
         new = [(s, t) for s, t in self.scheduler.update(batch, tokens) if s.status is SequenceStatus.RUNNING]
-        try:
-            return self._launch_audio(new)  # (sequences aborted meanwhile are left out)
-        except Exception as e:
-            log.exception("postprocessing failed; failing its %d jobs", len(new))
-            outputs.extend(self._fail([s for s, _ in new], f"audio decoding failed: {type(e).__name__}: {e}"))
-            return None
-
-    # -- internals ------------------------------------------------------------------------
-
-    def _launch_audio(self, new: list[tuple[Sequence, int]]) -> _Inflight:
-        """Host bookkeeping of a step's new tokens now (positions, ended sequences leave the
-        scheduler), the codec's device work started; ``_collect`` turns it into outputs."""
         program = self.program
         stop_ids = program.stop_ids
         live = [(s, t) for s, t in new if t not in stop_ids]
-        live_audio = program.launch_postprocess([s.program_state for s, _ in live], [t for _, t in live])
-        for seq, _ in live:
-            seq.allowed_row = program.allowed_row(seq.program_state)
         ended = [s for s, t in new if t in stop_ids or s.num_output_tokens >= s.params.max_tokens]
-        tail_audio = program.launch_finish([s.program_state for s in ended])
         for seq in ended:
             self.scheduler.finish(seq)
-        return _Inflight(new, live, ended, live_audio, tail_audio)
+        for seq, _ in live:  # the row after this token, which launch_postprocess records later
+            seq.allowed_row = program.allowed_row(seq.program_state, 1)
+        return _Taken(new, live, ended)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _launch_audio(self, taken: _Taken, outputs: list[JobOutput]) -> _Inflight | None:
+        """The program's bookkeeping of a step's tokens and their codec work, started on the
+        device; ``_collect`` turns it into outputs. A failure fails the step's sequences."""
+        program = self.program
+        try:
+            live_audio = program.launch_postprocess([s.program_state for s, _ in taken.live],
+                                                    [t for _, t in taken.live])
+            tail_audio = program.launch_finish([s.program_state for s in taken.ended])
+        except Exception as e:
+            log.exception("postprocessing failed; failing its %d jobs", len(taken.new))
+            outputs.extend(self._fail([s for s, _ in taken.new], f"audio decoding failed: {type(e).__name__}: {e}"))
+            return None
+        return _Inflight(taken.new, taken.live, taken.ended, live_audio, tail_audio)
 
     def _collect(self, work: _Inflight) -> list[JobOutput]:
         try:
@@ -231,6 +239,15 @@ class LMBackend:
             self._release(seq)
             out.append(JobOutput(seq.seq_id, error=JobError("model_error", message, retryable=False)))
         return out
+
+
+@dataclass
+class _Taken:
+    """One step's tokens, recorded in the scheduler, before the program has seen them."""
+
+    new: list[tuple[Sequence, int]]  # every sampled row of the step
+    live: list[tuple[Sequence, int]]  # rows with an audio token
+    ended: list[Sequence]  # sequences that ended at this step (already out of the scheduler)
 
 
 @dataclass

@@ -59,7 +59,12 @@ class Program(Protocol):
 
     def new_state(self, voice: str, options: dict[str, Any]) -> Any: ...
 
-    def allowed_row(self, state: Any) -> int: ...
+    def allowed_row(self, state: Any, ahead: int = 0) -> int:
+        """The row of ``allowed_table`` for the sequence's next token, counting ``ahead`` more
+        audio tokens than ``launch_postprocess`` has recorded (the backend launches the next
+        step before the program has seen this one's tokens; each of them must then advance
+        the position by one, as every allowed audio token does)."""
+        ...
 
     def launch_postprocess(self, states: list[Any], tokens: list[int]) -> Collect:
         """One generated (non-stop) token per row: its bookkeeping now, its audio started;
@@ -220,8 +225,8 @@ class OrpheusProgram:
         """How long a frame (7 tokens) takes at the recent step rate."""
         return self._step_interval_s * self._tokens.TOKENS_PER_FRAME
 
-    def allowed_row(self, state: OrpheusState) -> int:
-        return state.num_audio_tokens % self._tokens.TOKENS_PER_FRAME
+    def allowed_row(self, state: OrpheusState, ahead: int = 0) -> int:
+        return (state.num_audio_tokens + ahead) % self._tokens.TOKENS_PER_FRAME
 
     # -- tokens -> audio ------------------------------------------------------------------
     #

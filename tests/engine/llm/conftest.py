@@ -91,7 +91,7 @@ class TokenProgram:
     def new_state(self, voice, options):
         return self.tokens.setdefault(options.get("tag"), [])
 
-    def allowed_row(self, state):
+    def allowed_row(self, state, ahead=0):
         return 0
 
     def launch_postprocess(self, states, tokens):
