@@ -178,6 +178,9 @@ class Stats(Message):
     num_streams: int
     num_queued_jobs: int
     num_running_jobs: int
+    # Counters since the engine started, by name (``EngineLoop``: steps, busy_s; a backend's
+    # own, e.g. the LM backend's decode_rows): the gateway exports them as metrics.
+    totals: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

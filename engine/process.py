@@ -57,6 +57,8 @@ class EngineLoop:
         self._next_stats = 0.0
         self._is_running = True
         self._step_since: float | None = None  # when the step in progress began (the watchdog's)
+        self._num_steps = 0
+        self._busy_s = 0.0  # time spent in core.step
 
     def run(self) -> None:
         threading.Thread(target=self._watchdog, name="engine-watchdog", daemon=True).start()
@@ -151,6 +153,8 @@ class EngineLoop:
         finally:
             self._step_since = None
         took = time.monotonic() - t0
+        self._num_steps += 1
+        self._busy_s += took
         if took > _SLOW_STEP_S:
             log.warning("an engine step took %.1f s (%d streams waited on it)", took, self.core.num_streams)
         self._send(out)
@@ -180,7 +184,11 @@ class EngineLoop:
         num_running = getattr(backend, "num_running", None)
         if num_running is not None:
             running = num_running()
-        stats = m.Stats(self.core.num_streams, backend.num_queued(), running)
+        totals: dict[str, float] = {"steps": self._num_steps, "busy_s": self._busy_s}
+        backend_totals = getattr(backend, "totals", None)
+        if backend_totals is not None:
+            totals.update(backend_totals())
+        stats = m.Stats(self.core.num_streams, backend.num_queued(), running, totals)
         self.outbox.put(m.encode(stats), timeout_s=_SEND_TIMEOUT_S)
 
 

@@ -258,6 +258,8 @@ class EngineSupervisor:
             self._metrics.engine_streams.set(msg.num_streams)
             self._metrics.queued_jobs.set(msg.num_queued_jobs)
             self._metrics.running_jobs.set(msg.num_running_jobs)
+            for name, value in msg.totals.items():
+                self._metrics.engine_totals.labels(name=name).set(value)
             return
         if isinstance(msg, em.Hello):
             if self._hello_waiter is not None and not self._hello_waiter.done():

@@ -28,6 +28,12 @@ class GatewayMetrics:
         self.running_jobs = Gauge("voxgate_engine_running_jobs",
                                   "Segments being generated in the engine", registry=r)
         self.engine_up = Gauge("voxgate_engine_up", "1 when the engine is serving", registry=r)
+        self.engine_totals = Gauge(
+            "voxgate_engine_totals",
+            "Engine counters since the engine (re)started, by name: steps and busy_s (seconds in "
+            "steps) from its loop; lm_steps, decode_rows, deferred_decodes, prefill_rows and "
+            "prefill_tokens from the LM backend. Rates of these give rows per step and step time.",
+            ["name"], registry=r)
         self.engine_restarts = Counter("voxgate_engine_restarts",
                                        "Engine restarts after it died", registry=r)
         self.ttfa = Histogram("voxgate_time_to_first_audio_seconds",

@@ -50,6 +50,14 @@ def format_summary(result: BenchResult) -> str:
             lines.append(f"underran at {run.summary.level:g}: {onset['count']} streams, the first time after "
                          f"{_f(onset['p50'], 2)} s of audio (p50; p90 {_f(onset['p90'], 2)} s)")
     for run in result.levels:
+        srv = run.summary.extra.get("server")
+        if srv and "ms_per_step" in srv:
+            rows = (f", {srv['decode_rows_per_step']:.0f} decode rows and "
+                    f"{srv.get('prefill_tokens_per_step', 0.0):.0f} prompt tokens per LM step"
+                    if "decode_rows_per_step" in srv else "")
+            lines.append(f"server at {run.summary.level:g}: {srv['ms_per_step']:.1f} ms per engine step, "
+                         f"busy {100 * srv['busy_fraction']:.0f}%{rows}")
+    for run in result.levels:
         if run.summary.errors_by_code:
             errs = ", ".join(f"{k}: {v}" for k, v in run.summary.errors_by_code.items())
             lines.append(f"errors at {run.summary.level:g}: {errs}")

@@ -23,6 +23,7 @@ from benchmark.bench.metrics import (
     summarize_level,
 )
 from benchmark.bench.prompts import filter_prompts, length_summary, load_prompts
+from benchmark.bench.server_stats import fetch_totals, level_figures
 from benchmark.bench.targets import make_target
 from benchmark.bench.trace import StreamTrace
 
@@ -85,14 +86,20 @@ async def _run_one_level(target: Target, config: BenchConfig, plan: LevelPlan) -
             if failed:
                 bar.set_postfix(failed=failed, refresh=False)
 
+    is_native = config.target == "native" and config.url is not None
+    before = await fetch_totals(config.url) if is_native else None  # type: ignore[arg-type]
     try:
         traces, wall_s = await run_level(target, plan, on_done)
     finally:
         if bar is not None:
             bar.close()
+    after = await fetch_totals(config.url) if before is not None else None  # type: ignore[arg-type]
     start_buffer_s = config.start_buffer_ms / 1e3
     metrics = [stream_metrics(t, start_buffer_s=start_buffer_s) for t in traces]
     summary = summarize_level(metrics, level=plan.level, mode=plan.mode, wall_s=wall_s)
+    server = level_figures(before, after)
+    if server is not None:
+        summary.extra["server"] = server
     offsets = sum(t.offset_mismatches for t in traces)
     if offsets:
         summary.extra["offset_mismatches"] = offsets

@@ -54,6 +54,9 @@ class LMBackend:
         self._pending: list[JobOutput] = []
         self._running: tuple[ScheduledBatch, Callable[[], list[int]]] | None = None  # launched step
         self._t_step = 0.0  # when the call that launched ``_running`` began
+        # Counters since start (``totals``; the engine's Stats carry them to the gateway's metrics)
+        self._totals = dict.fromkeys(("lm_steps", "decode_rows", "deferred_decodes", "prefill_rows",
+                                      "prefill_tokens"), 0)
         self._closed = False
 
     # -- Backend contract -----------------------------------------------------------------
@@ -88,6 +91,19 @@ class LMBackend:
     def set_deadline(self, job_id: int, deadline_s: float) -> None:
         """Admission, prefill and decode order (``engine.backend``; the scheduler's policy)."""
         self.scheduler.set_deadline(job_id, deadline_s)
+
+    def totals(self) -> dict[str, int]:
+        """Counters since start: steps launched, decode rows, decodes deferred (cap, horizon),
+        prefill rows and tokens."""
+        return dict(self._totals)
+
+    def _count(self, batch: ScheduledBatch) -> None:
+        t = self._totals
+        t["lm_steps"] += 1
+        t["decode_rows"] += batch.num_decode_seqs
+        t["deferred_decodes"] += batch.num_deferred_decodes
+        t["prefill_rows"] += batch.num_seqs - batch.num_decode_seqs
+        t["prefill_tokens"] += batch.num_tokens - batch.num_decode_seqs
 
     def has_work(self) -> bool:
         return bool(self._pending) or self._running is not None or self.scheduler.has_work()
@@ -152,6 +168,7 @@ class LMBackend:
             try:
                 self._running = (batch, self.runner.launch(batch))
                 self._t_step = now
+                self._count(batch)
             except Exception as e:
                 log.exception("model step failed; failing its %d jobs", batch.num_seqs)
                 outputs.extend(self._fail(batch.seqs, f"model step failed: {type(e).__name__}: {e}"))

@@ -120,6 +120,7 @@ class ScheduledBatch:
     num_new_tokens: list[int]
     is_sampled: list[bool]
     num_decode_seqs: int
+    num_deferred_decodes: int = 0  # decodes that skipped this step (cap, horizon)
 
     @property
     def num_seqs(self) -> int:
@@ -256,7 +257,8 @@ class Scheduler:
         if not self.running:
             return None
         budget = self.config.max_num_batched_tokens
-        decodes = self._pick_decodes([s for s in self.running if s.num_uncomputed_tokens == 1])
+        ready = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        decodes = self._pick_decodes(ready)
         prefills = sorted((s for s in self.running if s.num_uncomputed_tokens > 1), key=_by_deadline)
         seqs: list[Sequence] = list(decodes)
         counts = [1] * len(decodes)
@@ -276,7 +278,8 @@ class Scheduler:
             counts.append(n)
             budget -= n
         sampled = [s.num_computed_tokens + n == s.num_tokens for s, n in zip(seqs, counts)]
-        return ScheduledBatch(seqs, counts, sampled, num_decode_seqs=len(decodes))
+        return ScheduledBatch(seqs, counts, sampled, num_decode_seqs=len(decodes),
+                              num_deferred_decodes=len(ready) - len(decodes))
 
     def _pick_decodes(self, decodes: list[Sequence]) -> list[Sequence]:
         """This step's decode rows: the cap and the horizon, earliest deadlines first (stable:

@@ -29,6 +29,8 @@ def test_bench_two_streams_against_synthetic_server(server_factory: Any, tmp_pat
         assert stream["num_chunks"] == len(stream["chunk_t"]) > 0
         assert stream["ttfa_s"] > 0
         assert len(stream["chunk_engine_t"]) == stream["num_chunks"]  # --debug-timestamps
+    server = level["extra"]["server"]  # the engine's counters from /metrics, before and after
+    assert server["window_s"] > 0 and server["steps"] >= 0 and 0 <= server["busy_fraction"] <= 1
 
 
 def test_bench_asr_against_embedded_voice(voxgate_server: Any, tmp_path: Any,

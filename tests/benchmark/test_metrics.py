@@ -209,3 +209,7 @@ def test_summary_says_where_streams_first_underran() -> None:
     text = format_summary(result)
     assert "underran at 2: 2 streams, the first time after 0.30 s of audio (p50; p90 0.38 s)" in text
     assert "underran at 1" not in text
+    result.levels[1].summary.extra["server"] = {"ms_per_step": 9.84, "busy_fraction": 0.93,
+                                                "decode_rows_per_step": 181.2, "prefill_tokens_per_step": 12.6}
+    assert ("server at 2: 9.8 ms per engine step, busy 93%, 181 decode rows and 13 prompt tokens per LM step"
+            in format_summary(result))

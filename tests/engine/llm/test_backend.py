@@ -134,3 +134,19 @@ def test_backend_reports_the_step_period_while_steps_run_back_to_back(llm_model)
     assert backend.program.step_intervals == []  # nothing was running before it
     drain(backend)
     assert len(backend.program.step_intervals) >= 4 and all(t > 0 for t in backend.program.step_intervals)
+
+
+def test_totals_count_rows_tokens_and_deferred_decodes(llm_model):
+    """The backend's counters: one prefill row per prompt with its tokens, one decode row per
+    token after the first, and the decodes the cap deferred."""
+    backend = make_backend(llm_model, runner_kw=dict(num_pages=64, page_size=4),
+                           sched_kw=dict(max_num_decode_seqs=1, max_num_batched_tokens=16))
+    _add(backend, 0, n=6, max_tokens=8)
+    _add(backend, 1, n=5, max_tokens=8)
+    outs = drain(backend)
+    assert sorted(o.job_id for o in outs if o.is_finished) == [0, 1]
+    t = backend.totals()
+    assert t["prefill_rows"] == 2 and t["prefill_tokens"] == 6 + 5
+    assert t["decode_rows"] == 2 * 7  # the first token of each comes from its prefill
+    assert t["deferred_decodes"] > 0  # one decode row per step: the other job waited
+    assert t["lm_steps"] >= t["decode_rows"]

@@ -1,0 +1,52 @@
+"""Server figures per level from the gateway's /metrics: URL, parsing, deltas and rates."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmark.bench.server_stats import level_figures, metrics_url, parse_totals
+from gateway.metrics import GatewayMetrics
+
+
+def test_metrics_url_from_the_stream_url() -> None:
+    assert metrics_url("ws://127.0.0.1:8765/v1/stream") == "http://127.0.0.1:8765/metrics"
+    assert metrics_url("wss://tts.example:443/v1/stream?x=1") == "https://tts.example:443/metrics"
+
+
+def test_parse_totals_reads_the_engine_counters_of_a_real_exposition() -> None:
+    """The gateway's own rendering parses back to the counters it was given; other metrics are
+    ignored, and an exposition without them gives nothing."""
+    m = GatewayMetrics()
+    assert parse_totals(m.render().decode()) == {}
+    for name, value in {"steps": 120, "busy_s": 1.25, "decode_rows": 9600}.items():
+        m.engine_totals.labels(name=name).set(value)
+    m.running_jobs.set(7)
+    assert parse_totals(m.render().decode()) == {"steps": 120.0, "busy_s": 1.25, "decode_rows": 9600.0}
+
+
+def test_level_figures_are_deltas_and_rates_over_the_window() -> None:
+    """Rows per LM step, ms per step and the busy fraction come from the increases between the
+    two readings; a missing reading or a counter that went down (engine restart) gives None."""
+    before = (10.0, {"steps": 100, "busy_s": 1.0, "lm_steps": 90, "decode_rows": 1000, "prefill_tokens": 50})
+    after = (12.0, {"steps": 300, "busy_s": 3.0, "lm_steps": 290, "decode_rows": 21000, "prefill_tokens": 450})
+    f = level_figures(before, after)
+    assert f["window_s"] == pytest.approx(2.0) and f["steps"] == 200
+    assert f["ms_per_step"] == pytest.approx(10.0)
+    assert f["busy_fraction"] == pytest.approx(1.0)
+    assert f["steps_per_s"] == pytest.approx(100.0)
+    assert f["decode_rows_per_step"] == pytest.approx(100.0)
+    assert f["prefill_tokens_per_step"] == pytest.approx(2.0)
+    assert level_figures(None, after) is None and level_figures(before, None) is None
+    restarted = (13.0, {"steps": 5, "busy_s": 0.1})
+    assert level_figures(after, restarted) is None
+    plain = level_figures((0.0, {"steps": 0, "busy_s": 0.0}), (1.0, {"steps": 0, "busy_s": 0.0}))
+    assert "ms_per_step" not in plain and "decode_rows_per_step" not in plain
+
+
+def test_fetch_from_no_server_gives_no_figures() -> None:
+    """A server that is not there (or not voxgate) gives None, not an error."""
+    import asyncio
+
+    from benchmark.bench.server_stats import fetch_totals
+
+    assert asyncio.run(fetch_totals("ws://127.0.0.1:9/v1/stream", timeout_s=2.0)) is None
