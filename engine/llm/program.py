@@ -23,7 +23,9 @@ tail is flushed at ``finish`` (or ``release``, when it is aborted).
 from __future__ import annotations
 
 import contextlib
+import math
 import random
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -43,6 +45,7 @@ Collect = Callable[[], "list[np.ndarray | None]"]  # waits for a launched piece 
 # constant frame intervals), so this leaves margin for jitter.
 LOADED_FRAME_INTERVAL_S = 0.060
 _STEP_EMA = 0.1  # weight of the newest step interval in the moving average
+_LOAD_STALE_S = 1.0  # no step reported for this long: the engine went idle, the load is gone
 
 
 class Program(Protocol):
@@ -166,6 +169,8 @@ class OrpheusProgram:
         self._loaded_decoder_kw = None if loaded_ramp_step_samples is None else dict(
             self._decoder_kw, ramp_step_samples=loaded_ramp_step_samples)
         self._step_interval_s = 0.0  # moving average of note_step_interval
+        self._t_noted = -math.inf  # when it was last reported (self._clock)
+        self._clock = time.monotonic
         self.stop_ids = frozenset({prompt.STOP_ID})
         self.vocab_ids = tokens.audio_token_ids()  # [K] = 7*4096 audio ids, then STOP_ID
         self.allowed_table = self._position_table() if constrain_positions else None
@@ -213,12 +218,14 @@ class OrpheusProgram:
 
     def new_state(self, voice: str, options: dict[str, Any]) -> OrpheusState:
         kw = self._decoder_kw
-        if self._loaded_decoder_kw is not None and self.frame_interval_s > LOADED_FRAME_INTERVAL_S:
+        if (self._loaded_decoder_kw is not None and self.frame_interval_s > LOADED_FRAME_INTERVAL_S
+                and self._clock() - self._t_noted < _LOAD_STALE_S):
             kw = self._loaded_decoder_kw
         return OrpheusState(decoder=self._codec_mod.StreamingDecoder(None, **kw))
 
     def note_step_interval(self, seconds: float) -> None:
         self._step_interval_s += _STEP_EMA * (seconds - self._step_interval_s)
+        self._t_noted = self._clock()
 
     @property
     def frame_interval_s(self) -> float:

@@ -98,7 +98,8 @@ def test_more_streams_than_slots_is_a_clear_error(small_codec) -> None:
 def test_loaded_ramp_for_segments_that_start_while_frames_are_slow(small_codec) -> None:
     """With a loaded ramp step, a new segment gets it once the moving average of the step
     interval makes a frame (7 steps) slower than LOADED_FRAME_INTERVAL_S, and the light ramp
-    again when steps are fast; without one, the ramp never changes."""
+    again when steps are fast or none has been reported for a second (idle); without one, the
+    ramp never changes."""
     from engine.llm.program import LOADED_FRAME_INTERVAL_S
 
     program = OrpheusProgram(build_tokenizer(), small_codec, ramp_step_samples=1024, loaded_ramp_step_samples=1536)
@@ -108,6 +109,12 @@ def test_loaded_ramp_for_segments_that_start_while_frames_are_slow(small_codec) 
         program.note_step_interval(slow)
     assert program.frame_interval_s == pytest.approx(1.5 * LOADED_FRAME_INTERVAL_S, rel=0.05)
     assert program.new_state("tara", {}).decoder.ramp_step_samples == 1536
+    now = program._clock()
+    program._clock = lambda: now + 5.0  # no step for 5 s: the engine went idle
+    assert program.new_state("tara", {}).decoder.ramp_step_samples == 1024
+    for _ in range(40):
+        program.note_step_interval(slow)
+    assert program.new_state("tara", {}).decoder.ramp_step_samples == 1536  # busy again
     for _ in range(40):
         program.note_step_interval(0.004)
     assert program.new_state("tara", {}).decoder.ramp_step_samples == 1024
