@@ -17,27 +17,29 @@ import json
 from typing import Any
 
 from benchmark.bench.metrics import percentile, simulate_player
-from models.orpheus.codec import DEFAULT_LOOKAHEAD_SAMPLES
-from models.orpheus.tokens import SAMPLES_PER_FRAME
+from models.orpheus.codec import StreamingDecoder
+from models.orpheus.tokens import SAMPLES_PER_FRAME, TOKENS_PER_FRAME
 
 __all__ = ["ramp_chunk_sizes", "replay_level", "main"]
 
-CODEC_DELAY_SAMPLES = 4757  # the stateful decoder's delay (StreamingSnac.delay_samples)
+# The stateful decoder's delay for SNAC 24 kHz (StreamingSnac.delay_samples, from the layers'
+# geometry: models.orpheus.snac_stream.stream_delay_samples).
+CODEC_DELAY_SAMPLES = 4757
 
 
-def ramp_chunk_sizes(step: int, *, first_lookahead: int = 1024, delay: int = CODEC_DELAY_SAMPLES,
-                     lookahead: int = DEFAULT_LOOKAHEAD_SAMPLES) -> list[int]:
-    """Samples released at frames 1, 2, ... until the first whole frame: the window decoder's
-    ramp while it reaches further than the stateful codec's exact output, then the latter
-    (``engine.llm.program.OrpheusProgram`` with a stateful codec)."""
+def ramp_chunk_sizes(step: int, *, first_lookahead: int = 1024, delay: int = CODEC_DELAY_SAMPLES
+                     ) -> list[int]:
+    """Samples released at frames 1, 2, ... until the first whole frame, as
+    ``engine.llm.program.OrpheusProgram`` releases them with a stateful codec: the window
+    decoder's ramp (``StreamingDecoder``) while it reaches further than the stateful codec's
+    exact output (``k * 2048 - delay`` after k frames), then the latter."""
+    ramp = StreamingDecoder(None, first_lookahead_samples=first_lookahead, ramp_step_samples=step)
     sizes: list[int] = []
     emitted = 0
-    k = 0
     while not sizes or sizes[-1] != SAMPLES_PER_FRAME:
-        k += 1
-        ramp_upto = k * SAMPLES_PER_FRAME - min(lookahead, first_lookahead + (k - 1) * step)
-        exact_upto = k * SAMPLES_PER_FRAME - delay
-        upto = max(emitted, ramp_upto if ramp_upto > exact_upto else exact_upto)
+        ramp.push_frame([0] * TOKENS_PER_FRAME)
+        exact_upto = ramp.num_frames * SAMPLES_PER_FRAME - delay
+        upto = max(emitted, ramp.num_emitted if ramp.num_emitted > exact_upto else exact_upto)
         sizes.append(upto - emitted)
         emitted = upto
     return sizes

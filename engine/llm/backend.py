@@ -215,27 +215,28 @@ class LMBackend:
             log.exception("postprocessing failed; failing its %d jobs", len(taken.new))
             outputs.extend(self._fail([s for s, _ in taken.new], f"audio decoding failed: {type(e).__name__}: {e}"))
             return None
-        return _Inflight(taken.new, taken.live, taken.ended, live_audio, tail_audio)
+        return _Inflight(taken, live_audio, tail_audio)
 
     def _collect(self, work: _Inflight) -> list[JobOutput]:
         try:
             return self._outputs(work)
         except Exception as e:
-            log.exception("postprocessing failed; failing its %d jobs", len(work.new))
-            return self._fail([s for s, _ in work.new],
+            log.exception("postprocessing failed; failing its %d jobs", len(work.taken.new))
+            return self._fail([s for s, _ in work.taken.new],
                               f"audio decoding failed: {type(e).__name__}: {e}")
 
     def _outputs(self, work: _Inflight) -> list[JobOutput]:
         audio: dict[int, list[np.ndarray]] = {}
-        for (seq, _), pcm in zip(work.live, work.live_audio()):
+        taken = work.taken
+        for (seq, _), pcm in zip(taken.live, work.live_audio()):
             if pcm is not None and pcm.size:
                 audio.setdefault(seq.seq_id, []).append(pcm)
-        for seq, tail in zip(work.ended, work.tail_audio()):
+        for seq, tail in zip(taken.ended, work.tail_audio()):
             if tail is not None and tail.size:
                 audio.setdefault(seq.seq_id, []).append(tail)
-        ended_ids = {s.seq_id for s in work.ended}
+        ended_ids = {s.seq_id for s in taken.ended}
         outputs: list[JobOutput] = []
-        for seq, _ in work.new:
+        for seq, _ in taken.new:
             is_finished = seq.seq_id in ended_ids
             parts = audio.pop(seq.seq_id, [])
             if parts or is_finished:
@@ -271,11 +272,9 @@ class _Taken:
 class _Inflight:
     """One step's tokens whose audio the codec is decoding."""
 
-    new: list[tuple[Sequence, int]]  # every sampled row of the step
-    live: list[tuple[Sequence, int]]  # rows with an audio token
-    ended: list[Sequence]  # sequences that ended at this step
-    live_audio: Callable[[], list[np.ndarray | None]]
-    tail_audio: Callable[[], list[np.ndarray | None]]
+    taken: _Taken
+    live_audio: Callable[[], list[np.ndarray | None]]  # per row of taken.live
+    tail_audio: Callable[[], list[np.ndarray | None]]  # per sequence of taken.ended
 
 
 def _chunked(job_id: int, parts: list[np.ndarray], is_finished: bool) -> list[JobOutput]:

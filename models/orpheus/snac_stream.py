@@ -97,17 +97,16 @@ class _StateLayout:
 
     def views_time_major(self, flat: Tensor) -> list[Tensor]:
         """Views [B, L, C] into ``flat`` [B, size] (the channels-last path's layout)."""
-        out, off = [], 0
-        for c, n in self.shapes:
-            out.append(flat[:, off:off + c * n].view(flat.shape[0], n, c))
-            off += c * n
-        return out
+        return self._views(flat, time_major=True)
 
     def views(self, flat: Tensor) -> list[Tensor]:
         """Views [B, C, L] into ``flat`` [B, size], in the order they were added."""
+        return self._views(flat, time_major=False)
+
+    def _views(self, flat: Tensor, *, time_major: bool) -> list[Tensor]:
         out, off = [], 0
         for c, n in self.shapes:
-            out.append(flat[:, off:off + c * n].view(flat.shape[0], c, n))
+            out.append(flat[:, off:off + c * n].view(flat.shape[0], *((n, c) if time_major else (c, n))))
             off += c * n
         return out
 
