@@ -8,7 +8,9 @@
 #
 #   bash benchmark/h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]
 #
-# SERVE_ARGS: more `voxgate serve` options (scheduling settings to compare).
+# SERVE_ARGS: more `voxgate serve` options (scheduling settings to compare). SINGLE_N=0 skips
+# the single-stream requests. STACKS_EVERY_S: with py-spy among the wheels, dump the server's
+# and the engine's Python stacks that often into stacks.txt (what a slow engine is doing).
 # Needs the wheels in .whl/ (../shared/device/fetch-wheels.sh) and, to skip FlashInfer's JIT
 # compile, its kernel cache in .fi_cache/fi_cache.tgz (optional).
 set -uo pipefail
@@ -47,18 +49,29 @@ for _ in $(seq 300); do
   sleep 1
 done
 grep "serving on" "$out/serve.log" || { tail -30 "$out/serve.log"; kill $server; exit 1; }
-nvidia-smi dmon -s u -d 1 > "$out/dmon.txt" 2>&1 &
+nvidia-smi dmon -s um -d 1 > "$out/dmon.txt" 2>&1 &
 dmon=$!
-echo "== single stream, ${SINGLE_N:-50} short requests"
-python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c 1 -n "${SINGLE_N:-50}" --warmup 2 \
-  --option max_tokens=84 --min-words 5 --max-words 12 --no-progress \
-  --json "$out/single.json" 2>&1 | tail -8 | tee "$out/single.txt"
+stacks=
+if [ -n "${STACKS_EVERY_S:-}" ] && [ -x /tmp/site/bin/py-spy ]; then
+  # every STACKS_EVERY_S seconds, every Python thread's stack of the server and its engine
+  (while kill -0 $server 2>/dev/null; do
+     echo "--- $(date +%T)"; /tmp/site/bin/py-spy dump --pid $server --subprocesses 2>&1
+     sleep "$STACKS_EVERY_S"
+   done) > "$out/stacks.txt" 2>&1 &
+  stacks=$!
+fi
+if [ "${SINGLE_N:-50}" -gt 0 ]; then
+  echo "== single stream, ${SINGLE_N:-50} short requests"
+  python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c 1 -n "${SINGLE_N:-50}" --warmup 2 \
+    --option max_tokens=84 --min-words 5 --max-words 12 --no-progress \
+    --json "$out/single.json" 2>&1 | tail -8 | tee "$out/single.txt"
+fi
 echo "== levels $levels"
 python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c "$levels" --warmup 2 --duration ${DURATION_S:-15} \
   --ramp "${RAMP_S:-3}" --option max_tokens="$max_tokens" --min-words 30 --max-words 50 --no-progress \
   --json "$out/bench.json" 2>&1 | tail -30 | tee "$out/bench.txt"
 gzip -f "$out/bench.json"  # every stream's chunk times: too big to bring back uncompressed
-kill $dmon $server 2>/dev/null
+kill $dmon $server $stacks 2>/dev/null
 wait $server 2>/dev/null
 awk 'NR>2 {s+=$2; n++} END {if (n) printf "GPU utilisation (sm %%), mean over the run: %.0f\n", s/n}' \
   "$out/dmon.txt" | tee -a "$out/bench.txt"

@@ -94,8 +94,16 @@ class LMBackend:
 
     def totals(self) -> dict[str, int]:
         """Counters since start: steps launched, decode rows, decodes deferred (cap, horizon),
-        prefill rows and tokens."""
-        return dict(self._totals)
+        prefill rows and tokens; the runner's steps that ran eagerly (no graph) and the program's
+        own counters where they have them."""
+        out = dict(self._totals)
+        eager = getattr(self.runner, "num_eager_steps", None)
+        if eager is not None:
+            out["eager_steps"] = eager
+        program_totals = getattr(self.program, "totals", None)
+        if program_totals is not None:
+            out.update(program_totals())
+        return out
 
     def _count(self, batch: ScheduledBatch) -> None:
         t = self._totals

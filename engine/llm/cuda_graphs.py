@@ -118,21 +118,31 @@ class BatchGraphs:
         self.buckets = tuple(sorted(set(buckets)))
         self.device = torch.device(device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
+        self.capture_stream: torch.cuda.Stream | None = None  # set by capture
 
     @property
     def max_batch_size(self) -> int:
         return self.buckets[-1]
 
     def capture(self, *, progress: bool = True, desc: str = "codec graphs") -> None:
-        """Capture every bucket (largest first, so the smaller ones reuse its memory pool)."""
+        """Capture every bucket (largest first, so the smaller ones reuse its memory pool).
+
+        On a capture stream of their own: PyTorch keys cuBLAS workspaces by the capture
+        stream, so graphs captured on its default capture stream all embed the same workspace
+        address. These graphs replay on the codec's CUDA stream while the LM's graphs (captured
+        on the default capture stream) run on another, so a shared workspace would be written by
+        two GEMMs at once: the likely cause of engine steps that kept the GPU at 100% SM and 0%
+        memory traffic for 40-115 s on the H200 (docs/performance.md).
+        """
         pool = torch.cuda.graph_pool_handle()
+        self.capture_stream = torch.cuda.Stream(self.device)
         for b in _progress(sorted(self.buckets, reverse=True), desc, progress):
             inputs = [torch.zeros((b, *shape), dtype=dt, device=self.device) for shape, dt in self.input_specs]
             with torch.inference_mode():
                 self.fn(*inputs)  # warm-up: lazy init and autotuning stay out of the graph
                 torch.cuda.synchronize(self.device)
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
+                with torch.cuda.graph(g, pool=pool, stream=self.capture_stream):
                     outs = _as_tuple(self.fn(*inputs))
             self._graphs[b] = (g, inputs, outs)
         torch.cuda.synchronize(self.device)
@@ -368,6 +378,7 @@ class CudaGraphModelRunner(ModelRunner):
         self._inputs = DecodeInputBuilder(max_num_seqs=self.max_num_seqs, max_pages_per_seq=self.graphs.max_pages_per_seq,
                                           page_size=self.page_size, scratch_page=self.scratch_page)
         self.use_graphs = False
+        self.num_eager_steps = 0  # steps that could not replay graphs (LMBackend.totals)
         if capture:
             self.capture(progress=progress)
 
@@ -418,6 +429,7 @@ class CudaGraphModelRunner(ModelRunner):
         call waits for them (eager steps finish before returning)."""
         tokens = self._execute_graphs(batch) if self.use_graphs else None
         if tokens is None:
+            self.num_eager_steps += 1
             done = self._execute_eager(batch, build_attention_metadata(batch, self.page_size)).tolist()
             return lambda: done
         wait = start_host_copy(tokens)

@@ -169,6 +169,7 @@ class OrpheusProgram:
         self._loaded_decoder_kw = None if loaded_ramp_step_samples is None else dict(
             self._decoder_kw, ramp_step_samples=loaded_ramp_step_samples)
         self._step_interval_s = 0.0  # moving average of note_step_interval
+        self._totals = {"codec_frames": 0, "window_decodes": 0}  # counters since start (totals)
         self._t_noted = -math.inf  # when it was last reported (self._clock)
         self._clock = time.monotonic
         self.stop_ids = frozenset({prompt.STOP_ID})
@@ -222,6 +223,10 @@ class OrpheusProgram:
                 and self._clock() - self._t_noted < _LOAD_STALE_S):
             kw = self._loaded_decoder_kw
         return OrpheusState(decoder=self._codec_mod.StreamingDecoder(None, **kw))
+
+    def totals(self) -> dict[str, int]:
+        """Counters since start: frames through the stateful codec, windows decoded (ramp)."""
+        return dict(self._totals)
 
     def note_step_interval(self, seconds: float) -> None:
         self._step_interval_s += _STEP_EMA * (seconds - self._step_interval_s)
@@ -360,6 +365,7 @@ class OrpheusProgram:
                 else:  # the stateful decoder reaches further from here on (its output is contiguous)
                     state.in_ramp = False
         self.stream_codec.reset(fresh)
+        self._totals["codec_frames"] += len(codec_rows)
         windows = self._launch_windows(num_rows, ramp_rows, ramp_reqs)
         audio = self.stream_codec.launch(codec_rows)
         from_window = set(ramp_rows)
@@ -417,6 +423,7 @@ class OrpheusProgram:
         """
         if not requests:
             return lambda: [None] * num_rows
+        self._totals["window_decodes"] += len(requests)
         launch = getattr(self.decode_fn, "launch", None)
         if launch is not None:
             pending = launch(requests)
