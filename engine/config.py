@@ -31,10 +31,15 @@ class EngineConfig:
     # 64 rows on CUDA, off on the CPU), 0 = off / no fill.
     decode_horizon_s: float = -1.0
     decode_fill_seqs: int = -1
+    # Under load (a step of at least decode_fill_seqs decode rows) fresh prompts wait up to
+    # prefill_wait_s, once due, for prefill_batch_seqs of them to share one prefill pass
+    # (engine.llm.scheduler): -1 = auto (20 ms and 4 with CUDA graphs, off otherwise), 0 = off.
+    prefill_wait_s: float = -1.0
+    prefill_batch_seqs: int = -1
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,
     # 512, 512, 1387 (a start buffer fills a frame later, with less of a deficit behind it).
-    # 0 = auto: 1024, and 1536 for segments that start while frames take over 60 ms (on CUDA;
+    # 0 = auto: 1024, and 1536 for segments that start while frames take over 35 ms (on CUDA;
     # 1024 always on the CPU).
     ramp_step_samples: int = 0
     max_model_len: int = 2048
@@ -81,6 +86,10 @@ class EngineConfig:
             raise ValueError("decode_horizon_s must be -1 (auto), 0 (off) or seconds")
         if self.decode_fill_seqs < -1:
             raise ValueError("decode_fill_seqs must be -1 (auto), 0 or a row count")
+        if not (self.prefill_wait_s == -1.0 or self.prefill_wait_s >= 0.0):
+            raise ValueError("prefill_wait_s must be -1 (auto), 0 (off) or seconds")
+        if self.prefill_batch_seqs < -1:
+            raise ValueError("prefill_batch_seqs must be -1 (auto), 0 or a prompt count")
         if not 0 <= self.ramp_step_samples <= 8192:
             raise ValueError("ramp_step_samples must be 0 (auto) or in [1, 8192]")
         if self.max_model_len < 64:

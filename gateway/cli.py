@@ -47,10 +47,15 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--decode-fill-seqs", type=int, default=EngineConfig.decode_fill_seqs,
                    help="with a decode horizon, rows decoded anyway, earliest deadlines first "
                         "(-1 auto: 64 on CUDA)")
+    m.add_argument("--prefill-wait-s", type=float, default=EngineConfig.prefill_wait_s,
+                   help="under load, a new prompt waits up to this long for others to share its "
+                        "prefill pass (-1 auto: 0.02 with CUDA graphs; 0 off)")
+    m.add_argument("--prefill-batch-seqs", type=int, default=EngineConfig.prefill_batch_seqs,
+                   help="prompts that go at once without waiting (-1 auto: 4 with CUDA graphs)")
     m.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
                    help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
                         "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, 1387; "
-                        "0 auto: 1024, or 1536 while frames take over 60 ms, on CUDA)")
+                        "0 auto: 1024, or 1536 while frames take over 35 ms, on CUDA)")
     m.add_argument("--no-cuda-graphs", dest="enable_cuda_graphs", action="store_false")
     m.add_argument("--kv-cache-dtype", default=EngineConfig.kv_cache_dtype, choices=["auto", "fp8"],
                    help="fp8: KV cache pages in float8_e4m3fn, half the bytes (CUDA, bf16 only; "

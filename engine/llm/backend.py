@@ -41,6 +41,8 @@ AUTO_DECODE_CAP_CUDA = 256  # decode rows per step by default on CUDA (scheduler
 AUTO_DECODE_HORIZON_S_CUDA = 1.0  # scheduler.decode_horizon_s on CUDA: = CoreConfig.lookahead_slack_s, so segments generated ahead only fill
 AUTO_RAMP_STEPS_CUDA = (1024, 1536)  # ramp_step_samples: light load, under load (OrpheusProgram)
 AUTO_DECODE_FILL_CUDA = 64  # scheduler.decode_fill_seqs: on an H200 a 64-row step took 4.5 ms, one row 3.0 ms
+AUTO_PREFILL_WAIT_S_CUDA = 0.02  # scheduler.prefill_wait_s: a due prompt waits at most 20 ms for company
+AUTO_PREFILL_BATCH_CUDA = 4  # scheduler.prefill_batch_seqs: this many prompts go at once
 
 
 class LMBackend:
@@ -55,8 +57,8 @@ class LMBackend:
         self._running: tuple[ScheduledBatch, Callable[[], list[int]]] | None = None  # launched step
         self._t_step = 0.0  # when the call that launched ``_running`` began
         # Counters since start (``totals``; the engine's Stats carry them to the gateway's metrics)
-        self._totals = dict.fromkeys(("lm_steps", "decode_rows", "deferred_decodes", "prefill_rows",
-                                      "prefill_tokens"), 0)
+        self._totals = dict.fromkeys(("lm_steps", "decode_rows", "deferred_decodes", "prefill_steps",
+                                      "prefill_rows", "prefill_tokens"), 0)
         self._closed = False
 
     # -- Backend contract -----------------------------------------------------------------
@@ -94,7 +96,7 @@ class LMBackend:
 
     def totals(self) -> dict[str, int]:
         """Counters since start: steps launched, decode rows, decodes deferred (cap, horizon),
-        prefill rows and tokens; the runner's steps that ran eagerly (no graph) and the program's
+        steps with prompts, prefill rows and tokens; the runner's steps that ran eagerly (no graph) and the program's
         own counters where they have them."""
         out = dict(self._totals)
         eager = getattr(self.runner, "num_eager_steps", None)
@@ -111,6 +113,7 @@ class LMBackend:
         t["decode_rows"] += batch.num_decode_seqs
         t["deferred_decodes"] += batch.num_deferred_decodes
         t["prefill_rows"] += batch.num_seqs - batch.num_decode_seqs
+        t["prefill_steps"] += batch.num_seqs > batch.num_decode_seqs
         t["prefill_tokens"] += batch.num_tokens - batch.num_decode_seqs
 
     def has_work(self) -> bool:
@@ -325,6 +328,8 @@ def build_orpheus_backend(
     max_num_decode_seqs: int | None = None,
     decode_horizon_s: float | None = None,
     decode_fill_seqs: int | None = None,
+    prefill_wait_s: float | None = None,
+    prefill_batch_seqs: int | None = None,
     ramp_step_samples: int | None = None,
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
@@ -356,6 +361,9 @@ def build_orpheus_backend(
     cap on the CPU. ``decode_horizon_s`` / ``decode_fill_seqs``: decode only jobs due within the
     horizon, filling up to that many rows (``SchedulerConfig``); -1 (default) =
     ``AUTO_DECODE_HORIZON_S_CUDA`` / ``AUTO_DECODE_FILL_CUDA`` on CUDA, off on the CPU.
+    ``prefill_wait_s`` / ``prefill_batch_seqs``: under load, fresh prompts wait that long (once
+    due) for that many to share one prefill pass (``SchedulerConfig``); -1 (default) =
+    ``AUTO_PREFILL_WAIT_S_CUDA`` / ``AUTO_PREFILL_BATCH_CUDA`` with prefill graphs, off otherwise.
     ``ramp_step_samples``: the fast-start ramp's lookahead growth per frame
     (``models.orpheus.codec.StreamingDecoder``); 0 (default) = ``AUTO_RAMP_STEPS_CUDA`` on CUDA
     (the second one for segments that start under load, ``OrpheusProgram``), 1024 on the CPU.
@@ -487,6 +495,12 @@ def build_orpheus_backend(
     fill = pick(decode_fill_seqs, "decode_fill_seqs", -1)
     if fill < 0:
         fill = AUTO_DECODE_FILL_CUDA if device == "cuda" else 0
+    prefill_wait = pick(prefill_wait_s, "prefill_wait_s", -1.0)
+    if prefill_wait < 0:
+        prefill_wait = AUTO_PREFILL_WAIT_S_CUDA if prefill_graphs is not None else 0.0
+    prefill_batch = pick(prefill_batch_seqs, "prefill_batch_seqs", -1)
+    if prefill_batch < 0:
+        prefill_batch = AUTO_PREFILL_BATCH_CUDA if prefill_graphs is not None else 0
     scheduler = Scheduler(
         SchedulerConfig(
             max_num_seqs=max_num_seqs,
@@ -499,6 +513,8 @@ def build_orpheus_backend(
             max_num_decode_seqs=decode_cap,
             decode_horizon_s=horizon,
             decode_fill_seqs=fill,
+            prefill_wait_s=prefill_wait,
+            prefill_batch_seqs=prefill_batch,
             whole_prompts=prefill_graphs is not None,
         ),
         PageAllocator(allocator_pages, page_size),

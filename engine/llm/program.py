@@ -42,8 +42,11 @@ Collect = Callable[[], "list[np.ndarray | None]"]  # waits for a launched piece 
 
 # Frames slower than this start new segments on the loaded ramp: the default ramp (half frames
 # 2-4) keeps a 100 ms start-up buffer fed up to about 76 ms per frame (a player replayed over
-# constant frame intervals), so this leaves margin for jitter.
-LOADED_FRAME_INTERVAL_S = 0.060
+# constant frame intervals), but frames vary around the average: at 128 streams on the H200
+# the average frame took 43 ms (6.2 ms steps) and 7 of 154 streams still underran at their
+# 5th chunk, with frames of 57-77 ms while many streams started at once. Under light load (a
+# lone stream: 26 ms frames) the default ramp starts playback a frame sooner.
+LOADED_FRAME_INTERVAL_S = 0.035
 _STEP_EMA = 0.1  # weight of the newest step interval in the moving average
 _LOAD_STALE_S = 1.0  # no step reported for this long: the engine went idle, the load is gone
 

@@ -66,6 +66,8 @@ class Sequence:
     # time.monotonic() by which this job's next audio is needed (engine.backend set_deadline);
     # orders admission and prefill. Infinity (none given) keeps arrival order.
     deadline_s: float = math.inf
+    # the scheduler's clock when the sequence was admitted (how long its prompt has waited)
+    ready_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

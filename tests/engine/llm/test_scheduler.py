@@ -230,3 +230,67 @@ def test_decode_horizon_decodes_what_is_due_and_fills_small_steps():
     for bad in ({"decode_horizon_s": -1.0}, {"decode_horizon_s": float("nan")}, {"decode_fill_seqs": -1}):
         with pytest.raises(ValueError):
             SchedulerConfig(**bad)
+
+
+def test_prompts_wait_for_company_under_load_and_never_longer_than_the_wait_once_due():
+    """With ``prefill_wait_s``, a busy step (at least ``decode_fill_seqs`` decode rows) holds
+    fresh prompts back until ``prefill_batch_seqs`` are ready or a due one has waited that long;
+    then all of them go, earliest deadline first. A prompt not yet due (beyond the decode
+    horizon) waits until it is due or rides along; a lightly loaded step never holds one."""
+    now = [100.0]
+    s = Scheduler(SchedulerConfig(max_num_seqs=12, max_num_batched_tokens=64, max_model_len=64, max_waiting=8,
+                                  decode_horizon_s=1.0, decode_fill_seqs=2, prefill_wait_s=0.02,
+                                  prefill_batch_seqs=3),
+                  PageAllocator(256, 4), clock=lambda: now[0])
+
+    def prompts(batch) -> list[int]:
+        return [q.seq_id for q in batch.seqs[batch.num_decode_seqs:]]
+
+    s.add(_seq(0, 3, max_tokens=40))
+    assert prompts(_run_step(s)) == [0]  # no decode rows: a light step never holds a prompt
+    s.add(_seq(1, 3, max_tokens=40))
+    assert prompts(_run_step(s)) == [1]  # one decode row, fewer than the fill count: goes at once
+    for i in (0, 1):
+        s.set_deadline(i, 100.5)
+    s.add(_seq(2, 3, max_tokens=40))
+    s.set_deadline(2, 100.15)  # a new stream's first segment: due
+    assert prompts(_run_step(s)) == []  # two decode rows: it waits for company
+    now[0] += 0.01
+    s.add(_seq(3, 3, max_tokens=40))
+    s.set_deadline(3, 103.0)  # a segment generated ahead: not due
+    batch = _run_step(s)
+    assert prompts(batch) == [] and batch.num_decode_seqs == 2  # the decodes never wait
+    now[0] += 0.011  # 2 has waited 21 ms: it goes, and 3 rides along
+    assert prompts(_run_step(s)) == [2, 3]
+
+    for i in (4, 5):
+        s.add(_seq(i, 3, max_tokens=40))
+        s.set_deadline(i, 105.0)
+    assert prompts(_run_step(s)) == []  # two, not due
+    now[0] += 0.5
+    assert prompts(_run_step(s)) == []  # still not due: they keep waiting, whatever the time
+    s.add(_seq(6, 3, max_tokens=40))
+    s.set_deadline(6, 106.0)
+    assert prompts(_run_step(s)) == [4, 5, 6]  # three ready: they go together
+
+    s.add(_seq(7, 3, max_tokens=40))
+    s.set_deadline(7, 101.7)
+    assert prompts(_run_step(s)) == []
+    now[0] = 100.69
+    assert prompts(_run_step(s)) == []  # not yet due
+    now[0] = 100.71  # within the horizon now, and it has waited longer than 20 ms: it goes
+    assert prompts(_run_step(s)) == [7]
+    s.add(_seq(8, 3, max_tokens=40))  # no deadline: due at once
+    assert prompts(_run_step(s)) == []
+    now[0] += 0.021
+    assert prompts(_run_step(s)) == [8]
+
+    off = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64,
+                                    decode_fill_seqs=1), PageAllocator(64, 4), clock=lambda: 0.0)
+    off.add(_seq(0, 3, max_tokens=20))
+    _run_step(off)
+    off.add(_seq(1, 3, max_tokens=20))
+    assert prompts(_run_step(off)) == [1]  # prefill_wait_s 0: off
+    for bad in ({"prefill_wait_s": -0.1}, {"prefill_wait_s": float("nan")}, {"prefill_batch_seqs": -1}):
+        with pytest.raises(ValueError):
+            SchedulerConfig(**bad)
