@@ -81,6 +81,9 @@ def _capacity_is_lower_bound(result: BenchResult) -> bool:
 
 
 def _git_commit() -> str | None:
+    """``VOXGATE_COMMIT`` if set (a copied working tree whose .git is not its own), else HEAD."""
+    if os.environ.get("VOXGATE_COMMIT"):
+        return os.environ["VOXGATE_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=5, cwd=Path(__file__).resolve().parent)

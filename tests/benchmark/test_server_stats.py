@@ -50,3 +50,19 @@ def test_fetch_from_no_server_gives_no_figures() -> None:
     from benchmark.bench.server_stats import fetch_totals
 
     assert asyncio.run(fetch_totals("ws://127.0.0.1:9/v1/stream", timeout_s=2.0)) is None
+
+
+def test_json_commit_is_head_or_the_override(monkeypatch):
+    """The JSON's commit is the checkout's HEAD, or VOXGATE_COMMIT where a copied tree's .git
+    is not its own (the GPU machine's copy)."""
+    import subprocess
+    from pathlib import Path
+
+    from benchmark.bench.report import _git_commit
+
+    monkeypatch.delenv("VOXGATE_COMMIT", raising=False)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent).stdout.strip()
+    assert _git_commit() == (head or None)
+    monkeypatch.setenv("VOXGATE_COMMIT", "abc1234")
+    assert _git_commit() == "abc1234"
