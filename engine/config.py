@@ -36,6 +36,9 @@ class EngineConfig:
     # (engine.llm.scheduler): -1 = auto (20 ms and 4 with CUDA graphs, off otherwise), 0 = off.
     prefill_wait_s: float = -1.0
     prefill_batch_seqs: int = -1
+    # Launch each LM step before the previous one's tokens reach the host (engine.llm.backend
+    # LMBackend.step): the device never waits for the host between steps.
+    async_steps: bool = False
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,
     # 512, 512, 1387 (a start buffer fills a frame later, with less of a deficit behind it).

@@ -48,10 +48,14 @@ AUTO_PREFILL_BATCH_CUDA = 4  # scheduler.prefill_batch_seqs: this many prompts g
 class LMBackend:
     """Continuous-batching LM speech backend; see the module docstring."""
 
-    def __init__(self, program: Program, runner: ModelRunner, scheduler: Scheduler) -> None:
+    def __init__(self, program: Program, runner: ModelRunner, scheduler: Scheduler, *,
+                 async_steps: bool = False) -> None:
         self.program = program
         self.runner = runner
         self.scheduler = scheduler
+        # Launch step N+1 before step N's tokens reach the host (see ``step``).
+        self.async_steps = async_steps
+        self._num_launched = 0
         self.info: BackendInfo = program.info
         self._pending: list[JobOutput] = []
         self._running: tuple[ScheduledBatch, Callable[[], list[int]]] | None = None  # launched step
@@ -161,11 +165,19 @@ class LMBackend:
         raise RuntimeError("warm-up did not finish")
 
     def step(self) -> list[JobOutput]:
-        """Take step N's tokens (launched by the previous call): record them, let ended
-        sequences leave the scheduler and move each row's allowed-token row on; schedule and
-        launch step N+1; then the program's bookkeeping of N's tokens and their codec work (on
-        the codec's CUDA stream), and collect N's audio, all while N+1 runs. Returns while N+1
-        runs on the device, so the caller's own work (encoding, sending) overlaps it too."""
+        """Take step N's tokens (launched by the previous call): record them and let ended
+        sequences leave the scheduler; schedule and launch step N+1; then the program's
+        bookkeeping of N's tokens and their codec work (on the codec's CUDA stream), and collect
+        N's audio, all while N+1 runs. Returns while N+1 runs on the device, so the caller's
+        own work (encoding, sending) overlaps it too.
+
+        With ``async_steps``, N+1 is scheduled and launched *before* N's tokens are taken: rows
+        that continue from N read their input token from N's tokens on the device, so the
+        device goes from N to N+1 without waiting for the host. A sequence that stops at N is
+        then in N+1 too; that row's token is dropped (one wasted row per stop, and its KV write
+        lands in pages that later users overwrite after it, in stream order)."""
+        if self.async_steps:
+            return self._step_async()
         outputs, self._pending = self._pending, []
         taken = None
         now = time.perf_counter()
@@ -173,26 +185,54 @@ class LMBackend:
             self.program.note_step_interval(now - self._t_step)  # steps back to back: the step period
             batch, wait = self._running
             self._running = None
-            taken = self._take_tokens(batch, wait, outputs)
-        batch = self.scheduler.schedule()
-        if batch is not None:
-            try:
-                self._running = (batch, self.runner.launch(batch))
-                self._t_step = now
-                self._count(batch)
-            except Exception as e:
-                log.exception("model step failed; failing its %d jobs", batch.num_seqs)
-                outputs.extend(self._fail(batch.seqs, f"model step failed: {type(e).__name__}: {e}"))
+            taken = self._take_tokens(batch, wait, outputs, filled=False)
+        self._launch(self.scheduler.schedule(), None, now, outputs)
         if taken is not None:
             work = self._launch_audio(taken, outputs)
             if work is not None:
                 outputs.extend(self._collect(work))
         return outputs
 
-    def _take_tokens(self, batch: ScheduledBatch, wait: Callable[[], list[int]], outputs: list[JobOutput]
-                     ) -> _Taken | None:
-        """Wait for a launched step's tokens and do what the next step's inputs need: record
-        them, ended sequences leave the scheduler, the others' allowed rows move on."""
+    def _step_async(self) -> list[JobOutput]:
+        outputs, self._pending = self._pending, []
+        now = time.perf_counter()
+        prev, self._running = self._running, None
+        if prev is not None:
+            self.program.note_step_interval(now - self._t_step)
+        self._launch(self.scheduler.schedule(), prev[1] if prev is not None else None, now, outputs)
+        if prev is not None:
+            taken = self._take_tokens(prev[0], prev[1], outputs, filled=True)
+            if taken is not None:
+                work = self._launch_audio(taken, outputs)
+                if work is not None:
+                    outputs.extend(self._collect(work))
+        return outputs
+
+    def _launch(self, batch: ScheduledBatch | None, prev: Any, now: float, outputs: list[JobOutput]) -> None:
+        """Set each row's allowed-token row and launch ``batch`` (``prev``: the launched step
+        whose tokens some rows still wait for)."""
+        if batch is None or not batch.seqs:
+            return
+        program = self.program
+        for seq in batch.seqs:  # the next token's position: what the program saw plus what is in flight
+            seq.allowed_row = program.allowed_row(seq.program_state, seq.num_output_tokens - seq.num_program_tokens)
+        try:
+            launched = self.runner.launch(batch) if prev is None else self.runner.launch(batch, prev.tokens)
+        except Exception as e:
+            log.exception("model step failed; failing its %d jobs", batch.num_seqs)
+            outputs.extend(self._fail(batch.seqs, f"model step failed: {type(e).__name__}: {e}"))
+            return
+        if self.async_steps:
+            self._num_launched += 1
+            self.scheduler.advance(batch, self._num_launched)
+        self._running = (batch, launched)
+        self._t_step = now
+        self._count(batch)
+
+    def _take_tokens(self, batch: ScheduledBatch, wait: Callable[[], list[int]], outputs: list[JobOutput], *,
+                     filled: bool) -> _Taken | None:
+        """Wait for a launched step's tokens and record them (``filled``: the step was advanced
+        at launch, ``Scheduler.advance``); ended sequences leave the scheduler."""
         try:
             tokens = wait()
         except Exception as e:
@@ -200,16 +240,23 @@ class LMBackend:
             live = [s for s in batch.seqs if s.status is SequenceStatus.RUNNING]
             outputs.extend(self._fail(live, f"model step failed: {type(e).__name__}: {e}"))
             return None
-        # (sequences aborted meanwhile are left out)
-        new = [(s, t) for s, t in self.scheduler.update(batch, tokens) if s.status is SequenceStatus.RUNNING]
-        program = self.program
-        stop_ids = program.stop_ids
-        live = [(s, t) for s, t in new if t not in stop_ids]
-        ended = [s for s, t in new if t in stop_ids or s.num_output_tokens >= s.params.max_tokens]
+        if filled:
+            self.scheduler.fill(batch, tokens)
+        else:
+            self.scheduler.update(batch, tokens)
+        stop_ids = self.program.stop_ids
+        new: list[tuple[Sequence, int]] = []
+        ended: list[Sequence] = []
+        for seq, index, tok in zip(batch.seqs, batch.output_index, tokens):
+            if index < 0 or seq.status is not SequenceStatus.RUNNING:  # not sampled; ended or aborted meanwhile
+                continue
+            tok = int(tok)
+            new.append((seq, tok))
+            if tok in stop_ids or index + 1 >= seq.params.max_tokens:
+                ended.append(seq)
         for seq in ended:
             self.scheduler.finish(seq)
-        for seq, _ in live:  # the row after this token, which launch_postprocess records later
-            seq.allowed_row = program.allowed_row(seq.program_state, 1)
+        live = [(s, t) for s, t in new if t not in stop_ids]
         return _Taken(new, live, ended)
 
     # -- internals ------------------------------------------------------------------------
@@ -218,6 +265,8 @@ class LMBackend:
         """The program's bookkeeping of a step's tokens and their codec work, started on the
         device; ``_collect`` turns it into outputs. A failure fails the step's sequences."""
         program = self.program
+        for seq, _ in taken.live:
+            seq.num_program_tokens += 1
         try:
             live_audio = program.launch_postprocess([s.program_state for s, _ in taken.live],
                                                     [t for _, t in taken.live])
@@ -330,6 +379,7 @@ def build_orpheus_backend(
     decode_fill_seqs: int | None = None,
     prefill_wait_s: float | None = None,
     prefill_batch_seqs: int | None = None,
+    async_steps: bool | None = None,
     ramp_step_samples: int | None = None,
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
@@ -364,6 +414,7 @@ def build_orpheus_backend(
     ``prefill_wait_s`` / ``prefill_batch_seqs``: under load, fresh prompts wait that long (once
     due) for that many to share one prefill pass (``SchedulerConfig``); -1 (default) =
     ``AUTO_PREFILL_WAIT_S_CUDA`` / ``AUTO_PREFILL_BATCH_CUDA`` with prefill graphs, off otherwise.
+    ``async_steps``: launch each step before the previous one's tokens reach the host (``LMBackend``).
     ``ramp_step_samples``: the fast-start ramp's lookahead growth per frame
     (``models.orpheus.codec.StreamingDecoder``); 0 (default) = ``AUTO_RAMP_STEPS_CUDA`` on CUDA
     (the second one for segments that start under load, ``OrpheusProgram``), 1024 on the CPU.
@@ -519,7 +570,7 @@ def build_orpheus_backend(
         ),
         PageAllocator(allocator_pages, page_size),
     )
-    backend = LMBackend(program, runner, scheduler)
+    backend = LMBackend(program, runner, scheduler, async_steps=pick(async_steps, "async_steps", False))
     if warmup:
         backend.warmup()
     return backend

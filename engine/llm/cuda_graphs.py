@@ -23,7 +23,7 @@ import torch
 
 from engine.llm.attention import AttentionMetadata, KVCacheSpec, build_attention_metadata
 from engine.llm.host_copy import start_host_copy
-from engine.llm.model_runner import ModelRunner
+from engine.llm.model_runner import LaunchedStep, ModelRunner, host_input_ids
 
 __all__ = [
     "DEFAULT_DECODE_BUCKETS",
@@ -420,22 +420,25 @@ class CudaGraphModelRunner(ModelRunner):
         tokens = cols if self.vocab_ids is None else self.vocab_ids.index_select(0, cols)
         return tokens, logits  # [B] token ids, [B, K] raw logits (for checks)
 
-    def execute(self, batch: Any) -> torch.Tensor:
-        return torch.tensor(self.launch(batch)(), dtype=torch.int64)  # the step's only host sync
+    def execute(self, batch: Any, feed: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.tensor(self.launch(batch, feed)(), dtype=torch.int64)  # the step's only host sync
 
     @torch.inference_mode()
-    def launch(self, batch: Any) -> Callable[[], list[int]]:
+    def launch(self, batch: Any, feed: torch.Tensor | None = None) -> LaunchedStep:
         """Replay the step and start copying its tokens to pinned host memory; the returned
-        call waits for them (eager steps finish before returning)."""
-        tokens = self._execute_graphs(batch) if self.use_graphs else None
+        call waits for them (eager steps finish before returning). ``feed``: the previous
+        launched step's device tokens, which rows with a ``PENDING`` last token take on the
+        device (graphs) or through the host (eager steps)."""
+        tokens = self._execute_graphs(batch, feed) if self.use_graphs else None
         if tokens is None:
             self.num_eager_steps += 1
-            done = self._execute_eager(batch, build_attention_metadata(batch, self.page_size)).tolist()
-            return lambda: done
+            done = self._execute_eager(batch, build_attention_metadata(batch, self.page_size), feed)
+            values = done.tolist()
+            return LaunchedStep(lambda: values, done)
         wait = start_host_copy(tokens)
-        return lambda: wait().tolist()
+        return LaunchedStep(lambda: wait().tolist(), tokens)
 
-    def _execute_graphs(self, batch: Any) -> torch.Tensor | None:
+    def _execute_graphs(self, batch: Any, feed: torch.Tensor | None = None) -> torch.Tensor | None:
         """Device tokens [B] from graph replays, or None when some row cannot be graphed.
 
         Decode rows replay a decode graph; fresh whole-prompt prefill rows (alone, or after
@@ -464,16 +467,22 @@ class CudaGraphModelRunner(ModelRunner):
                 ids, positions, seg, last = pack_prefill([s.prompt_ids for s in sub.seqs])
                 tokens, _ = graphs.run(ids, positions, seg, meta.slot_mapping, last, *extras)
             else:
-                tokens, _ = graphs.run(*self._decode_args(*meta))
+                tokens, _ = graphs.run(*self._decode_args(*meta, feed=feed))
                 tokens = tokens[: sub.num_seqs]
             outs.append(tokens)
         return outs[0] if len(outs) == 1 else torch.cat(outs)  # a copy: the next replay may overwrite
 
-    def _decode_args(self, meta: Any, ints: torch.Tensor, floats: torch.Tensor, keep: torch.Tensor) -> tuple:
-        """``DecodeGraphs.run`` arguments from ``DecodeInputBuilder.build`` (two packed copies)."""
+    def _decode_args(self, meta: Any, ints: torch.Tensor, floats: torch.Tensor, keep: torch.Tensor, *,
+                     feed: torch.Tensor | None = None) -> tuple:
+        """``DecodeGraphs.run`` arguments from ``DecodeInputBuilder.build`` (two packed copies);
+        rows whose token is pending take it from ``feed`` on the device (column 5: 1 + its row)."""
         dev = self.device
         ints, floats, keep = (t.to(dev, non_blocking=True) for t in (ints, floats, keep))
-        return (ints[:, 0], meta, floats[:, 0], floats[:, 1], floats[:, 2], ints[:, 1], ints[:, 2], ints[:, 3],
+        ids = ints[:, 0]
+        if feed is not None:
+            src = ints[:, 5]
+            ids = torch.where(src > 0, feed.index_select(0, (src - 1).clamp(min=0)), ids)
+        return (ids, meta, floats[:, 0], floats[:, 1], floats[:, 2], ints[:, 1], ints[:, 2], ints[:, 3],
                 ints[:, 4], keep)
 
     def graph_inputs(self, batch: Any) -> list[torch.Tensor]:
@@ -494,12 +503,8 @@ class CudaGraphModelRunner(ModelRunner):
         ]
         return [t.to(self.device, non_blocking=True) for t in host]
 
-    def _execute_eager(self, batch: Any, meta: AttentionMetadata) -> torch.Tensor:
-        input_ids = torch.tensor(
-            [t for s, n in zip(batch.seqs, batch.num_new_tokens)
-             for t in s.token_slice(s.num_computed_tokens, s.num_computed_tokens + n)],
-            dtype=torch.int64,
-        )  # [T]
+    def _execute_eager(self, batch: Any, meta: AttentionMetadata, feed: torch.Tensor | None = None) -> torch.Tensor:
+        input_ids = torch.tensor(host_input_ids(batch, feed), dtype=torch.int64)  # [T]
         logits = self._forward(input_ids, meta)  # [B, K]
         cols = self._sample(logits, batch)  # [B]
         tokens = cols if self.vocab_ids is None else self.vocab_ids.index_select(0, cols)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from engine.llm.attention import AttentionMetadata
+from engine.llm.sequence import PENDING
 
 __all__ = ["DecodeInputBuilder"]
 
@@ -56,8 +57,9 @@ class DecodeInputBuilder:
               ) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Decode rows ``seqs`` (one new token each) padded to ``bucket`` rows.
 
-        Returns (metadata on the CPU, int64 [bucket, 5] = token, seed, step, slot + 1, allowed
-        row; float32 [bucket, 3] = temperature, top_p, repetition penalty; bool [bucket] keep).
+        Returns (metadata on the CPU, int64 [bucket, 6] = token (``PENDING`` if still on the
+        device), seed, step, slot + 1, allowed row, 1 + the pending token's row in the launched
+        step (0: none); float32 [bucket, 3] = temperature, top_p, repetition penalty; bool [bucket] keep).
         Padding rows: one token in the scratch page, zeros elsewhere (slot + 1 = 0).
         """
         n = len(seqs)
@@ -92,9 +94,12 @@ class DecodeInputBuilder:
             positions=torch.from_numpy(np.concatenate([pos, np.zeros(pad, np.int64)])),
             num_decode_seqs=bucket,
         )
-        ints = np.zeros((bucket, 5), np.int64)
+        ints = np.zeros((bucket, 6), np.int64)
         ints[:n, 0] = np.fromiter((s.token_slice(s.num_computed_tokens, s.num_computed_tokens + 1)[0] for s in seqs),
                                   np.int64, n)
+        pending = np.flatnonzero(ints[:n, 0] == PENDING)
+        if pending.size:  # last token still on the device: the launched step's row holds it
+            ints[pending, 5] = [seqs[i].pending[1] + 1 for i in pending]
         ints[:n, 1] = self._seed[slots]
         ints[:n, 2] = np.fromiter((s.num_output_tokens for s in seqs), np.int64, n)
         ints[:n, 3] = slots + 1

@@ -23,8 +23,9 @@ from engine.llm.attention import (
 )
 from engine.llm.sampler import Sampler
 from engine.llm.scheduler import ScheduledBatch
+from engine.llm.sequence import PENDING
 
-__all__ = ["AttentionBackendFactory", "ModelRunner", "allowed_columns", "kv_bytes_per_page", "num_pages_for_memory"]
+__all__ = ["AttentionBackendFactory", "LaunchedStep", "ModelRunner", "allowed_columns", "host_input_ids", "kv_bytes_per_page", "num_pages_for_memory"]
 
 AttentionBackendFactory = Callable[[KVCacheSpec, list[torch.Tensor]], AttentionBackend]
 
@@ -61,6 +62,38 @@ def num_pages_for_memory(
             f"{total / 2**30:.1f} GiB at gpu_memory_utilization={gpu_memory_utilization}"
         )
     return int(num_pages)
+
+
+class LaunchedStep:
+    """A launched step: call it to wait for its tokens (a list); ``tokens`` holds them where the
+    runner put them (on the device for a GPU runner), to feed the next step's rows whose last
+    token is still pending without a trip through the host."""
+
+    __slots__ = ("_wait", "tokens")
+
+    def __init__(self, wait: Callable[[], list[int]], tokens: torch.Tensor) -> None:
+        self._wait = wait
+        self.tokens = tokens
+
+    def __call__(self) -> list[int]:
+        return self._wait()
+
+
+def host_input_ids(batch: ScheduledBatch, feed: torch.Tensor | None) -> list[int]:
+    """A step's input ids on the host, ``PENDING`` ones taken from ``feed`` (a sync if it is on
+    the device)."""
+    ids: list[int] = []
+    prev = None
+    for s, n in zip(batch.seqs, batch.num_new_tokens):
+        toks = s.token_slice(s.num_computed_tokens, s.num_computed_tokens + n)
+        if toks and toks[-1] == PENDING:
+            if feed is None or s.pending is None:
+                raise ValueError(f"sequence {s.seq_id}'s last token is pending and no step feeds it")
+            if prev is None:
+                prev = feed.tolist()
+            toks = [*toks[:-1], prev[s.pending[1]]]
+        ids.extend(toks)
+    return ids
 
 
 def allowed_columns(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,28 +173,26 @@ class ModelRunner:
         self.seen = torch.zeros(max_num_seqs, num_cols, dtype=torch.bool, device=self.device)
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> torch.Tensor:
+    def execute(self, batch: ScheduledBatch, feed: torch.Tensor | None = None) -> torch.Tensor:
         """Run one step; returns the sampled token ids, int64 [B] on the CPU.
 
         Rows whose chunk does not reach the end of their sequence (``is_sampled`` false) get a
-        token too; it is meaningless and the caller drops it.
+        token too; it is meaningless and the caller drops it. ``feed``: the previous launched
+        step's tokens (``LaunchedStep.tokens``), for rows whose last token is still ``PENDING``.
         """
         meta = build_attention_metadata(batch, self.page_size)
-        input_ids = torch.tensor(
-            [t for s, n in zip(batch.seqs, batch.num_new_tokens)
-             for t in s.token_slice(s.num_computed_tokens, s.num_computed_tokens + n)],
-            dtype=torch.int64,
-        )  # [T]
+        input_ids = torch.tensor(host_input_ids(batch, feed), dtype=torch.int64)  # [T]
         logits = self._forward(input_ids, meta)  # [B, K] float32
         cols = self._sample(logits, batch)  # [B]
         tokens = cols if self.vocab_ids is None else self.vocab_ids.index_select(0, cols)
         return tokens.cpu()  # the step's only host sync
 
-    def launch(self, batch: ScheduledBatch) -> Callable[[], list[int]]:
+    def launch(self, batch: ScheduledBatch, feed: torch.Tensor | None = None) -> LaunchedStep:
         """Start one step; the returned call waits for its tokens (``execute``, split in two so
         the caller can do host work while the device runs). Here: all at once."""
-        tokens = self.execute(batch).tolist()
-        return lambda: tokens
+        tokens = self.execute(batch) if feed is None else self.execute(batch, feed)
+        values = tokens.tolist()
+        return LaunchedStep(lambda: values, tokens)
 
     def _forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Host input_ids [T] + host metadata -> float32 logits [B, K] of each row's last token."""

@@ -54,11 +54,11 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from engine.backend import JobError
 from engine.llm.page_allocator import PageAllocator, num_pages_for
-from engine.llm.sequence import Sequence, SequenceStatus
+from engine.llm.sequence import PENDING, Sequence, SequenceStatus
 
 __all__ = ["RequestError", "ScheduledBatch", "Scheduler", "SchedulerConfig"]
 
@@ -139,6 +139,7 @@ class ScheduledBatch:
     is_sampled: list[bool]
     num_decode_seqs: int
     num_deferred_decodes: int = 0  # decodes that skipped this step (cap, horizon)
+    output_index: list[int] = field(default_factory=list)  # per row, its output id's index (advance)
 
     @property
     def num_seqs(self) -> int:
@@ -276,7 +277,8 @@ class Scheduler:
         if not self.running:
             return None
         budget = self.config.max_num_batched_tokens
-        ready = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        # (a sequence whose last allowed token is in flight is done, whatever that token is)
+        ready = [s for s in self.running if s.num_uncomputed_tokens == 1 and s.num_output_tokens < s.params.max_tokens]
         decodes = self._pick_decodes(ready)
         prefills = sorted((s for s in self.running if s.num_uncomputed_tokens > 1), key=_by_deadline)
         if prefills and self._prompts_wait(len(decodes), prefills):
@@ -339,10 +341,32 @@ class Scheduler:
 
     def update(self, batch: ScheduledBatch, tokens: list[int]) -> list[tuple[Sequence, int]]:
         """Record a step's results; returns (sequence, new token) for every sampled row."""
-        new: list[tuple[Sequence, int]] = []
-        for seq, n, is_sampled, tok in zip(batch.seqs, batch.num_new_tokens, batch.is_sampled, tokens):
+        self.advance(batch)
+        return self.fill(batch, tokens)
+
+    def advance(self, batch: ScheduledBatch, step: int = 0) -> None:
+        """A launched step's progress, before its tokens are known (asynchronous steps): its
+        tokens count as computed and each sampled row gets a ``PENDING`` output id, so the
+        next step can be scheduled now; ``fill`` writes the tokens in. ``step`` numbers the
+        launched step (``Sequence.pending``)."""
+        index = []
+        for i, (seq, n, is_sampled) in enumerate(zip(batch.seqs, batch.num_new_tokens, batch.is_sampled)):
             seq.num_computed_tokens += n
             if is_sampled:
-                seq.output_ids.append(int(tok))
+                index.append(len(seq.output_ids))
+                seq.output_ids.append(PENDING)
+                seq.pending = (step, i)
+            else:
+                index.append(-1)
+        batch.output_index = index
+
+    def fill(self, batch: ScheduledBatch, tokens: list[int]) -> list[tuple[Sequence, int]]:
+        """An advanced step's tokens; returns (sequence, new token) for every sampled row."""
+        new: list[tuple[Sequence, int]] = []
+        for seq, i, tok in zip(batch.seqs, batch.output_index, tokens):
+            if i >= 0:
+                seq.output_ids[i] = int(tok)
+                if seq.pending is not None and seq.output_ids[-1] != PENDING:
+                    seq.pending = None
                 new.append((seq, int(tok)))
         return new

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SamplingParams", "Sequence", "SequenceStatus"]
+__all__ = ["PENDING", "SamplingParams", "Sequence", "SequenceStatus"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,9 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+PENDING = -1  # an output id whose token is still on the device (asynchronous steps)
 
 
 class SequenceStatus(enum.IntEnum):
@@ -68,6 +71,12 @@ class Sequence:
     deadline_s: float = math.inf
     # the scheduler's clock when the sequence was admitted (how long its prompt has waited)
     ready_s: float = 0.0
+    # Asynchronous steps (``Scheduler.advance``): (step, row) of the launched step whose token
+    # is still on the device; that output id reads ``PENDING`` until ``Scheduler.fill``.
+    pending: tuple[int, int] | None = None
+    # Output tokens the program has seen (``LMBackend``): the next token's position, for
+    # ``Program.allowed_row``, is this many plus those still in flight.
+    num_program_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

@@ -152,3 +152,40 @@ def test_graph_decode_fn_matches_eager_decode_requests() -> None:
         for a, b in zip(decode_fn(reqs), decode_requests(dec, reqs)):
             assert a.shape == b.shape
             assert abs(a - b).max() < 1e-4
+
+
+def test_async_steps_feed_tokens_on_the_device_and_match_the_synchronous_loop() -> None:
+    """The CUDA-graph runner with ``LMBackend(async_steps=True)``: decode rows take their input
+    token from the previous replay's output on the device. Without stop tokens both loops run
+    the same batches (every job admitted at once), so the tokens must be the same, bf16 and all."""
+    pytest.importorskip("flashinfer")
+    from engine.llm.backend import LMBackend
+    from engine.llm.cuda_graphs import CudaGraphModelRunner
+    from engine.llm.page_allocator import PageAllocator
+    from engine.llm.scheduler import Scheduler, SchedulerConfig
+    from models.orpheus.config import TINY
+    from models.orpheus.llama import LlamaModel
+    from tests.engine.llm.conftest import TokenProgram, drain
+
+    cfg = TINY.with_(hidden_size=256, intermediate_size=512, num_attention_heads=6, num_key_value_heads=2,
+                     head_dim=128, num_hidden_layers=2)
+    model = LlamaModel(cfg, max_seq_len=512).init_random_(seed=0).to("cuda", torch.bfloat16)
+    model.setup_rope("cuda")
+    tokens = []
+    for async_steps in (False, True):
+        runner = CudaGraphModelRunner(model, cfg, device="cuda", dtype=torch.bfloat16, num_pages=256,
+                                      max_model_len=512, max_num_seqs=16, decode_buckets=(1, 2, 4, 8, 16),
+                                      prefill_buckets=(32, 64), progress=False)
+        sched = Scheduler(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=80, max_model_len=512,
+                                          max_waiting=16, max_num_prefill_seqs=4, max_num_prefill_tokens=64,
+                                          whole_prompts=True),
+                          PageAllocator(runner.scratch_page, PAGE))
+        program = TokenProgram()
+        backend = LMBackend(program, runner, sched, async_steps=async_steps)
+        for i in range(12):
+            prompt = " ".join(str(300 + 17 * i + k) for k in range(5 + i % 7))
+            backend.add_job(i, prompt, "v", dict(tag=i, temperature=0.8, top_p=0.9, seed=i, max_tokens=6 + 5 * i))
+        outs = drain(backend)
+        assert not any(o.error for o in outs) and runner.num_eager_steps == 0
+        tokens.append(program.tokens)
+    assert tokens[0] == tokens[1]
