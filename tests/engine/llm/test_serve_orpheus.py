@@ -12,9 +12,11 @@ from gateway.client import VoxgateClient
 pytestmark = pytest.mark.slow
 
 
-def test_orpheus_program_streams_audio_over_the_websocket(server_factory: Any) -> None:
-    """Two segments of 5 frames each arrive as 2 x 5 x 2048 samples; bad voice and option are named."""
-    server = server_factory("--model", "tiny", "--load-format", "dummy", "--device", "cpu")
+@pytest.mark.parametrize("extra", [(), ("--async-steps",)], ids=["sync", "async-steps"])
+def test_orpheus_program_streams_audio_over_the_websocket(server_factory: Any, extra: tuple[str, ...]) -> None:
+    """Two segments of 5 frames each arrive as 2 x 5 x 2048 samples; bad voice and option are
+    named; the same with asynchronous steps."""
+    server = server_factory("--model", "tiny", "--load-format", "dummy", "--device", "cpu", *extra)
 
     async def main() -> None:
         async with VoxgateClient.connect(server.ws_url) as client:
