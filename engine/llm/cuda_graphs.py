@@ -479,8 +479,9 @@ class CudaGraphModelRunner(ModelRunner):
         dev = self.device
         ints, floats, keep = (t.to(dev, non_blocking=True) for t in (ints, floats, keep))
         ids = ints[:, 0]
-        if feed is not None:
+        if feed is not None:  # (on the host after an eager step)
             src = ints[:, 5]
+            feed = feed.to(dev, non_blocking=True)
             ids = torch.where(src > 0, feed.index_select(0, (src - 1).clamp(min=0)), ids)
         return (ids, meta, floats[:, 0], floats[:, 1], floats[:, 2], ints[:, 1], ints[:, 2], ints[:, 3],
                 ints[:, 4], keep)
