@@ -46,15 +46,18 @@ def _timed(store: dict[str, float], name: str, fn: Any) -> Any:
 def _instrument(backend: Any) -> dict[str, float]:
     store: dict[str, float] = defaultdict(float)
     backend.scheduler.schedule = _timed(store, "schedule", backend.scheduler.schedule)
-    backend.scheduler.update = _timed(store, "update", backend.scheduler.update)
+    for name in ("update", "advance", "fill"):  # (asynchronous steps: advance at launch, fill at take)
+        setattr(backend.scheduler, name, _timed(store, "update", getattr(backend.scheduler, name)))
     launch = backend.runner.launch
 
     @functools.wraps(launch)
     def timed_launch(*args: Any, **kwargs: Any) -> Any:
+        from engine.llm.model_runner import LaunchedStep
+
         t0 = time.perf_counter()
-        wait = launch(*args, **kwargs)
+        launched = launch(*args, **kwargs)
         store["launch"] += time.perf_counter() - t0
-        return _timed(store, "wait", wait)
+        return LaunchedStep(_timed(store, "wait", launched), launched.tokens)
 
     backend.runner.launch = timed_launch
     backend._collect = _timed(store, "collect", backend._collect)
@@ -63,8 +66,9 @@ def _instrument(backend: Any) -> dict[str, float]:
 
 
 def _uninstrument(backend: Any) -> None:
-    for obj, name in ((backend.scheduler, "schedule"), (backend.scheduler, "update"), (backend.runner, "launch"),
-                      (backend, "_collect"), (backend, "_launch_audio")):
+    for obj, name in ((backend.scheduler, "schedule"), (backend.scheduler, "update"), (backend.scheduler, "advance"),
+                      (backend.scheduler, "fill"), (backend.runner, "launch"), (backend, "_collect"),
+                      (backend, "_launch_audio")):
         if name in vars(obj):
             delattr(obj, name)  # back to the class's method
 
@@ -117,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=1400)
     parser.add_argument("--profile", type=int, default=0, help="cProfile the steps at this batch size")
+    parser.add_argument("--async-steps", default="auto", choices=["auto", "on", "off"],
+                        help="LMBackend async_steps (auto: on with CUDA graphs; the phases then overlap "
+                             "differently: 'wait' is for the step launched one call earlier)")
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
     try:
@@ -132,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
     backend = build_orpheus_backend(
         args.model, device=args.device, load_format=args.load_format, max_num_seqs=max(batches),
-        max_model_len=2048, max_waiting=4 * max(batches),
+        max_model_len=2048, max_waiting=4 * max(batches), async_steps=args.async_steps,
     )
     sync = torch.cuda.synchronize if args.device == "cuda" else None
     name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()

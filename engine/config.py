@@ -37,8 +37,9 @@ class EngineConfig:
     prefill_wait_s: float = -1.0
     prefill_batch_seqs: int = -1
     # Launch each LM step before the previous one's tokens reach the host (engine.llm.backend
-    # LMBackend.step): the device never waits for the host between steps.
-    async_steps: bool = False
+    # LMBackend.step), so the device does not wait for the host between steps: "auto" = on
+    # with CUDA graphs (measured on an H200: 224 streams on time, 192 without), "on", "off".
+    async_steps: str = "auto"
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,
     # 512, 512, 1387 (a start buffer fills a frame later, with less of a deficit behind it).
@@ -91,6 +92,8 @@ class EngineConfig:
             raise ValueError("decode_fill_seqs must be -1 (auto), 0 or a row count")
         if not (self.prefill_wait_s == -1.0 or self.prefill_wait_s >= 0.0):
             raise ValueError("prefill_wait_s must be -1 (auto), 0 (off) or seconds")
+        if self.async_steps not in ("auto", "on", "off"):
+            raise ValueError("async_steps must be auto, on or off")
         if self.prefill_batch_seqs < -1:
             raise ValueError("prefill_batch_seqs must be -1 (auto), 0 or a prompt count")
         if not 0 <= self.ramp_step_samples <= 8192:

@@ -52,9 +52,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                         "prefill pass (-1 auto: 0.02 with CUDA graphs; 0 off)")
     m.add_argument("--prefill-batch-seqs", type=int, default=EngineConfig.prefill_batch_seqs,
                    help="prompts that go at once without waiting (-1 auto: 4 with CUDA graphs)")
-    m.add_argument("--async-steps", action="store_true", default=EngineConfig.async_steps,
-                   help="launch each LM step before the previous step's tokens reach the host "
-                        "(rows continue from them on the device)")
+    m.add_argument("--async-steps", default=EngineConfig.async_steps, choices=["auto", "on", "off"],
+                   help="launch each LM step before the previous step's tokens reach the host, "
+                        "rows continuing from them on the device (auto: on with CUDA graphs)")
     m.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
                    help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
                         "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, 1387; "

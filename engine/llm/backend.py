@@ -346,6 +346,15 @@ def _chunked(job_id: int, parts: list[np.ndarray], is_finished: bool) -> list[Jo
     return outs
 
 
+def _resolve_async(value: bool | str, runner: Any) -> bool:
+    """``async_steps`` from True/False or "on"/"off"/"auto" (on when the runner replays graphs)."""
+    if isinstance(value, bool):
+        return value
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"async_steps must be auto, on or off, got {value!r}")
+    return value == "on" or (value == "auto" and bool(getattr(runner, "use_graphs", False)))
+
+
 def _ramp_steps(ramp_step_samples: int, device: str) -> dict[str, int | None]:
     """OrpheusProgram's ramp settings: a fixed step, or (0) the automatic pair on CUDA."""
     if ramp_step_samples:
@@ -379,7 +388,7 @@ def build_orpheus_backend(
     decode_fill_seqs: int | None = None,
     prefill_wait_s: float | None = None,
     prefill_batch_seqs: int | None = None,
-    async_steps: bool | None = None,
+    async_steps: bool | str | None = None,
     ramp_step_samples: int | None = None,
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
@@ -414,7 +423,9 @@ def build_orpheus_backend(
     ``prefill_wait_s`` / ``prefill_batch_seqs``: under load, fresh prompts wait that long (once
     due) for that many to share one prefill pass (``SchedulerConfig``); -1 (default) =
     ``AUTO_PREFILL_WAIT_S_CUDA`` / ``AUTO_PREFILL_BATCH_CUDA`` with prefill graphs, off otherwise.
-    ``async_steps``: launch each step before the previous one's tokens reach the host (``LMBackend``).
+    ``async_steps``: launch each step before the previous one's tokens reach the host
+    (``LMBackend``): True / "on", False / "off", or "auto" (default): on when the runner replays
+    CUDA graphs.
     ``ramp_step_samples``: the fast-start ramp's lookahead growth per frame
     (``models.orpheus.codec.StreamingDecoder``); 0 (default) = ``AUTO_RAMP_STEPS_CUDA`` on CUDA
     (the second one for segments that start under load, ``OrpheusProgram``), 1024 on the CPU.
@@ -570,7 +581,8 @@ def build_orpheus_backend(
         ),
         PageAllocator(allocator_pages, page_size),
     )
-    backend = LMBackend(program, runner, scheduler, async_steps=pick(async_steps, "async_steps", False))
+    backend = LMBackend(program, runner, scheduler,
+                        async_steps=_resolve_async(pick(async_steps, "async_steps", "auto"), runner))
     if warmup:
         backend.warmup()
     return backend

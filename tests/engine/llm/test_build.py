@@ -57,3 +57,23 @@ def test_ramp_settings_resolve_per_device():
     assert _ramp_steps(0, "cuda") == {"ramp_step_samples": 1024, "loaded_ramp_step_samples": 1536}
     assert _ramp_steps(0, "cpu") == {"ramp_step_samples": 1024, "loaded_ramp_step_samples": None}
     assert _ramp_steps(2048, "cuda") == {"ramp_step_samples": 2048, "loaded_ramp_step_samples": None}
+
+
+def test_async_steps_resolve_auto_to_the_graph_runner_only():
+    """async_steps "auto": on when the runner replays CUDA graphs, off otherwise; on/off and
+    booleans as given; anything else is refused (also by EngineConfig)."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from engine.config import EngineConfig
+    from engine.llm.backend import _resolve_async
+
+    graphs, plain = SimpleNamespace(use_graphs=True), SimpleNamespace()
+    assert _resolve_async("auto", graphs) is True and _resolve_async("auto", plain) is False
+    assert _resolve_async("on", plain) is True and _resolve_async("off", graphs) is False
+    assert _resolve_async(True, plain) is True and _resolve_async(False, graphs) is False
+    with pytest.raises(ValueError):
+        _resolve_async("yes", plain)
+    with pytest.raises(ValueError):
+        EngineConfig(async_steps="yes")

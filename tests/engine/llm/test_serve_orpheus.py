@@ -12,7 +12,7 @@ from gateway.client import VoxgateClient
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("extra", [(), ("--async-steps",)], ids=["sync", "async-steps"])
+@pytest.mark.parametrize("extra", [(), ("--async-steps", "on")], ids=["sync", "async-steps"])
 def test_orpheus_program_streams_audio_over_the_websocket(server_factory: Any, extra: tuple[str, ...]) -> None:
     """Two segments of 5 frames each arrive as 2 x 5 x 2048 samples; bad voice and option are
     named; the same with asynchronous steps."""
