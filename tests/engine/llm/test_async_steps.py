@@ -94,47 +94,19 @@ def test_abort_while_a_step_is_in_flight_leaves_the_others_unchanged(llm_model):
 
 
 def _emulated_graph_runner(model, max_num_seqs: int = 8):
-    """``CudaGraphModelRunner`` on the CPU with each replay run as its step function: the graph
-    path's inputs (decode input tables, the device-side token feed, packed prompts) without a GPU."""
+    """``CudaGraphModelRunner`` on the CPU with each replay run as its step function."""
     import copy
 
-    from engine.llm.attention import TorchPagedAttention, torch_paged_attention_factory
+    from engine.llm.attention import torch_paged_attention_factory
     from engine.llm.cuda_graphs import CudaGraphModelRunner
     from engine.llm.gpu_forward import FusedLlamaForward
-    from engine.llm.prefill_graphs import GraphPrefillAttention, pad_prefill_slots
+    from tests.engine.llm.graph_emulation import emulate_replays
 
     runner = CudaGraphModelRunner(copy.deepcopy(model), model.config, device="cpu", dtype=torch.float32,
                                   num_pages=96, page_size=4, max_num_seqs=max_num_seqs, capture=False,
                                   prefill_buckets=(32,), attention_backend_factory=torch_paged_attention_factory)
     runner.forward_fn = FusedLlamaForward(runner.model, compile=False)
-
-    def decode_run(ids, meta, *extras):  # noqa: ANN001, ANN202
-        n = ids.shape[0]
-        b = next(b for b in runner.graphs.buckets if b >= n)
-        from engine.llm.cuda_graphs import pad_decode_metadata
-
-        padded = meta if int(meta.kv_last_page_len.numel()) == b else pad_decode_metadata(
-            meta, b, scratch_page=runner.scratch_page, page_size=runner.page_size)
-        attn = TorchPagedAttention(runner.spec, runner.kv_caches)
-        attn.begin_step(padded)
-        pad = b - n
-        ids = torch.cat([ids, torch.zeros(pad, dtype=ids.dtype)])
-        extras = [torch.cat([e, torch.zeros(pad, dtype=e.dtype)]) for e in extras]
-        toks, logits = runner._graph_step(ids, padded.positions, attn, *extras)
-        return toks[:n], logits[:n]
-
-    def prefill_run(ids, positions, seg, slots, last, *extras):  # noqa: ANN001, ANN202
-        attn = GraphPrefillAttention(runner.kv_caches, num_q_heads=model.config.num_attention_heads, num_tokens=32)
-        pad = torch.zeros(32 - ids.numel(), dtype=torch.int64)
-        attn.begin_step(pad_prefill_slots(slots, 32, scratch_page=runner.scratch_page, page_size=runner.page_size),
-                        torch.cat([seg, pad + 99]))
-        return runner._prefill_step(torch.cat([ids, pad]), torch.cat([positions, pad]), attn, last, *extras)
-
-    runner.graphs.run = decode_run
-    runner.prefill_graphs.run = prefill_run
-    runner.prefill_graphs._graphs = {32: None}
-    runner.use_graphs = True
-    runner.replays = []
+    emulate_replays(runner, num_tokens=32)
     return runner
 
 

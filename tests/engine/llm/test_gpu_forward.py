@@ -162,27 +162,10 @@ def test_execute_splits_mixed_step_into_decode_and_prefill_graphs() -> None:
                                   page_size=PAGE, max_num_seqs=8, capture=False, prefill_buckets=(32,),
                                   attention_backend_factory=torch_paged_attention_factory)
     runner.forward_fn = FusedLlamaForward(runner.model, compile=False)
-    replays = []
+    from tests.engine.llm.graph_emulation import emulate_replays
 
-    def decode_run(ids, meta, *extras):  # noqa: ANN001, ANN202  (replay = the step function, eagerly)
-        replays.append("decode")
-        attn = TorchPagedAttention(runner.spec, runner.kv_caches)
-        attn.begin_step(meta)
-        return runner._graph_step(ids, meta.positions, attn, *extras)
-
-    def prefill_run(ids, positions, seg, slots, last, *extras):  # noqa: ANN001, ANN202
-        replays.append("prefill")
-        attn = GraphPrefillAttention(runner.kv_caches, num_q_heads=TINY.num_attention_heads, num_tokens=32)
-        n = ids.numel()
-        pad = torch.zeros(32 - n, dtype=torch.int64)
-        attn.begin_step(pad_prefill_slots(slots, 32, scratch_page=runner.scratch_page, page_size=PAGE),
-                        torch.cat([seg, pad + 99]))
-        return runner._prefill_step(torch.cat([ids, pad]), torch.cat([positions, pad]), attn, last, *extras)
-
-    runner.graphs.run = decode_run
-    runner.prefill_graphs.run = prefill_run
-    runner.prefill_graphs._graphs = {32: None}
-    runner.use_graphs = True
+    replays: list[str] = []
+    emulate_replays(runner, num_tokens=32, record=replays)
     seqs = {name: _seqs([7, 12, 20], params) for name in ("eager", "graph")}
     for name in seqs:  # the third sequence arrives later
         seqs[name][2].slot = 2
