@@ -152,7 +152,7 @@ def test_prefill_step_function_matches_eager_prefill() -> None:
 def test_execute_splits_mixed_step_into_decode_and_prefill_graphs() -> None:
     """Two fresh prompts packed in one (emulated) prefill replay, then decode rows, then decode
     rows plus a fresh prompt as two replays: the eager runner's tokens at every step."""
-    from engine.llm.prefill_graphs import GraphPrefillAttention, pad_prefill_slots
+    from tests.engine.llm.graph_emulation import emulate_replays
 
     params = SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.3, seed=2)
     ref_model = _model(6)
@@ -162,8 +162,6 @@ def test_execute_splits_mixed_step_into_decode_and_prefill_graphs() -> None:
                                   page_size=PAGE, max_num_seqs=8, capture=False, prefill_buckets=(32,),
                                   attention_backend_factory=torch_paged_attention_factory)
     runner.forward_fn = FusedLlamaForward(runner.model, compile=False)
-    from tests.engine.llm.graph_emulation import emulate_replays
-
     replays: list[str] = []
     emulate_replays(runner, num_tokens=32, record=replays)
     seqs = {name: _seqs([7, 12, 20], params) for name in ("eager", "graph")}
