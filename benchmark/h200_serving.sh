@@ -11,6 +11,8 @@
 # SERVE_ARGS: more `voxgate serve` options (scheduling settings to compare). SINGLE_N=0 skips
 # the single-stream requests. STACKS_EVERY_S: with py-spy among the wheels, dump the server's
 # and the engine's Python stacks that often into stacks.txt (what a slow engine is doing).
+# COMMIT: the commit the JSON files name (VOXGATE_COMMIT), where the machine's copy of the tree
+# carries another .git (the GPU machine's does: give COMMIT=$(git rev-parse HEAD) from here).
 # Needs the wheels in .whl/ (../shared/device/fetch-wheels.sh) and, to skip FlashInfer's JIT
 # compile, its kernel cache in .fi_cache/fi_cache.tgz (optional).
 set -uo pipefail
@@ -19,6 +21,7 @@ levels=${2:-1,32,128,256}
 max_tokens=${3:-287}  # 41 frames = 3.5 s per segment; a 30-50 word prompt is ~3 segments
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+[ -n "${COMMIT:-}" ] && export VOXGATE_COMMIT=$COMMIT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site
