@@ -26,7 +26,7 @@ def measure(running: int, calls: int) -> float:
     sched = Scheduler(SchedulerConfig(max_num_seqs=running, max_num_batched_tokens=running + 512, max_model_len=2048,
                                       max_waiting=running, max_num_decode_seqs=256, decode_horizon_s=1.0,
                                       decode_fill_seqs=64),
-                      PageAllocator(running * 30, 16), clock=lambda: 100.0)
+                      PageAllocator(max(running, 8) * 30, 16), clock=lambda: 100.0)
     for i in range(running):
         sched.add(Sequence(i, list(range(1, 60)), SamplingParams(max_tokens=400)))
     for seq in sched.running:  # each one decoding: 10 tokens out, the last one not yet computed
