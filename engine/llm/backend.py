@@ -1,12 +1,12 @@
 """``LMBackend``: the ``engine.backend.Backend`` contract over scheduler + runner + program.
 
-One ``step`` call = take step N's tokens (launched by the previous call; the one host sync),
-do only what step N+1's inputs need (record the tokens, ended sequences leave the scheduler,
-each row's allowed-token row moves on), schedule step N+1 and launch it; then, while N+1 runs,
-the program's bookkeeping of N's tokens, their codec work on the codec's own CUDA stream, and
-the collection of N's audio; then return. The device waits between steps only for what the
-next step's inputs need; the rest of a step's host work and the engine core's work on its
-outputs (encoding, sending) overlap the device's next step. Errors:
+One ``step`` call = schedule step N+1 and launch it, with ``async_steps`` before step N's
+tokens (launched by the previous call) reach the host: rows continuing from N take their token
+from N's output on the device, so the device never waits for the host between steps; without
+it, after taking N's tokens (the one host sync), recording them and letting ended sequences go.
+Then, while N+1 runs: the program's bookkeeping of N's tokens, their codec work on the codec's
+own CUDA stream, and the collection of N's audio; then return, so the engine core's work on the
+outputs (encoding, sending) overlaps the device's next step too. Errors:
 - a job refused at ``add_job`` (capacity, too long) gets its error from the next ``step``;
 - an exception in the model step fails every job of that step with ``model_error`` (not
   retryable: the same input is likely to fail again), frees their pages, and the backend keeps
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from engine.backend import BackendInfo, JobError, JobOutput
-from engine.llm.model_runner import ModelRunner
+from engine.llm.model_runner import LaunchedStep, ModelRunner
 from engine.llm.program import Program
 from engine.llm.scheduler import RequestError, ScheduledBatch, Scheduler
 from engine.llm.sequence import Sequence, SequenceStatus
@@ -58,7 +58,7 @@ class LMBackend:
         self._num_launched = 0
         self.info: BackendInfo = program.info
         self._pending: list[JobOutput] = []
-        self._running: tuple[ScheduledBatch, Callable[[], list[int]]] | None = None  # launched step
+        self._running: tuple[ScheduledBatch, LaunchedStep] | None = None  # launched step
         self._t_step = 0.0  # when the call that launched ``_running`` began
         # Counters since start (``totals``; the engine's Stats carry them to the gateway's metrics)
         self._totals = dict.fromkeys(("lm_steps", "decode_rows", "deferred_decodes", "prefill_steps",
@@ -100,8 +100,8 @@ class LMBackend:
 
     def totals(self) -> dict[str, int]:
         """Counters since start: steps launched, decode rows, decodes deferred (cap, horizon),
-        steps with prompts, prefill rows and tokens; the runner's steps that ran eagerly (no graph) and the program's
-        own counters where they have them."""
+        steps with prompts, prefill rows and tokens; the runner's steps that ran eagerly (no
+        graph) and the program's own counters where they have them."""
         out = dict(self._totals)
         eager = getattr(self.runner, "num_eager_steps", None)
         if eager is not None:
