@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from engine.llm.backend import build_orpheus_backend
+    from engine.llm.build import build_orpheus_backend
 
     backend = build_orpheus_backend(
         args.model, device=args.device, load_format=args.load_format, max_num_seqs=max(batches),

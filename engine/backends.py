@@ -18,7 +18,7 @@ def build_backend(config: EngineConfig) -> Backend:
         from engine.synthetic import SyntheticBackend
 
         return SyntheticBackend(realtime=config.synthetic_realtime)
-    from engine.llm.backend import build_orpheus_backend
+    from engine.llm.build import build_orpheus_backend
 
     model = "canopylabs/orpheus-3b-0.1-ft" if config.model == "orpheus" else config.model
     return build_orpheus_backend(model, config=config)

@@ -29,7 +29,7 @@ def small_snac_dir(tmp_path_factory):
 
 def test_build_serve_and_validate_on_cpu(llm_tiny_dir, small_snac_dir):
     """The built backend announces Orpheus' voices, rejects bad options, and streams audio."""
-    from engine.llm.backend import build_orpheus_backend
+    from engine.llm.build import build_orpheus_backend
 
     backend = build_orpheus_backend(
         str(llm_tiny_dir), device="cpu", codec_path=str(small_snac_dir), max_num_seqs=2, max_model_len=128,
@@ -52,7 +52,7 @@ def test_build_serve_and_validate_on_cpu(llm_tiny_dir, small_snac_dir):
 
 def test_ramp_settings_resolve_per_device():
     """ramp_step_samples 0 (auto): 1024, plus the loaded 1536 on CUDA only; a given step is fixed."""
-    from engine.llm.backend import _ramp_steps
+    from engine.llm.build import _ramp_steps
 
     assert _ramp_steps(0, "cuda") == {"ramp_step_samples": 1024, "loaded_ramp_step_samples": 1536}
     assert _ramp_steps(0, "cpu") == {"ramp_step_samples": 1024, "loaded_ramp_step_samples": None}
@@ -67,7 +67,7 @@ def test_async_steps_resolve_auto_to_the_graph_runner_only():
     import pytest
 
     from engine.config import EngineConfig
-    from engine.llm.backend import _resolve_async
+    from engine.llm.build import _resolve_async
 
     graphs, plain = SimpleNamespace(use_graphs=True), SimpleNamespace()
     assert _resolve_async("auto", graphs) is True and _resolve_async("auto", plain) is False
