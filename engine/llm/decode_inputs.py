@@ -67,8 +67,12 @@ class DecodeInputBuilder:
             raise ValueError(f"{n} rows do not fit a bucket of {bucket}")
         self._refresh(seqs)
         ps = self.page_size
-        slots = np.fromiter((s.slot for s in seqs), np.int64, n)
-        pos = np.fromiter((s.num_computed_tokens for s in seqs), np.int64, n)  # the new token's position
+        # one pass over the rows: slot, the new token's position, the token (a decode row's is
+        # its sequence's last), tokens generated so far, allowed row
+        per_row = np.array([(s.slot, s.num_computed_tokens, s.output_ids[-1] if s.output_ids else s.prompt_ids[-1],
+                             len(s.output_ids), s.allowed_row) for s in seqs], np.int64).reshape(n, 5)
+        slots = per_row[:, 0]
+        pos = per_row[:, 1]
         kv_len = pos + 1
         npages = (kv_len + ps - 1) // ps
         if np.any(npages > self._num_pages[slots]):
@@ -95,15 +99,14 @@ class DecodeInputBuilder:
             num_decode_seqs=bucket,
         )
         ints = np.zeros((bucket, 6), np.int64)
-        ints[:n, 0] = np.fromiter((s.token_slice(s.num_computed_tokens, s.num_computed_tokens + 1)[0] for s in seqs),
-                                  np.int64, n)
+        ints[:n, 0] = per_row[:, 2]
         pending = np.flatnonzero(ints[:n, 0] == PENDING)
         if pending.size:  # last token still on the device: the launched step's row holds it
             ints[pending, 5] = [seqs[i].pending[1] + 1 for i in pending]
         ints[:n, 1] = self._seed[slots]
-        ints[:n, 2] = np.fromiter((s.num_output_tokens for s in seqs), np.int64, n)
+        ints[:n, 2] = per_row[:, 3]
         ints[:n, 3] = slots + 1
-        ints[:n, 4] = np.fromiter((getattr(s, "allowed_row", 0) for s in seqs), np.int64, n)
+        ints[:n, 4] = per_row[:, 4]
         floats = np.zeros((bucket, 3), np.float32)
         floats[:n] = self._floats[slots]
         keep = np.zeros(bucket, np.bool_)

@@ -1,9 +1,10 @@
-"""Host cost of one ``Scheduler.schedule()`` call with many running sequences (CPU only).
+"""Host cost of two per-step parts of the LM engine with many running sequences (CPU only):
+``Scheduler.schedule()`` and ``DecodeInputBuilder.build`` (a graphed decode step's inputs).
 
-With asynchronous steps the scheduler runs while the device works on the previous step, but it
-is still host time every step, with 256-512 running sequences under load:
+With asynchronous steps they run while the device works on the previous step, but they are
+still host time every step, with 256-512 running sequences under load:
 
-    python -m benchmark.scheduler_bench --running 256,512
+    python -m benchmark.host_parts --running 256,512
 """
 
 from __future__ import annotations
@@ -41,6 +42,27 @@ def measure(running: int, calls: int) -> float:
     return 1e3 * statistics.median(times)
 
 
+def measure_decode_inputs(rows: int, calls: int) -> float:
+    """Median ms of ``DecodeInputBuilder.build`` for ``rows`` decode rows of 158-token contexts."""
+    from engine.llm.decode_inputs import DecodeInputBuilder
+    from engine.llm.sequence import SamplingParams, Sequence
+
+    builder = DecodeInputBuilder(max_num_seqs=rows, max_pages_per_seq=128, page_size=16, scratch_page=rows * 30)
+    seqs = []
+    for i in range(rows):
+        seq = Sequence(i, list(range(1, 60)), SamplingParams(seed=i), slot=i, pages=list(range(i * 30, i * 30 + 30)))
+        seq.output_ids = [5] * 100
+        seq.num_computed_tokens = 158
+        seqs.append(seq)
+    sampled = [True] * rows
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        builder.build(seqs, rows, sampled)
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--running", default="256,512")
@@ -52,10 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--running must be comma-separated integers, got {args.running!r}")
     if any(n < 1 for n in sizes) or args.calls < 1:
         parser.error("--running sizes and --calls must be >= 1")
-    print(f"Scheduler.schedule() on {platform.machine()}, Python {platform.python_version()}; "
-          f"median of {args.calls} calls")
+    print(f"host parts of an LM step on {platform.machine()}, Python {platform.python_version()}; "
+          f"median of {args.calls} calls, ms")
+    print(f"{'running':>8} {'schedule':>9} {'decode inputs':>14}")
     for n in sizes:
-        print(f"{n:>6} running: {measure(n, args.calls):.3f} ms")
+        print(f"{n:>8} {measure(n, args.calls):>9.3f} {measure_decode_inputs(n, args.calls):>14.3f}")
     return 0
 
 
