@@ -284,7 +284,7 @@ def test_idle_async_get_costs_no_cpu() -> None:
             return time.monotonic() - wall0, time.process_time() - cpu0
 
         wall, cpu = _run_async(idle())
-        assert wall >= 0.5
+        assert wall >= 0.5 - 0.005  # the loop's timers may fire up to a millisecond early (seen: 0.49983 s)
         assert cpu < 0.05 * wall
 
 
