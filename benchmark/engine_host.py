@@ -21,6 +21,7 @@ import time
 import numpy as np
 import torch
 
+from benchmark.args import list_type, number_type
 from engine.llm.backend import LMBackend
 from engine.llm.model_runner import ModelRunner
 from engine.llm.page_allocator import PageAllocator
@@ -88,13 +89,11 @@ def measure(batch: int, steps: int, profile: bool) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", default="1,64,256")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch", type=list_type(number_type(int, 1)), default=[1, 64, 256])
+    parser.add_argument("--steps", type=number_type(int, 10), default=200)
     parser.add_argument("--profile", type=int, default=0, help="cProfile this batch size")
     args = parser.parse_args(argv)
-    batches = [int(b) for b in args.batch.split(",")]
-    if any(b < 1 for b in batches) or args.steps < 10:
-        parser.error("--batch sizes must be >= 1 and --steps >= 10")
+    batches = args.batch
     print(f"host path of one LM engine step (stub model and codec); {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}, torch {torch.__version__}")
     print(f"{'batch':>6} {'p50 ms':>8} {'p90 ms':>8} {'us/seq':>8}")

@@ -25,6 +25,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from benchmark.args import list_type, number_type
+
 __all__ = ["main", "measure"]
 
 PHASES = ("schedule", "launch", "collect", "wait", "update", "audio_in", "other")
@@ -46,7 +48,7 @@ def _timed(store: dict[str, float], name: str, fn: Any) -> Any:
 def _instrument(backend: Any) -> dict[str, float]:
     store: dict[str, float] = defaultdict(float)
     backend.scheduler.schedule = _timed(store, "schedule", backend.scheduler.schedule)
-    for name in ("update", "advance", "fill"):  # (asynchronous steps: advance at launch, fill at take)
+    for name in ("advance", "fill"):  # Scheduler.update is both; asynchronous steps call them apart
         setattr(backend.scheduler, name, _timed(store, "update", getattr(backend.scheduler, name)))
     launch = backend.runner.launch
 
@@ -66,9 +68,8 @@ def _instrument(backend: Any) -> dict[str, float]:
 
 
 def _uninstrument(backend: Any) -> None:
-    for obj, name in ((backend.scheduler, "schedule"), (backend.scheduler, "update"), (backend.scheduler, "advance"),
-                      (backend.scheduler, "fill"), (backend.runner, "launch"), (backend, "_collect"),
-                      (backend, "_launch_audio")):
+    for obj, name in ((backend.scheduler, "schedule"), (backend.scheduler, "advance"), (backend.scheduler, "fill"),
+                      (backend.runner, "launch"), (backend, "_collect"), (backend, "_launch_audio")):
         if name in vars(obj):
             delattr(obj, name)  # back to the class's method
 
@@ -117,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="orpheus")
     parser.add_argument("--load-format", default="dummy")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--batch", default="1,64,128,256")
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--batch", type=list_type(number_type(int, 1)), default=[1, 64, 128, 256])
+    parser.add_argument("--steps", type=number_type(int, 5), default=100)
     parser.add_argument("--max-tokens", type=int, default=1400)
     parser.add_argument("--profile", type=int, default=0, help="cProfile the steps at this batch size")
     parser.add_argument("--async-steps", default="auto", choices=["auto", "on", "off"],
@@ -126,12 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                              "differently: 'wait' is for the step launched one call earlier)")
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
-    try:
-        batches = [int(b) for b in args.batch.split(",")]
-    except ValueError:
-        parser.error(f"--batch must be comma-separated integers, got {args.batch!r}")
-    if any(b < 1 for b in batches) or args.steps < 5:
-        parser.error("--batch sizes must be >= 1 and --steps >= 5")
+    batches = args.batch
 
     import torch
 

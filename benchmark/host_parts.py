@@ -14,6 +14,8 @@ import platform
 import statistics
 import time
 
+from benchmark.args import list_type, number_type
+
 __all__ = ["main"]
 
 
@@ -65,19 +67,13 @@ def measure_decode_inputs(rows: int, calls: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--running", default="256,512")
-    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--running", type=list_type(number_type(int, 1)), default=[256, 512])
+    parser.add_argument("--calls", type=number_type(int, 1), default=2000)
     args = parser.parse_args(argv)
-    try:
-        sizes = [int(x) for x in args.running.split(",")]
-    except ValueError:
-        parser.error(f"--running must be comma-separated integers, got {args.running!r}")
-    if any(n < 1 for n in sizes) or args.calls < 1:
-        parser.error("--running sizes and --calls must be >= 1")
     print(f"host parts of an LM step on {platform.machine()}, Python {platform.python_version()}; "
           f"median of {args.calls} calls, ms")
     print(f"{'running':>8} {'schedule':>9} {'decode inputs':>14}")
-    for n in sizes:
+    for n in args.running:
         print(f"{n:>8} {measure(n, args.calls):>9.3f} {measure_decode_inputs(n, args.calls):>14.3f}")
     return 0
 

@@ -7,46 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-from typing import Any, Callable
+from typing import Any
 
 from benchmark.bench.config import DEFAULT_URLS, FORMATS, BenchConfig
 from benchmark.bench.prompts import filter_prompts, load_prompts
+from benchmark.args import list_type, number_type
 from benchmark.bench.targets import TARGETS
 
 __all__ = ["build_parser", "parse_config", "main"]
-
-
-def _number(kind: type, lo: float | None = None, hi: float | None = None,
-            lo_open: bool = False) -> Callable[[str], Any]:
-    """An argparse ``type`` that names the range in its message."""
-    rng = (f"{'>' if lo_open else '>='} {lo}" if hi is None else
-           f"in {'(' if lo_open else '['}{lo}, {hi}]") if lo is not None else ""
-    label = "an integer" if kind is int else "a number"
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {label} {rng}, got {text!r}") from None
-        if isinstance(value, float) and not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"expected a finite number {rng}, got {text!r}")
-        if lo is not None and (value < lo or (lo_open and value == lo)) or (
-                hi is not None and value > hi):
-            raise argparse.ArgumentTypeError(f"expected {label} {rng}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _list_of(item: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    """Comma-separated levels: ``1,8,32``."""
-    def parse(text: str) -> list[Any]:
-        parts = [p for p in text.split(",") if p.strip()]
-        if not parts:
-            raise argparse.ArgumentTypeError("expected a comma-separated list, e.g. 1,8,32")
-        return [item(p.strip()) for p in parts]
-    return parse
 
 
 def _option(text: str) -> tuple[str, Any]:
@@ -85,64 +53,64 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--format", choices=FORMATS, default="pcm_s16le", help="native: PCM format")
     t.add_argument("--option", dest="options", type=_option, action="append", default=[],
                    metavar="KEY=VALUE", help="native: a stream option (repeatable), e.g. seed=1")
-    t.add_argument("--streams-per-connection", metavar="N", type=_number(int, 1, 1024), default=1,
+    t.add_argument("--streams-per-connection", metavar="N", type=number_type(int, 1, 1024), default=1,
                    help="native: streams sharing one WebSocket (default 1)")
     t.add_argument("--http-model", metavar="NAME", help="openai: the 'model' field")
     t.add_argument("--http-response-format", choices=("pcm", "wav"), default="pcm",
                    help="openai: body format (default pcm)")
-    t.add_argument("--http-sample-rate", metavar="HZ", type=_number(int, 8000, 192000), default=24000,
+    t.add_argument("--http-sample-rate", metavar="HZ", type=number_type(int, 8000, 192000), default=24000,
                    help="openai with pcm: the body's sample rate in Hz (default 24000)")
     t.add_argument("--http-extra", type=_json_map, default={}, metavar="JSON",
                    help="extra request fields (openai: JSON body; generate: form fields)")
 
     ld = p.add_argument_group("load")
     mode = ld.add_mutually_exclusive_group()
-    mode.add_argument("--concurrency", "-c", type=_list_of(_number(int, 1)), default=[],
+    mode.add_argument("--concurrency", "-c", type=list_type(number_type(int, 1)), default=[],
                       metavar="N[,N...]", help="fixed concurrency levels to sweep (default 1)")
-    mode.add_argument("--rate", type=_list_of(_number(float, 0, lo_open=True)), default=[],
+    mode.add_argument("--rate", type=list_type(number_type(float, 0, lo_open=True)), default=[],
                       metavar="R[,R...]", help="open-loop arrival rates in streams/s to sweep")
     mode.add_argument("--search", action="store_true",
                       help="search for capacity: double the concurrency, then bisect")
-    ld.add_argument("--search-start", metavar="N", type=_number(int, 1), default=1)
-    ld.add_argument("--search-max", metavar="N", type=_number(int, 1), default=1024)
-    ld.add_argument("--arrival-shape", metavar="K", type=_number(float, 0, lo_open=True), default=1.0,
+    ld.add_argument("--search-start", metavar="N", type=number_type(int, 1), default=1)
+    ld.add_argument("--search-max", metavar="N", type=number_type(int, 1), default=1024)
+    ld.add_argument("--arrival-shape", metavar="K", type=number_type(float, 0, lo_open=True), default=1.0,
                     help="gamma shape of inter-arrival gaps with --rate (1 = Poisson)")
     bound = ld.add_mutually_exclusive_group()
-    bound.add_argument("--requests", "-n", metavar="N", type=_number(int, 1), dest="num_requests",
+    bound.add_argument("--requests", "-n", metavar="N", type=number_type(int, 1), dest="num_requests",
                        help="streams per level (default: max(20, 3 x concurrency), or 30 s of "
                             "arrivals)")
-    bound.add_argument("--duration", metavar="S", type=_number(float, 0, lo_open=True), dest="duration_s",
+    bound.add_argument("--duration", metavar="S", type=number_type(float, 0, lo_open=True), dest="duration_s",
                        help="seconds per level during which new streams start")
-    ld.add_argument("--warmup", metavar="N", type=_number(int, 0), default=0,
+    ld.add_argument("--warmup", metavar="N", type=number_type(int, 0), default=0,
                     help="streams run before measuring, not counted (default 0)")
-    ld.add_argument("--ramp", metavar="S", type=_number(float, 0), default=0.0, dest="ramp_s",
+    ld.add_argument("--ramp", metavar="S", type=number_type(float, 0), default=0.0, dest="ramp_s",
                     help="concurrency mode: spread first starts over this many seconds")
     ld.add_argument("--seed", metavar="N", type=int, default=0)
-    ld.add_argument("--timeout", metavar="S", type=_number(float, 0, lo_open=True), default=120.0,
+    ld.add_argument("--timeout", metavar="S", type=number_type(float, 0, lo_open=True), default=120.0,
                     dest="timeout_s", help="per-stream limit in seconds (default 120)")
 
     tx = p.add_argument_group("text")
     tx.add_argument("--prompts", metavar="FILE", dest="prompts_path",
                     help="prompt file, one per line (default: the project's set)")
-    tx.add_argument("--min-words", metavar="N", type=_number(int, 0), default=0)
-    tx.add_argument("--max-words", metavar="N", type=_number(int, 1))
-    tx.add_argument("--token-rate", metavar="R", type=_number(float, 0, lo_open=True),
+    tx.add_argument("--min-words", metavar="N", type=number_type(int, 0), default=0)
+    tx.add_argument("--max-words", metavar="N", type=number_type(int, 1))
+    tx.add_argument("--token-rate", metavar="R", type=number_type(float, 0, lo_open=True),
                     help="stream text word by word at this many words/s (native only); "
                          "default: all at once")
 
     sc = p.add_argument_group("scoring")
-    sc.add_argument("--start-buffer-ms", metavar="MS", type=_number(float, 0, 10_000), default=100.0,
+    sc.add_argument("--start-buffer-ms", metavar="MS", type=number_type(float, 0, 10_000), default=100.0,
                     help="simulated player's start-up buffer (default 100)")
-    sc.add_argument("--ttfa-p90-max-ms", metavar="MS", type=_number(float, 0, lo_open=True), default=300.0)
-    sc.add_argument("--min-on-time", metavar="FRACTION", type=_number(float, 0, 1, lo_open=True), default=0.99)
+    sc.add_argument("--ttfa-p90-max-ms", metavar="MS", type=number_type(float, 0, lo_open=True), default=300.0)
+    sc.add_argument("--min-on-time", metavar="FRACTION", type=number_type(float, 0, 1, lo_open=True), default=0.99)
     sc.add_argument("--asr", action="store_true",
                     help="transcribe returned audio with pocketsphinx and report word error rate")
-    sc.add_argument("--asr-max-streams", metavar="N", type=_number(int, 1), default=20)
+    sc.add_argument("--asr-max-streams", metavar="N", type=number_type(int, 1), default=20)
 
     out = p.add_argument_group("output")
     out.add_argument("--json", dest="json_path", metavar="PATH", help="write every figure here")
     out.add_argument("--plots", dest="plots_dir", metavar="DIR", help="write PNG plots here")
-    out.add_argument("--timeline-streams", metavar="N", type=_number(int, 0), default=8)
+    out.add_argument("--timeline-streams", metavar="N", type=number_type(int, 0), default=8)
     out.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 

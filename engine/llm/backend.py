@@ -48,7 +48,6 @@ class LMBackend:
         self.scheduler = scheduler
         # Launch step N+1 before step N's tokens reach the host (see ``step``).
         self.async_steps = async_steps
-        self._num_launched = 0
         self.info: BackendInfo = program.info
         self._pending: list[JobOutput] = []
         self._running: tuple[ScheduledBatch, LaunchedStep] | None = None  # launched step
@@ -216,8 +215,7 @@ class LMBackend:
             outputs.extend(self._fail(batch.seqs, f"model step failed: {type(e).__name__}: {e}"))
             return
         if self.async_steps:
-            self._num_launched += 1
-            self.scheduler.advance(batch, self._num_launched)
+            self.scheduler.advance(batch)
         self._running = (batch, launched)
         self._t_step = now
         self._count(batch)

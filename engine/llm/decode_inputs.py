@@ -102,7 +102,7 @@ class DecodeInputBuilder:
         ints[:n, 0] = per_row[:, 2]
         pending = np.flatnonzero(ints[:n, 0] == PENDING)
         if pending.size:  # last token still on the device: the launched step's row holds it
-            ints[pending, 5] = [seqs[i].pending[1] + 1 for i in pending]
+            ints[pending, 5] = [seqs[i].pending_row + 1 for i in pending]
         ints[:n, 1] = self._seed[slots]
         ints[:n, 2] = per_row[:, 3]
         ints[:n, 3] = slots + 1

@@ -87,11 +87,11 @@ def host_input_ids(batch: ScheduledBatch, feed: torch.Tensor | None) -> list[int
     for s, n in zip(batch.seqs, batch.num_new_tokens):
         toks = s.token_slice(s.num_computed_tokens, s.num_computed_tokens + n)
         if toks and toks[-1] == PENDING:
-            if feed is None or s.pending is None:
+            if feed is None or s.pending_row < 0:
                 raise ValueError(f"sequence {s.seq_id}'s last token is pending and no step feeds it")
             if prev is None:
                 prev = feed.tolist()
-            toks = [*toks[:-1], prev[s.pending[1]]]
+            toks = [*toks[:-1], prev[s.pending_row]]
         ids.extend(toks)
     return ids
 
@@ -190,7 +190,7 @@ class ModelRunner:
     def launch(self, batch: ScheduledBatch, feed: torch.Tensor | None = None) -> LaunchedStep:
         """Start one step; the returned call waits for its tokens (``execute``, split in two so
         the caller can do host work while the device runs). Here: all at once."""
-        tokens = self.execute(batch) if feed is None else self.execute(batch, feed)
+        tokens = self.execute(batch, feed)
         values = tokens.tolist()
         return LaunchedStep(lambda: values, tokens)
 

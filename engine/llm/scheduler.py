@@ -353,18 +353,18 @@ class Scheduler:
         self.advance(batch)
         return self.fill(batch, tokens)
 
-    def advance(self, batch: ScheduledBatch, step: int = 0) -> None:
+    def advance(self, batch: ScheduledBatch) -> None:
         """A launched step's progress, before its tokens are known (asynchronous steps): its
-        tokens count as computed and each sampled row gets a ``PENDING`` output id, so the
-        next step can be scheduled now; ``fill`` writes the tokens in. ``step`` numbers the
-        launched step (``Sequence.pending``)."""
+        tokens count as computed and each sampled row gets a ``PENDING`` output id (its row:
+        ``Sequence.pending_row``), so the next step can be scheduled now; ``fill`` writes the
+        tokens in."""
         index = []
         for i, (seq, n, is_sampled) in enumerate(zip(batch.seqs, batch.num_new_tokens, batch.is_sampled)):
             seq.num_computed_tokens += n
             if is_sampled:
                 index.append(len(seq.output_ids))
                 seq.output_ids.append(PENDING)
-                seq.pending = (step, i)
+                seq.pending_row = i
             else:
                 index.append(-1)
         batch.output_index = index
@@ -375,7 +375,7 @@ class Scheduler:
         for seq, i, tok in zip(batch.seqs, batch.output_index, tokens):
             if i >= 0:
                 seq.output_ids[i] = int(tok)
-                if seq.pending is not None and seq.output_ids[-1] != PENDING:
-                    seq.pending = None
+                if seq.output_ids[-1] != PENDING:  # (a later step's token may still be pending)
+                    seq.pending_row = -1
                 new.append((seq, int(tok)))
         return new

@@ -71,9 +71,9 @@ class Sequence:
     deadline_s: float = math.inf
     # the scheduler's clock when the sequence was admitted (how long its prompt has waited)
     ready_s: float = 0.0
-    # Asynchronous steps (``Scheduler.advance``): (step, row) of the launched step whose token
-    # is still on the device; that output id reads ``PENDING`` until ``Scheduler.fill``.
-    pending: tuple[int, int] | None = None
+    # Asynchronous steps (``Scheduler.advance``): the row, in the launched step, of the token
+    # still on the device (-1: none); that output id reads ``PENDING`` until ``Scheduler.fill``.
+    pending_row: int = -1
     # Output tokens the program has seen (``LMBackend``): the next token's position, for
     # ``Program.allowed_row``, is this many plus those still in flight.
     num_program_tokens: int = 0

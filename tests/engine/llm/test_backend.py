@@ -57,7 +57,7 @@ def test_a_failing_model_step_fails_its_jobs_and_the_next_step_works(llm_model):
     _add(backend, 1)
     real = backend.runner.execute
 
-    def boom(batch):
+    def boom(batch, feed=None):
         backend.runner.execute = real
         raise RuntimeError("injected failure")
 
