@@ -3,12 +3,14 @@
 # benchmark and the engine step profile (PROFILE_BATCHES), then Orpheus-3B (random weights)
 # served by `voxgate serve`: single-stream time to first audio over SINGLE_N short requests,
 # `voxgate bench` at LEVELS concurrent streams (first starts spread over RAMP_S), GPU
-# utilisation from nvidia-smi; then, if OVERHEAD_LEVELS is set, the gateway's added latency
+# utilisation from nvidia-smi, the server's figures second by second beside the clients'
+# underruns (timeline.txt, benchmark.timeline); then, if OVERHEAD_LEVELS is set, the gateway's added latency
 # with the synthetic engine.
 #
 #   bash benchmark/h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]
 #
-# SERVE_ARGS: more `voxgate serve` options (scheduling settings to compare). SINGLE_N=0 skips
+# MAX_NUM_SEQS: the engine's jobs at once (default 1024: a stream holds two, its spoken segment
+# and the one generated ahead). SERVE_ARGS: more `voxgate serve` options (scheduling settings to compare). SINGLE_N=0 skips
 # the single-stream requests. STACKS_EVERY_S: with py-spy among the wheels, dump the server's
 # and the engine's Python stacks that often into stacks.txt (what a slow engine is doing).
 # COMMIT: the commit the JSON files name (VOXGATE_COMMIT), where the machine's copy of the tree
@@ -44,7 +46,7 @@ fi
 
 echo "== orpheus serve"
 python3 -m gateway.cli serve --model orpheus --load-format dummy --device cuda \
-  --max-num-seqs 512 --port 8765 --log-level WARNING ${SERVE_ARGS:-} > "$out/serve.log" 2>&1 &
+  --max-num-seqs "${MAX_NUM_SEQS:-1024}" --port 8765 --log-level WARNING ${SERVE_ARGS:-} > "$out/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 300); do
   grep -q "serving on" "$out/serve.log" && break
@@ -73,6 +75,7 @@ echo "== levels $levels"
 python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c "$levels" --warmup 2 --duration ${DURATION_S:-15} \
   --ramp "${RAMP_S:-3}" --option max_tokens="$max_tokens" --min-words 30 --max-words 50 --no-progress \
   --json "$out/bench.json" 2>&1 | tail -30 | tee "$out/bench.txt"
+python3 -m benchmark.timeline "$out/bench.json" > "$out/timeline.txt" 2>&1  # second by second
 gzip -f "$out/bench.json"  # every stream's chunk times: too big to bring back uncompressed
 kill $dmon $server $stacks 2>/dev/null
 wait $server 2>/dev/null

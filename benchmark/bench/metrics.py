@@ -76,6 +76,7 @@ class PlayerResult:
     # Seconds of audio received before the first underrun (None: none): small values point at a
     # stream's start (a server's fast-start ramp), larger ones at a later slowdown.
     first_underrun_audio_s: float | None = None
+    underrun_t: tuple[float, ...] = ()  # when playback ran dry, each time (chunk_t's clock)
 
 
 def simulate_player(chunk_t: Sequence[float], chunk_s: Sequence[float], *, start_buffer_s: float,
@@ -97,6 +98,7 @@ def simulate_player(chunk_t: Sequence[float], chunk_s: Sequence[float], *, start
     stall_since: float | None = None
     t_play_start: float | None = None
     first_underrun_audio_s: float | None = None
+    underrun_t: list[float] = []
     received = 0.0
     last = len(chunk_t) - 1
     for i, (t, dur) in enumerate(zip(chunk_t, chunk_s)):
@@ -107,6 +109,7 @@ def simulate_player(chunk_t: Sequence[float], chunk_s: Sequence[float], *, start
                     first_underrun_audio_s = received
                 underruns += 1
                 stall_since = clock + buffered
+                underrun_t.append(stall_since)
                 buffered = 0.0
                 is_playing = False
             else:
@@ -123,7 +126,7 @@ def simulate_player(chunk_t: Sequence[float], chunk_s: Sequence[float], *, start
                 stalled_s += t - stall_since
                 stall_since = None
     return PlayerResult(underruns=underruns, stalled_s=stalled_s, t_play_start=t_play_start,
-                        first_underrun_audio_s=first_underrun_audio_s)
+                        first_underrun_audio_s=first_underrun_audio_s, underrun_t=tuple(underrun_t))
 
 
 @dataclass(frozen=True)

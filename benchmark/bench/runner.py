@@ -6,6 +6,7 @@ prompt file) ends the run early, with exit status 1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import sys
 import time
@@ -23,7 +24,7 @@ from benchmark.bench.metrics import (
     summarize_level,
 )
 from benchmark.bench.prompts import filter_prompts, length_summary, load_prompts
-from benchmark.bench.server_stats import fetch_totals, level_figures
+from benchmark.bench.server_stats import fetch_totals, level_figures, poll_timeline, timeline
 from benchmark.bench.targets import make_target
 from benchmark.bench.trace import StreamTrace
 
@@ -88,9 +89,16 @@ async def _run_one_level(target: Target, config: BenchConfig, plan: LevelPlan) -
 
     is_native = config.target == "native" and config.url is not None
     before = await fetch_totals(config.url) if is_native else None  # type: ignore[arg-type]
+    samples: list = []
+    t0 = time.monotonic()
+    poller = asyncio.create_task(poll_timeline(config.url, samples)) if before is not None else None  # type: ignore[arg-type]
     try:
         traces, wall_s = await run_level(target, plan, on_done)
     finally:
+        if poller is not None:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
         if bar is not None:
             bar.close()
     after = await fetch_totals(config.url) if before is not None else None  # type: ignore[arg-type]
@@ -100,6 +108,9 @@ async def _run_one_level(target: Target, config: BenchConfig, plan: LevelPlan) -
     server = level_figures(before, after)
     if server is not None:
         summary.extra["server"] = server
+    if samples:
+        summary.extra["server_timeline"] = timeline(samples, t0)
+        summary.extra["server_timeline_t0"] = t0  # the streams' clock (t_start, chunk_t)
     offsets = sum(t.offset_mismatches for t in traces)
     if offsets:
         summary.extra["offset_mismatches"] = offsets

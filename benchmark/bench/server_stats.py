@@ -5,6 +5,10 @@ voxgate's gateway exports the engine's counters since start as ``voxgate_engine_
 prefill_tokens). The engine sends them once per ``stats_interval_s`` (1 s by default), so a
 level's figures may miss up to that much of its end. Native targets only; any other server, or
 a failed fetch, gives no figures (never an error).
+
+``poll_timeline`` reads them every ``interval_s`` during a level and keeps each new report of
+the engine, with the engine's gauges (open streams, queued and running jobs): ``timeline``
+turns that into the level's server figures second by second (what a ramp or a stall did).
 """
 
 from __future__ import annotations
@@ -18,9 +22,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["metrics_url", "parse_totals", "fetch_totals", "level_figures"]
+__all__ = ["metrics_url", "parse_totals", "parse_gauges", "fetch_totals", "fetch_sample", "level_figures",
+           "poll_timeline", "timeline"]
 
 _FAMILY = "voxgate_engine_totals"
+_GAUGES = {"voxgate_engine_streams": "streams", "voxgate_engine_queued_jobs": "queued_jobs",
+           "voxgate_engine_running_jobs": "running_jobs"}
+Sample = tuple[float, dict[str, float], dict[str, float]]  # (monotonic time, counters, gauges)
 
 
 def metrics_url(ws_url: str) -> str:
@@ -41,21 +49,61 @@ def parse_totals(text: str) -> dict[str, float]:
     return out
 
 
+def parse_gauges(text: str) -> dict[str, float]:
+    """The engine's gauges (streams, queued_jobs, running_jobs) from an exposition."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        name = _GAUGES.get(family.name)
+        if name is not None and family.samples:
+            out[name] = float(family.samples[0].value)
+    return out
+
+
 def _get(url: str, timeout_s: float) -> str:
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (the user's own server)
         return resp.read().decode("utf-8", "replace")
 
 
-async def fetch_totals(ws_url: str, *, timeout_s: float = 5.0) -> tuple[float, dict[str, float]] | None:
-    """(monotonic time, counters) from the server's /metrics; None if it cannot be read or is
-    not a voxgate gateway's. No counters yet (the engine's first Stats has not arrived) read as
-    an empty dict: nothing counted so far."""
+async def fetch_sample(ws_url: str, *, timeout_s: float = 5.0) -> Sample | None:
+    """(monotonic time, counters, gauges) from the server's /metrics; None if it cannot be read
+    or is not a voxgate gateway's. No counters yet (the engine's first Stats has not arrived)
+    read as an empty dict: nothing counted so far."""
     try:
         text = await asyncio.to_thread(_get, metrics_url(ws_url), timeout_s)
-        totals = parse_totals(text)
+        totals, gauges = parse_totals(text), parse_gauges(text)
     except (OSError, urllib.error.URLError, ValueError):
         return None
-    return (time.monotonic(), totals) if "voxgate_" in text else None
+    return (time.monotonic(), totals, gauges) if "voxgate_" in text else None
+
+
+async def fetch_totals(ws_url: str, *, timeout_s: float = 5.0) -> tuple[float, dict[str, float]] | None:
+    """(monotonic time, counters) from the server's /metrics (``fetch_sample`` without gauges)."""
+    sample = await fetch_sample(ws_url, timeout_s=timeout_s)
+    return None if sample is None else sample[:2]
+
+
+async def poll_timeline(ws_url: str, into: list[Sample], *, interval_s: float = 0.25) -> None:
+    """Append a sample to ``into`` each time the engine's counters change (it reports about once
+    a second; polling faster dates each report to within ``interval_s``); runs until cancelled.
+    A failed read is skipped."""
+    while True:
+        sample = await fetch_sample(ws_url, timeout_s=max(interval_s, 1.0))
+        if sample is not None and sample[1] and (not into or sample[1] != into[-1][1]):
+            into.append(sample)
+        await asyncio.sleep(interval_s)
+
+
+def timeline(samples: list[Sample], t0: float) -> list[dict[str, Any]]:
+    """Per interval between consecutive samples: its end (``t_s``, seconds after ``t0``), the
+    rates and per-step figures of ``level_figures`` over it, and the gauges at its end."""
+    out: list[dict[str, Any]] = []
+    for (ta, a, _), (tb, b, gauges) in zip(samples, samples[1:]):
+        figures = level_figures((ta, a), (tb, b))
+        if figures is None:
+            continue
+        keep = {k: v for k, v in figures.items() if k.endswith(("_per_s", "_per_step", "_fraction"))}
+        out.append({"t_s": tb - t0, **keep, **gauges})
+    return out
 
 
 def level_figures(before: tuple[float, dict[str, float]] | None,

@@ -5,7 +5,8 @@ tokens (launched by the previous call) reach the host: rows continuing from N ta
 from N's output on the device, so the device never waits for the host between steps; without
 it, after taking N's tokens (the one host sync), recording them and letting ended sequences go.
 Then, while N+1 runs: the program's bookkeeping of N's tokens, their codec work on the codec's
-own CUDA stream, and the collection of N's audio; then return, so the engine core's work on the
+own CUDA stream, and the collection of N's audio (with ``async_steps``, of N-1's, whose codec
+work has finished by then); then return, so the engine core's work on the
 outputs (encoding, sending) overlaps the device's next step too. Errors:
 - a job refused at ``add_job`` (capacity, too long) gets its error from the next ``step``;
 - an exception in the model step fails every job of that step with ``model_error`` (not
@@ -20,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,9 @@ class LMBackend:
         self.info: BackendInfo = program.info
         self._pending: list[JobOutput] = []
         self._running: tuple[ScheduledBatch, LaunchedStep] | None = None  # launched step
+        # With async_steps: the codec work launched by the previous call, collected by the next
+        # (by then it has finished behind the LM step it overlapped: the host never waits for it)
+        self._inflight: _Inflight | None = None
         self._t_step = 0.0  # when the call that launched ``_running`` began
         # Counters since start (``totals``; the engine's Stats carry them to the gateway's metrics)
         self._totals = dict.fromkeys(("lm_steps", "decode_rows", "deferred_decodes", "prefill_steps",
@@ -85,6 +89,8 @@ class LMBackend:
         if self._running is not None and all(s.status is not SequenceStatus.RUNNING for s in self._running[0].seqs):
             self._running = None  # the launched step's tokens concern nobody now (the device finishes it)
         self._pending = [o for o in self._pending if o.job_id != job_id]
+        if self._inflight is not None:
+            self._inflight.dropped.add(job_id)  # its audio on the way is discarded
 
     def set_deadline(self, job_id: int, deadline_s: float) -> None:
         """Admission, prefill and decode order (``engine.backend``; the scheduler's policy)."""
@@ -113,7 +119,8 @@ class LMBackend:
         t["prefill_tokens"] += batch.num_tokens - batch.num_decode_seqs
 
     def has_work(self) -> bool:
-        return bool(self._pending) or self._running is not None or self.scheduler.has_work()
+        return (bool(self._pending) or self._running is not None or self._inflight is not None
+                or self.scheduler.has_work())
 
     def num_queued(self) -> int:
         return self.scheduler.num_waiting
@@ -125,6 +132,7 @@ class LMBackend:
         for seq in list(self.scheduler.waiting) + list(self.scheduler.running):
             self.abort_job(seq.seq_id)
         self._pending = []
+        self._inflight = None
 
     def warmup(self, text: str = "Hello there.", *, max_tokens: int = 28) -> None:
         """Run one short greedy job end to end (first-call costs stay out of serving).
@@ -167,7 +175,11 @@ class LMBackend:
         that continue from N read their input token from N's tokens on the device, so the
         device goes from N to N+1 without waiting for the host. A sequence that stops at N is
         then in N+1 too; that row's token is dropped (one wasted row per stop, and its KV write
-        lands in pages that later users overwrite after it, in stream order)."""
+        lands in pages that later users overwrite after it, in stream order). N's audio is then
+        collected by the next call, not this one: the codec work for N shares the device with
+        N+1 and tends to finish with it, so waiting for it here would leave the device idle
+        while the host finishes the call; one call later it is done (the audio leaves one step
+        later: a few ms)."""
         if self.async_steps:
             return self._step_async()
         outputs, self._pending = self._pending, []
@@ -192,12 +204,16 @@ class LMBackend:
         if prev is not None:
             self.program.note_step_interval(now - self._t_step)
         self._launch(self.scheduler.schedule(), prev[1] if prev is not None else None, now, outputs)
+        work = None
         if prev is not None:
             taken = self._take_tokens(prev[0], prev[1], outputs, filled=True)
             if taken is not None:
                 work = self._launch_audio(taken, outputs)
-                if work is not None:
-                    outputs.extend(self._collect(work))
+        # The audio of the step before: its codec work ran behind that step's successor, which
+        # has finished by now, so collecting it does not wait on the device (one step of delay).
+        done, self._inflight = self._inflight, work
+        if done is not None:
+            outputs.extend(self._collect(done))
         return outputs
 
     def _launch(self, batch: ScheduledBatch | None, prev: Any, now: float, outputs: list[JobOutput]) -> None:
@@ -288,6 +304,8 @@ class LMBackend:
         ended_ids = {s.seq_id for s in taken.ended}
         outputs: list[JobOutput] = []
         for seq, _ in taken.new:
+            if seq.seq_id in work.dropped:
+                continue
             is_finished = seq.seq_id in ended_ids
             parts = audio.pop(seq.seq_id, [])
             if parts or is_finished:
@@ -326,6 +344,7 @@ class _Inflight:
     taken: _Taken
     live_audio: Callable[[], list[np.ndarray | None]]  # per row of taken.live
     tail_audio: Callable[[], list[np.ndarray | None]]  # per sequence of taken.ended
+    dropped: set[int] = field(default_factory=set)  # jobs aborted since: no outputs
 
 
 def _chunked(job_id: int, parts: list[np.ndarray], is_finished: bool) -> list[JobOutput]:

@@ -31,6 +31,9 @@ def test_bench_two_streams_against_synthetic_server(server_factory: Any, tmp_pat
         assert len(stream["chunk_engine_t"]) == stream["num_chunks"]  # --debug-timestamps
     server = level["extra"]["server"]  # the engine's counters from /metrics, before and after
     assert server["window_s"] > 0 and server["steps"] >= 0 and 0 <= server["busy_fraction"] <= 1
+    assert "server_timeline_t0" in level["extra"]  # /metrics was polled during the level
+    for point in level["extra"]["server_timeline"]:  # (one report a second: a short level has few)
+        assert point["t_s"] > 0 and point["steps_per_s"] >= 0 and "running_jobs" in point
 
 
 def test_bench_asr_against_embedded_voice(voxgate_server: Any, tmp_path: Any,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmark.bench.server_stats import level_figures, metrics_url, parse_totals
+from benchmark.bench.server_stats import level_figures, metrics_url, parse_gauges, parse_totals, timeline
 from gateway.metrics import GatewayMetrics
 
 
@@ -66,3 +66,29 @@ def test_json_commit_is_head_or_the_override(monkeypatch):
     assert _git_commit() == (head or None)
     monkeypatch.setenv("VOXGATE_COMMIT", "abc1234")
     assert _git_commit() == "abc1234"
+
+
+def test_parse_gauges_reads_streams_and_jobs() -> None:
+    m = GatewayMetrics()
+    m.engine_streams.set(5)
+    m.queued_jobs.set(2)
+    m.running_jobs.set(9)
+    m.engine_totals.labels(name="steps").set(3)
+    assert parse_gauges(m.render().decode()) == {"streams": 5.0, "queued_jobs": 2.0, "running_jobs": 9.0}
+
+
+def test_timeline_gives_each_interval_its_rates_and_the_gauges_at_its_end() -> None:
+    """Consecutive reports give per-interval figures dated from the level's start; a counter
+    that went down (an engine restart) drops that interval only."""
+    samples = [
+        (100.0, {"steps": 0, "busy_s": 0.0, "lm_steps": 0, "decode_rows": 0}, {"queued_jobs": 0}),
+        (101.0, {"steps": 100, "busy_s": 0.8, "lm_steps": 100, "decode_rows": 6400}, {"queued_jobs": 3}),
+        (102.0, {"steps": 150, "busy_s": 1.8, "lm_steps": 150, "decode_rows": 19200}, {"queued_jobs": 1}),
+        (103.0, {"steps": 10, "busy_s": 0.1, "lm_steps": 10, "decode_rows": 100}, {"queued_jobs": 0}),
+    ]
+    rows = timeline(samples, t0=99.5)
+    assert [r["t_s"] for r in rows] == [1.5, 2.5]
+    assert rows[0]["steps_per_s"] == 100 and rows[0]["ms_per_step"] == pytest.approx(8.0)
+    assert rows[0]["decode_rows_per_step"] == 64 and rows[0]["queued_jobs"] == 3
+    assert rows[1]["ms_per_step"] == pytest.approx(20.0) and rows[1]["decode_rows_per_step"] == 256
+    assert rows[1]["busy_fraction"] == pytest.approx(1.0)

@@ -42,7 +42,8 @@ def _by_job(outs):
 def test_async_steps_give_the_same_tokens_with_stops_max_tokens_and_admission_waves(llm_model):
     """More jobs than batch slots (admissions as others end), stops drawn at random (one id in
     40 stops), max_tokens from 1 to 30, a decode cap: the same tokens per job, the same
-    finished/error outputs, and the async loop takes no more steps."""
+    finished/error outputs, and the async loop takes at most two calls more (it takes the last
+    step's tokens one call later, and collects their audio one call after that)."""
     stops = frozenset(range(0, 156_940, 40))
     jobs = [(i, " ".join(str(10 + (i * 7 + k) % 50) for k in range(2 + i % 5)),
              dict(SAMPLED, seed=100 + i, max_tokens=1 + (i * 7) % 30)) for i in range(14)]
@@ -59,7 +60,7 @@ def test_async_steps_give_the_same_tokens_with_stops_max_tokens_and_admission_wa
         a = async_outs[job_id]
         assert [(o.is_finished, o.error) for o in a] == [(o.is_finished, o.error) for o in outs]
     assert all(PENDING not in t for t in async_tokens.values())
-    assert async_steps_taken <= sync_steps + 1
+    assert async_steps_taken <= sync_steps + 2  # the last step's tokens, then its audio, one call each
 
 
 def test_async_steps_give_the_same_orpheus_audio(llm_model, small_codec):
@@ -91,6 +92,39 @@ def test_abort_while_a_step_is_in_flight_leaves_the_others_unchanged(llm_model):
     assert program.tokens[0] == ref.tokens[0] and program.tokens[2] == ref.tokens[2]
     assert len(program.tokens[1]) < len(ref.tokens[1]) and program.tokens[1] == ref.tokens[1][: len(program.tokens[1])]
     assert not any(o.job_id == 1 and o.is_finished for o in outs)
+
+
+class _SampleProgram(TokenProgram):
+    """One audio sample per token, its value the token: audio that says which step made it."""
+
+    def launch_postprocess(self, states, tokens):
+        super().launch_postprocess(states, tokens)
+        return lambda: [np.full(1, float(t), np.float32) for t in tokens]
+
+
+def test_no_audio_comes_out_for_a_job_after_its_abort(llm_model):
+    """The audio of a step is collected one call after its codec work starts: a job aborted in
+    between gets none of it (``abort_job``: no output for that job afterwards), the others get
+    all of theirs, in order."""
+    jobs = [(i, f"{20 + i} {30 + i}", dict(SAMPLED, seed=i, max_tokens=12)) for i in range(3)]
+    backend = make_backend(llm_model, _SampleProgram())
+    backend.async_steps = True
+    for job_id, text, opts in jobs:
+        backend.add_job(job_id, text, "tara", dict(opts, tag=job_id))
+    before, after = [], []
+    aborted = False
+    while backend.has_work():
+        outs = backend.step()
+        (after if aborted else before).extend(outs)
+        if not aborted and any(o.job_id == 1 and o.pcm is not None and o.pcm.size for o in outs):
+            assert 1 in {s.seq_id for s, _ in backend._inflight.taken.new}  # more of its audio on its way
+            backend.abort_job(1)
+            aborted = True
+    assert not any(o.job_id == 1 for o in after)
+    program = backend.program
+    for j in (0, 2):
+        pcm = np.concatenate([o.pcm for o in before + after if o.job_id == j and o.pcm is not None])
+        np.testing.assert_array_equal(pcm, np.asarray(program.tokens[j], np.float32))
 
 
 def _emulated_graph_runner(model, max_num_seqs: int = 8):
