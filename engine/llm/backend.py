@@ -125,6 +125,10 @@ class LMBackend:
     def num_queued(self) -> int:
         return self.scheduler.num_waiting
 
+    def num_running(self) -> int:
+        """Jobs admitted and generating (the engine's ``running_jobs`` gauge)."""
+        return self.scheduler.num_running
+
     def close(self) -> None:
         if self._closed:
             return

@@ -143,8 +143,10 @@ def test_totals_count_rows_tokens_and_deferred_decodes(llm_model):
                            sched_kw=dict(max_num_decode_seqs=1, max_num_batched_tokens=16))
     _add(backend, 0, n=6, max_tokens=8)
     _add(backend, 1, n=5, max_tokens=8)
+    assert (backend.num_running(), backend.num_queued()) == (2, 0)  # the engine's gauges
     outs = drain(backend)
     assert sorted(o.job_id for o in outs if o.is_finished) == [0, 1]
+    assert backend.num_running() == 0
     t = backend.totals()
     assert t["prefill_rows"] == 2 and t["prefill_tokens"] == 6 + 5
     assert t["decode_rows"] == 2 * 7  # the first token of each comes from its prefill
