@@ -4,11 +4,12 @@
 # served by `voxgate serve`: single-stream time to first audio over SINGLE_N short requests,
 # `voxgate bench` at LEVELS concurrent streams (first starts spread over RAMP_S), GPU
 # utilisation from nvidia-smi, the server's figures second by second beside the clients'
-# underruns (timeline.txt, benchmark.timeline); then, if OVERHEAD_LEVELS is set, the gateway's added latency
+# underruns (timeline_bench.txt, benchmark.timeline); then, if OVERHEAD_LEVELS is set, the gateway's added latency
 # with the synthetic engine.
 #
 #   bash benchmark/h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]
 #
+# LEVELS2: a second sweep on the same server, first starts spread over RAMP2_S (default 10 s).
 # MAX_NUM_SEQS: the engine's jobs at once (default 1024: a stream holds two, its spoken segment
 # and the one generated ahead). SERVE_ARGS: more `voxgate serve` options (scheduling settings to compare). SINGLE_N=0 skips
 # the single-stream requests. STACKS_EVERY_S: with py-spy among the wheels, dump the server's
@@ -71,12 +72,16 @@ if [ "${SINGLE_N:-50}" -gt 0 ]; then
     --option max_tokens=84 --min-words 5 --max-words 12 --no-progress \
     --json "$out/single.json" 2>&1 | tail -8 | tee "$out/single.txt"
 fi
-echo "== levels $levels"
-python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c "$levels" --warmup 2 --duration ${DURATION_S:-15} \
-  --ramp "${RAMP_S:-3}" --option max_tokens="$max_tokens" --min-words 30 --max-words 50 --no-progress \
-  --json "$out/bench.json" 2>&1 | tail -30 | tee "$out/bench.txt"
-python3 -m benchmark.timeline "$out/bench.json" > "$out/timeline.txt" 2>&1  # second by second
-gzip -f "$out/bench.json"  # every stream's chunk times: too big to bring back uncompressed
+sweep() {  # NAME LEVELS RAMP_S: one voxgate bench sweep into NAME.json.gz, NAME.txt, timeline of NAME
+  echo "== levels $2, first starts spread over $3 s"
+  python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c "$2" --warmup 2 --duration ${DURATION_S:-15} \
+    --ramp "$3" --option max_tokens="$max_tokens" --min-words 30 --max-words 50 --no-progress \
+    --json "$out/$1.json" 2>&1 | tail -30 | tee "$out/$1.txt"
+  python3 -m benchmark.timeline "$out/$1.json" > "$out/timeline_$1.txt" 2>&1  # second by second
+  gzip -f "$out/$1.json"  # every stream's chunk times: too big to bring back uncompressed
+}
+sweep bench "$levels" "${RAMP_S:-3}"
+[ -n "${LEVELS2:-}" ] && sweep bench2 "$LEVELS2" "${RAMP2_S:-10}"
 kill $dmon $server $stacks 2>/dev/null
 wait $server 2>/dev/null
 awk 'NR>2 {s+=$2; n++} END {if (n) printf "GPU utilisation (sm %%), mean over the run: %.0f\n", s/n}' \
