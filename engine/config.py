@@ -22,9 +22,12 @@ class EngineConfig:
     dtype: str = "auto"  # "auto" (bf16 on CUDA, fp32 on CPU) | "bfloat16" | "float32"
     codec_path: str | None = None  # local SNAC dir or hub id; default hubertsiuzdak/snac_24khz
     gpu_memory_utilization: float = 0.85
-    max_num_seqs: int = 256
-    # Decode rows per step: -1 = auto (256 on CUDA, where a 256-row Orpheus-3B step measured
-    # 10 ms of the 12.2 ms real-time budget on an H200; no cap on the CPU), 0 = no cap.
+    # Jobs (segments) generating at once; a stream holds two, its spoken segment and the one
+    # generated ahead (CoreConfig.lookahead_jobs), so 1024 serves 512 streams without a segment
+    # waiting for a slot.
+    max_num_seqs: int = 1024
+    # Decode rows per step: -1 = auto (320 on CUDA, where a served 320-row Orpheus-3B step took
+    # 11-12 ms of the 12.2 ms real-time budget on an H200; no cap on the CPU), 0 = no cap.
     max_num_decode_seqs: int = -1
     # Decode only the jobs whose audio is due within this many seconds, filling the step up to
     # decode_fill_seqs rows with the next deadlines (engine.llm.scheduler): -1 = auto (1.0 s and
@@ -33,7 +36,7 @@ class EngineConfig:
     decode_fill_seqs: int = -1
     # Under load (a step of at least decode_fill_seqs decode rows) fresh prompts wait up to
     # prefill_wait_s, once due, for prefill_batch_seqs of them to share one prefill pass
-    # (engine.llm.scheduler): -1 = auto (20 ms and 4 with CUDA graphs, off otherwise), 0 = off.
+    # (engine.llm.scheduler): -1 = auto (50 ms and 8 with CUDA graphs, off otherwise), 0 = off.
     prefill_wait_s: float = -1.0
     prefill_batch_seqs: int = -1
     # Launch each LM step before the previous one's tokens reach the host (engine.llm.backend
