@@ -23,6 +23,7 @@ from engine import messages as m
 from engine.backend import Backend
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.gc_heap import GcProbe, freeze_startup_heap
 from engine.shm_ring import QueueClosed, ShmQueue
 
 __all__ = ["engine_main", "EngineLoop"]
@@ -47,9 +48,11 @@ class EngineLoop:
     """Drives an ``EngineCore`` from an inbox queue and writes to an outbox queue."""
 
     def __init__(
-        self, core: EngineCore, inbox: ShmQueue, outbox: ShmQueue, *, stats_interval_s: float
+        self, core: EngineCore, inbox: ShmQueue, outbox: ShmQueue, *, stats_interval_s: float,
+        gc_probe: GcProbe | None = None,
     ) -> None:
         self.core = core
+        self.gc_probe = gc_probe  # its counters join the Stats' totals
         self.inbox = inbox
         self.outbox = outbox
         self.stats_interval_s = stats_interval_s
@@ -188,6 +191,8 @@ class EngineLoop:
         backend_totals = getattr(backend, "totals", None)
         if backend_totals is not None:
             totals.update(backend_totals())
+        if self.gc_probe is not None:
+            totals.update(self.gc_probe.totals())
         stats = m.Stats(self.core.num_streams, backend.num_queued(), running, totals)
         self.outbox.put(m.encode(stats), timeout_s=_SEND_TIMEOUT_S)
 
@@ -211,8 +216,11 @@ def engine_main(config: EngineConfig, inbox: ShmQueue, outbox: ShmQueue, log_lev
                    timeout_s=_SEND_TIMEOUT_S)
         return
     core = EngineCore(backend, config.core)
+    frozen = freeze_startup_heap()  # the loaded model's objects: out of every full collection
+    log.info("engine: %d start-up objects frozen out of garbage collection", frozen)
+    probe = GcProbe().install()
     outbox.put(m.encode(_hello(backend)), timeout_s=_SEND_TIMEOUT_S)
-    loop = EngineLoop(core, inbox, outbox, stats_interval_s=config.stats_interval_s)
+    loop = EngineLoop(core, inbox, outbox, stats_interval_s=config.stats_interval_s, gc_probe=probe)
     try:
         loop.run()
     finally:

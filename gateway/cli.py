@@ -118,6 +118,9 @@ async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
         print(f"voxgate: error: {exc}", file=sys.stderr, flush=True)
         await gateway.stop()
         return 1
+    from engine.gc_heap import freeze_startup_heap
+
+    freeze_startup_heap()  # the gateway's start-up objects: out of every full collection
     host = gateway_config.host
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     print(f"voxgate: serving on http://{shown}:{gateway.port}/ (demo page); "

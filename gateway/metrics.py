@@ -32,7 +32,9 @@ class GatewayMetrics:
             "voxgate_engine_totals",
             "Engine counters since the engine (re)started, by name: steps and busy_s (seconds in "
             "steps) from its loop; lm_steps, decode_rows, deferred_decodes, prefill_rows and "
-            "prefill_tokens from the LM backend. Rates of these give rows per step and step time.",
+            "prefill_tokens from the LM backend; gc_collections, gc_full_collections, gc_pause_s "
+            "(all collections' pauses), gc_max_pause_s and gc_frozen_objects from the engine "
+            "process's garbage collector. Rates of these give rows per step and step time.",
             ["name"], registry=r)
         self.engine_restarts = Counter("voxgate_engine_restarts",
                                        "Engine restarts after it died", registry=r)

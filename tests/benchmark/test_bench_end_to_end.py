@@ -3,12 +3,14 @@ embedded voice with --asr)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
 
 from benchmark.bench.cli import main
+from benchmark.bench.server_stats import fetch_totals
 
 pytestmark = pytest.mark.slow
 
@@ -18,6 +20,7 @@ def test_bench_two_streams_against_synthetic_server(server_factory: Any, tmp_pat
     """Two concurrent word-by-word streams: both finish with audio, engine timestamps arrive,
     the JSON holds their figures."""
     server = server_factory("--model", "synthetic", "--debug-timestamps")
+    server_url = server.ws_url
     out = tmp_path / "bench.json"
     code = main(["--url", server.ws_url, "-c", "2", "-n", "2", "--max-words", "12",
                  "--token-rate", "50", "--json", str(out), "--no-progress"])
@@ -32,6 +35,9 @@ def test_bench_two_streams_against_synthetic_server(server_factory: Any, tmp_pat
     server = level["extra"]["server"]  # the engine's counters from /metrics, before and after
     assert server["window_s"] > 0 and server["steps"] >= 0 and 0 <= server["busy_fraction"] <= 1
     assert "server_timeline_t0" in level["extra"]  # /metrics was polled during the level
+    totals = asyncio.run(fetch_totals(server_url))[1]
+    assert totals["gc_frozen_objects"] > 1000  # the engine froze its start-up heap
+    assert totals["gc_collections"] >= 0 and totals["gc_pause_s"] >= 0
     for point in level["extra"]["server_timeline"]:  # (one report a second: a short level has few)
         assert point["t_s"] > 0 and point["steps_per_s"] >= 0 and "running_jobs" in point
 
