@@ -5,7 +5,7 @@ what the clients heard (underruns, streams started), from a ``voxgate bench --js
 
 Columns: time since the level began (end of each interval), engine steps per second, ms per
 step, decode rows, decodes deferred and prompt rows per LM step, open streams, queued and
-running jobs at the interval's end; then the streams that started and the underruns (playback
+running jobs at the interval's end, the engine's garbage-collection pauses (ms per second); then the streams that started and the underruns (playback
 ran dry, ``voxgate bench``'s player) in the interval. Native voxgate targets only (others have no
 server timeline).
 """
@@ -64,6 +64,7 @@ _COLUMNS = [("t_s", "t s", "{:6.1f}"), ("steps_per_s", "steps/s", "{:7.0f}"), ("
             ("decode_rows_per_step", "decode", "{:6.0f}"), ("deferred_decodes_per_step", "defer", "{:5.0f}"),
             ("prefill_rows_per_step", "prompts", "{:7.2f}"), ("streams", "streams", "{:7.0f}"),
             ("queued_jobs", "queued", "{:6.0f}"), ("running_jobs", "running", "{:7.0f}"),
+            ("gc_pause_ms_per_s", "gc ms/s", "{:7.1f}"),
             ("started", "started", "{:7d}"), ("underruns", "underruns", "{:9d}")]
 
 

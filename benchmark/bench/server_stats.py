@@ -123,6 +123,8 @@ def level_figures(before: tuple[float, dict[str, float]] | None,
     out["busy_fraction"] = busy / (t1 - t0)
     if steps:
         out["ms_per_step"] = 1e3 * busy / steps
+    if "gc_pause_s" in delta:  # the engine process's garbage-collection pauses
+        out["gc_pause_ms_per_s"] = 1e3 * delta["gc_pause_s"] / (t1 - t0)
     lm_steps = delta.get("lm_steps", 0.0)
     if lm_steps:
         for name in ("decode_rows", "deferred_decodes", "prefill_rows", "prefill_tokens"):

@@ -82,7 +82,8 @@ def test_timeline_gives_each_interval_its_rates_and_the_gauges_at_its_end() -> N
     that went down (an engine restart) drops that interval only."""
     samples = [
         (100.0, {"steps": 0, "busy_s": 0.0, "lm_steps": 0, "decode_rows": 0}, {"queued_jobs": 0}),
-        (101.0, {"steps": 100, "busy_s": 0.8, "lm_steps": 100, "decode_rows": 6400}, {"queued_jobs": 3}),
+        (101.0, {"steps": 100, "busy_s": 0.8, "lm_steps": 100, "decode_rows": 6400, "gc_pause_s": 0.25},
+         {"queued_jobs": 3}),
         (102.0, {"steps": 150, "busy_s": 1.8, "lm_steps": 150, "decode_rows": 19200}, {"queued_jobs": 1}),
         (103.0, {"steps": 10, "busy_s": 0.1, "lm_steps": 10, "decode_rows": 100}, {"queued_jobs": 0}),
     ]
@@ -90,5 +91,6 @@ def test_timeline_gives_each_interval_its_rates_and_the_gauges_at_its_end() -> N
     assert [r["t_s"] for r in rows] == [1.5, 2.5]
     assert rows[0]["steps_per_s"] == 100 and rows[0]["ms_per_step"] == pytest.approx(8.0)
     assert rows[0]["decode_rows_per_step"] == 64 and rows[0]["queued_jobs"] == 3
+    assert rows[0]["gc_pause_ms_per_s"] == pytest.approx(250.0)  # 0.25 s of pauses in that second
     assert rows[1]["ms_per_step"] == pytest.approx(20.0) and rows[1]["decode_rows_per_step"] == 256
     assert rows[1]["busy_fraction"] == pytest.approx(1.0)
