@@ -43,6 +43,10 @@ class EngineConfig:
     # LMBackend.step), so the device does not wait for the host between steps: "auto" = on
     # with CUDA graphs (measured on an H200: 224 streams on time, 192 without), "on", "off".
     async_steps: str = "auto"
+    # A step with decode rows and fresh prompts replays one CUDA graph for both (one pass over
+    # the weights, engine.llm.mixed_graphs) instead of a decode graph and a prefill graph:
+    # "on" / "off" (default until it is measured on a GPU).
+    mixed_graphs: str = "off"
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,
     # 512, 512, 1387 (a start buffer fills a frame later, with less of a deficit behind it).
@@ -97,6 +101,8 @@ class EngineConfig:
             raise ValueError("prefill_wait_s must be -1 (auto), 0 (off) or seconds")
         if self.async_steps not in ("auto", "on", "off"):
             raise ValueError("async_steps must be auto, on or off")
+        if self.mixed_graphs not in ("on", "off"):
+            raise ValueError("mixed_graphs must be on or off")
         if self.prefill_batch_seqs < -1:
             raise ValueError("prefill_batch_seqs must be -1 (auto), 0 or a prompt count")
         if not 0 <= self.ramp_step_samples <= 8192:

@@ -66,6 +66,7 @@ def build_orpheus_backend(
     prefill_wait_s: float | None = None,
     prefill_batch_seqs: int | None = None,
     async_steps: bool | str | None = None,
+    mixed_graphs: bool | str | None = None,
     ramp_step_samples: int | None = None,
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
@@ -103,6 +104,8 @@ def build_orpheus_backend(
     ``async_steps``: launch each step before the previous one's tokens reach the host
     (``LMBackend``): True / "on", False / "off", or "auto" (default): on when the runner replays
     CUDA graphs.
+    ``mixed_graphs``: "on" / True captures ``MixedGraphs`` (decode rows and fresh prompts in one
+    replay) with the CUDA-graph runner; "off" (default).
     ``ramp_step_samples``: the fast-start ramp's lookahead growth per frame
     (``models.orpheus.codec.StreamingDecoder``); 0 (default) = ``AUTO_RAMP_STEPS_CUDA`` on CUDA
     (the second one for segments that start under load, ``OrpheusProgram``), 1024 on the CPU.
@@ -207,7 +210,9 @@ def build_orpheus_backend(
         if importlib.util.find_spec("flashinfer") is None:
             log.warning("flashinfer is not installed: plain torch paged attention, no CUDA graphs")
         elif pick(None, "enable_cuda_graphs", True):
-            runner_factory = functools.partial(CudaGraphModelRunner, max_model_len=max_model_len)
+            mixed = pick(mixed_graphs, "mixed_graphs", "off")
+            runner_factory = functools.partial(CudaGraphModelRunner, max_model_len=max_model_len,
+                                               mixed=mixed in (True, "on"))
         else:
             attention_backend_factory = attention_backend_factory or flashinfer_attention_factory
     runner_kw: dict[str, Any] = {}

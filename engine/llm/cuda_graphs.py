@@ -259,16 +259,21 @@ class DecodeGraphs:
 
     def _scratch_metadata(self, b: int) -> Any:
         """Metadata for ``b`` padding rows only (used to plan the capture)."""
-        empty = _EmptyMeta(
-            qo_indptr=torch.zeros(1, dtype=torch.int32),
-            kv_indptr=torch.zeros(1, dtype=torch.int32),
-            kv_indices=torch.zeros(0, dtype=torch.int32),
-            kv_last_page_len=torch.zeros(0, dtype=torch.int32),
-            slot_mapping=torch.zeros(0, dtype=torch.int64),
-            positions=torch.zeros(0, dtype=torch.int64),
-            num_decode_seqs=0,
-        )
-        return pad_decode_metadata(empty, b, scratch_page=self.scratch_page, page_size=self.page_size)
+        return scratch_decode_metadata(b, scratch_page=self.scratch_page, page_size=self.page_size)
+
+
+def scratch_decode_metadata(b: int, *, scratch_page: int, page_size: int) -> Any:
+    """Decode metadata of ``b`` padding rows only, all in the scratch page (to plan a capture)."""
+    empty = _EmptyMeta(
+        qo_indptr=torch.zeros(1, dtype=torch.int32),
+        kv_indptr=torch.zeros(1, dtype=torch.int32),
+        kv_indices=torch.zeros(0, dtype=torch.int32),
+        kv_last_page_len=torch.zeros(0, dtype=torch.int32),
+        slot_mapping=torch.zeros(0, dtype=torch.int64),
+        positions=torch.zeros(0, dtype=torch.int64),
+        num_decode_seqs=0,
+    )
+    return pad_decode_metadata(empty, b, scratch_page=scratch_page, page_size=page_size)
 
 
 @dataclasses.dataclass
@@ -320,7 +325,9 @@ class CudaGraphModelRunner(ModelRunner):
     plans attention, replays and reads the tokens. Fresh whole prompts (up to
     ``prefill_row_buckets[-1]`` of them, alone or after the decode rows of a mixed step) are
     packed into one replay of ``PrefillGraphs`` (``prefill_buckets``: token counts; ``()`` =
-    none; default: those of ``DEFAULT_PREFILL_BUCKETS`` up to ``max_model_len``). Other steps
+    none; default: those of ``DEFAULT_PREFILL_BUCKETS`` up to ``max_model_len``); with ``mixed``,
+    a step with both goes through one ``MixedGraphs`` replay where it fits (one pass over the
+    weights instead of two). Other steps
     (chunked or continued prefills, more decode rows than the largest bucket) run eagerly. ``max_model_len`` bounds a graphed row's context (it
     sizes the page-index buffers). ``fused`` uses ``FusedLlamaForward`` (fewer kernels).
     """
@@ -338,6 +345,9 @@ class CudaGraphModelRunner(ModelRunner):
         capture: bool = True,
         progress: bool = True,
         fused: bool = True,
+        mixed: bool = False,
+        mixed_decode_buckets: Sequence[int] | None = None,
+        mixed_token_buckets: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("attention_backend_factory", flashinfer_attention_factory)
@@ -373,6 +383,21 @@ class CudaGraphModelRunner(ModelRunner):
             scratch_page=self.scratch_page, buckets=prefill_buckets or [max_model_len],
             row_buckets=prefill_row_buckets or DEFAULT_PREFILL_ROW_BUCKETS, extra_specs=self.graphs.extra_specs,
         ) if prefill_buckets != () else None
+        # One graph for decode rows and fresh prompts together (engine.llm.mixed_graphs)
+        self.mixed_graphs = None
+        if mixed and self.prefill_graphs is not None:
+            from engine.llm.mixed_graphs import DEFAULT_MIXED_DECODE_BUCKETS, DEFAULT_MIXED_TOKEN_BUCKETS, MixedGraphs
+
+            mixed_buckets = [b for b in (mixed_decode_buckets or DEFAULT_MIXED_DECODE_BUCKETS) if b <= self.max_num_seqs]
+            token_buckets = [t for t in (mixed_token_buckets or DEFAULT_MIXED_TOKEN_BUCKETS)
+                             if t <= self.prefill_graphs.max_num_tokens] or [self.prefill_graphs.max_num_tokens]
+            if mixed_buckets:
+                self.mixed_graphs = MixedGraphs(
+                    self._mixed_step, self.kv_caches, num_q_heads=config.num_attention_heads,
+                    scratch_page=self.scratch_page, max_pages_per_seq=self.graphs.max_pages_per_seq,
+                    decode_buckets=mixed_buckets, token_buckets=token_buckets,
+                    max_prompts=self.prefill_graphs.max_num_seqs, extra_specs=self.graphs.extra_specs,
+                )
         from engine.llm.decode_inputs import DecodeInputBuilder
 
         self._inputs = DecodeInputBuilder(max_num_seqs=self.max_num_seqs, max_pages_per_seq=self.graphs.max_pages_per_seq,
@@ -387,27 +412,39 @@ class CudaGraphModelRunner(ModelRunner):
         self.graphs.capture(progress=progress)
         if self.prefill_graphs is not None:
             self.prefill_graphs.capture(progress=progress)
+        if self.mixed_graphs is not None:
+            self.mixed_graphs.capture(progress=progress)
         self.use_graphs = True
 
     def _graph_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, *extras: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.forward_fn(ids, pos, attn)  # [B, hidden]
-        return self._sample_in_graph(hidden, *extras, fresh=False)
+        return self._sample_in_graph(hidden, *extras, fresh_from=None)
 
     def _prefill_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, last: torch.Tensor,
                       *extras: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.forward_fn(ids, pos, attn).index_select(0, last)  # [1, hidden]
-        return self._sample_in_graph(hidden, *extras, fresh=True)
+        return self._sample_in_graph(hidden, *extras, fresh_from=0)
+
+    def _mixed_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, last: torch.Tensor,
+                    *extras: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode rows then packed prompts (``MixedGraphs``): one forward, one sampler call over
+        the decode rows and each prompt's last token."""
+        b = attn.num_decode
+        hidden = self.forward_fn(ids, pos, attn)  # [b + t, hidden]
+        rows = torch.cat([hidden[:b], hidden[b:].index_select(0, last)])  # [b + r, hidden]
+        return self._sample_in_graph(rows, *extras, fresh_from=b)
 
     def _sample_in_graph(
         self, hidden: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, penalty: torch.Tensor,
         seeds: torch.Tensor, steps: torch.Tensor, slot1: torch.Tensor, allowed_rows: torch.Tensor,
-        keep: torch.Tensor, *, fresh: bool,
+        keep: torch.Tensor, *, fresh_from: int | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``fresh_from``: the rows from there on are fresh prompts (None: none)."""
         logits = self.model.compute_logits(hidden, self.vocab_ids)  # [B, K] float32
         rows = (slot1 - 1).remainder(self.max_num_seqs + 1)  # padding (0) -> the extra row
-        if fresh:  # a new sequence took this slot: forget its predecessor's tokens
-            self._seen_rows.index_fill_(0, rows, False)
+        if fresh_from is not None:  # a new sequence took this slot: forget its predecessor's tokens
+            self._seen_rows.index_fill_(0, rows[fresh_from:], False)
         allowed = columns = None
         if self.allowed_table is not None:
             columns = self.allowed_cols.index_select(0, allowed_rows)  # [B, M]
@@ -446,6 +483,10 @@ class CudaGraphModelRunner(ModelRunner):
         independently, so splitting a step in two replays changes no token.
         """
         nd = batch.num_decode_seqs
+        if nd > 0 and len(batch.seqs) > nd and self.mixed_graphs is not None:
+            tokens = self._execute_mixed(batch, feed)
+            if tokens is not None:
+                return tokens
         parts = []
         if nd > 0:
             dec = _sub_batch(batch, 0, nd)
@@ -471,6 +512,25 @@ class CudaGraphModelRunner(ModelRunner):
                 tokens = tokens[: sub.num_seqs]
             outs.append(tokens)
         return outs[0] if len(outs) == 1 else torch.cat(outs)  # a copy: the next replay may overwrite
+
+    def _execute_mixed(self, batch: Any, feed: torch.Tensor | None) -> torch.Tensor | None:
+        """A mixed step's tokens from one ``MixedGraphs`` replay, or None when it does not fit
+        (then the decode and prefill graphs replay one after the other)."""
+        nd = batch.num_decode_seqs
+        pre = _sub_batch(batch, nd, len(batch.seqs))
+        if not self.prefill_graphs.can_run(pre) or not self.mixed_graphs.can_run(nd, pre.num_new_tokens):
+            return None
+        from engine.llm.prefill_graphs import pack_prefill
+
+        dec = _sub_batch(batch, 0, nd)
+        b = bucket_for(nd, self.mixed_graphs.decode_buckets)
+        ids, meta, *dec_extras = self._decode_args(*self._inputs.build(dec.seqs, b, dec.is_sampled), feed=feed)
+        _, *pre_extras = self.graph_inputs(pre)
+        pre_ids, positions, seg, last = pack_prefill([s.prompt_ids for s in pre.seqs])
+        slots = build_attention_metadata(pre, self.page_size).slot_mapping
+        dec_tokens, pre_tokens = self.mixed_graphs.run(nd, ids, meta, dec_extras, pre_ids, positions, seg, slots,
+                                                       last, pre_extras)
+        return torch.cat([dec_tokens, pre_tokens])  # a copy: the next replay may overwrite
 
     def _decode_args(self, meta: Any, ints: torch.Tensor, floats: torch.Tensor, keep: torch.Tensor, *,
                      feed: torch.Tensor | None = None) -> tuple:

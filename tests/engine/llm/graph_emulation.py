@@ -39,3 +39,44 @@ def emulate_replays(runner: Any, *, num_tokens: int = 32, record: list[str] | No
     runner.prefill_graphs.run = prefill_run
     runner.prefill_graphs._graphs = {num_tokens: None}
     runner.use_graphs = True
+
+
+class _Replay:
+    """A captured graph's stand-in: replay runs the step function on the static buffers."""
+
+    def __init__(self, fn, outs):  # noqa: ANN001
+        self.fn, self.outs = fn, outs
+
+    def replay(self) -> None:
+        for dst, src in zip(self.outs, self.fn()):
+            dst.copy_(src)
+
+
+def emulate_mixed(runner: Any, *, record: list[str] | None = None) -> None:
+    """Fill ``runner.mixed_graphs`` with stand-ins of every (decode bucket, token bucket) graph:
+    ``MixedGraphs.run`` fills the static buffers as on the GPU, and the replay runs the step
+    function on them eagerly (torch paged attention for the decode rows)."""
+    from engine.llm.attention import TorchPagedAttention
+    from engine.llm.mixed_graphs import MixedAttention, _MixedGraph
+    from engine.llm.prefill_graphs import GraphPrefillAttention
+
+    mixed = runner.mixed_graphs
+    r = mixed.max_prompts
+    for b in mixed.decode_buckets:
+        for t in mixed.token_buckets:
+            attn = MixedAttention(TorchPagedAttention(runner.spec, runner.kv_caches),
+                                  GraphPrefillAttention(runner.kv_caches, num_q_heads=runner.config.num_attention_heads,
+                                                        num_tokens=t), b)
+            ids = torch.zeros(b + t, dtype=torch.int64)
+            pos = torch.zeros(b + t, dtype=torch.int64)
+            last = torch.zeros(r, dtype=torch.int64)
+            extras = [torch.zeros((b + r, *s), dtype=dt) for s, dt in mixed.extra_specs]
+            num_cols = runner.seen.shape[1]
+            outs = (torch.zeros(b + r, dtype=torch.int64), torch.zeros(b + r, num_cols))
+
+            def step(ids=ids, pos=pos, attn=attn, last=last, extras=extras):  # noqa: ANN001, ANN202
+                if record is not None:
+                    record.append("mixed")
+                return runner._mixed_step(ids, pos, attn, last, *extras)
+
+            mixed._graphs[(b, t)] = _MixedGraph(_Replay(step, outs), attn, ids, pos, last, extras, outs)
