@@ -97,6 +97,20 @@ def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
     return out if isinstance(out, tuple) else (out,)
 
 
+def capture_step(step_fn: Callable[..., Any], args: Sequence[Any], *, pool: Any, device: torch.device,
+                 stream: torch.cuda.Stream | None = None) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
+    """Run ``step_fn(*args)`` once eagerly (warm-up: lazy init and autotuning stay out of the
+    graph), then capture it into a graph in ``pool`` (on ``stream``, None: PyTorch's default
+    capture stream); returns the graph and its static outputs."""
+    with torch.inference_mode():
+        step_fn(*args)
+        torch.cuda.synchronize(device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool, stream=stream):
+            outs = _as_tuple(step_fn(*args))
+    return g, outs
+
+
 class BatchGraphs:
     """``fn(*inputs) -> Tensor | tuple[Tensor, ...]`` captured per batch bucket.
 
@@ -138,12 +152,7 @@ class BatchGraphs:
         self.capture_stream = torch.cuda.Stream(self.device)
         for b in _progress(sorted(self.buckets, reverse=True), desc, progress):
             inputs = [torch.zeros((b, *shape), dtype=dt, device=self.device) for shape, dt in self.input_specs]
-            with torch.inference_mode():
-                self.fn(*inputs)  # warm-up: lazy init and autotuning stay out of the graph
-                torch.cuda.synchronize(self.device)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool, stream=self.capture_stream):
-                    outs = _as_tuple(self.fn(*inputs))
+            g, outs = capture_step(self.fn, inputs, pool=pool, device=self.device, stream=self.capture_stream)
             self._graphs[b] = (g, inputs, outs)
         torch.cuda.synchronize(self.device)
 
@@ -227,12 +236,7 @@ class DecodeGraphs:
             pos = torch.zeros(b, dtype=torch.int64, device=self.device)
             extras = [torch.zeros((b, *s), dtype=dt, device=self.device) for s, dt in self.extra_specs]
             attn.begin_step(self._scratch_metadata(b))
-            with torch.inference_mode():
-                self.step_fn(ids, pos, attn, *extras)  # warm-up outside the graph
-                torch.cuda.synchronize(self.device)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
-                    outs = _as_tuple(self.step_fn(ids, pos, attn, *extras))
+            g, outs = capture_step(self.step_fn, (ids, pos, attn, *extras), pool=pool, device=self.device)
             self._graphs[b] = _DecodeGraph(g, attn, ids, pos, extras, outs)
         torch.cuda.synchronize(self.device)
 

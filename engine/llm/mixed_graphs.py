@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from engine.llm.cuda_graphs import TensorSpec, _as_tuple, _progress, bucket_for, pad_decode_metadata, scratch_decode_metadata
+from engine.llm.cuda_graphs import (TensorSpec, _progress, bucket_for, capture_step, pad_decode_metadata,
+                                    scratch_decode_metadata)
 from engine.llm.prefill_graphs import GraphPrefillAttention, pad_prefill_slots
 
 __all__ = ["MixedAttention", "MixedGraphs", "DEFAULT_MIXED_DECODE_BUCKETS", "DEFAULT_MIXED_TOKEN_BUCKETS"]
@@ -118,12 +119,7 @@ class MixedGraphs:
             dec.begin_step(scratch_decode_metadata(b, scratch_page=self.scratch_page, page_size=self.page_size))
             pre.begin_step(pad_prefill_slots(torch.zeros(0, dtype=torch.int64), t, scratch_page=self.scratch_page,
                                              page_size=self.page_size))
-            with torch.inference_mode():
-                self.step_fn(ids, pos, attn, last, *extras)  # warm-up outside the graph
-                torch.cuda.synchronize(self.device)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
-                    outs = _as_tuple(self.step_fn(ids, pos, attn, last, *extras))
+            g, outs = capture_step(self.step_fn, (ids, pos, attn, last, *extras), pool=pool, device=self.device)
             self._graphs[(b, t)] = _MixedGraph(g, attn, ids, pos, last, extras, outs)
         torch.cuda.synchronize(self.device)
 

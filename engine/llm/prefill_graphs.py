@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.llm.cuda_graphs import TensorSpec, _as_tuple, _progress, bucket_for
+from engine.llm.cuda_graphs import TensorSpec, _progress, bucket_for, capture_step
 from engine.llm.flashinfer_attention import _write_kv, slot_to_page_offset
 
 __all__ = [
@@ -157,12 +157,7 @@ class PrefillGraphs:
             extras = [torch.zeros((r, *s), dtype=dt, device=self.device) for s, dt in self.extra_specs]
             attn.begin_step(pad_prefill_slots(torch.zeros(0, dtype=torch.int64), t, scratch_page=self.scratch_page,
                                               page_size=self.page_size))
-            with torch.inference_mode():
-                self.step_fn(ids, pos, attn, last, *extras)  # warm-up outside the graph
-                torch.cuda.synchronize(self.device)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
-                    outs = _as_tuple(self.step_fn(ids, pos, attn, last, *extras))
+            g, outs = capture_step(self.step_fn, (ids, pos, attn, last, *extras), pool=pool, device=self.device)
             self._graphs[(t, r)] = _PrefillGraph(g, attn, ids, pos, last, extras, outs)
         torch.cuda.synchronize(self.device)
 
