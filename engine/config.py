@@ -36,7 +36,8 @@ class EngineConfig:
     decode_fill_seqs: int = -1
     # Under load (a step of at least decode_fill_seqs decode rows) fresh prompts wait up to
     # prefill_wait_s, once due, for prefill_batch_seqs of them to share one prefill pass
-    # (engine.llm.scheduler): -1 = auto (50 ms and 8 with CUDA graphs, off otherwise), 0 = off.
+    # (engine.llm.scheduler): -1 = auto (50 ms and 8 with CUDA graphs, off otherwise and with
+    # mixed graphs, where a prompt rides in the decode rows' pass), 0 = off.
     prefill_wait_s: float = -1.0
     prefill_batch_seqs: int = -1
     # Launch each LM step before the previous one's tokens reach the host (engine.llm.backend

@@ -55,8 +55,9 @@ def format_summary(result: BenchResult) -> str:
             rows = (f", {srv['decode_rows_per_step']:.0f} decode rows and "
                     f"{srv.get('prefill_tokens_per_step', 0.0):.0f} prompt tokens per LM step"
                     if "decode_rows_per_step" in srv else "")
+            slow = _slowest_interval(run.summary.extra.get("server_timeline") or [])
             lines.append(f"server at {run.summary.level:g}: {srv['ms_per_step']:.1f} ms per engine step, "
-                         f"busy {100 * srv['busy_fraction']:.0f}%{rows}")
+                         f"busy {100 * srv['busy_fraction']:.0f}%{rows}{slow}")
     for run in result.levels:
         if run.summary.errors_by_code:
             errs = ", ".join(f"{k}: {v}" for k, v in run.summary.errors_by_code.items())
@@ -238,3 +239,16 @@ def _save(fig: Any, path: Path) -> Path:
 
     plt.close(fig)
     return path
+
+
+def _slowest_interval(timeline: list[dict]) -> str:
+    """", slowest second: X ms per step at T s" from a level's server timeline ("" without one);
+    the engine's garbage-collection pauses in it, where reported (``benchmark.timeline``
+    prints every second)."""
+    timed = [p for p in timeline if "ms_per_step" in p]
+    if not timed:
+        return ""
+    worst = max(timed, key=lambda p: p["ms_per_step"])
+    gc = worst.get("gc_pause_ms_per_s")
+    gc_part = f", {gc:.0f} ms of GC pauses" if gc else ""
+    return f"; slowest second {worst['ms_per_step']:.1f} ms per step at {worst['t_s']:.1f} s{gc_part}"

@@ -32,6 +32,20 @@ def _resolve_async(value: bool | str, runner: Any) -> bool:
     return value == "on" or (value == "auto" and bool(getattr(runner, "use_graphs", False)))
 
 
+def _prefill_batching(wait_s: float, batch_seqs: int, runner: Any) -> tuple[float, int]:
+    """``prefill_wait_s`` and ``prefill_batch_seqs``, -1 resolved: with prefill graphs the
+    ``AUTO_PREFILL_*_CUDA`` values (a prompt's own replay is a pass over all the weights, so
+    prompts wait to share it); with mixed graphs as well, 0 (prompts ride in the decode rows'
+    pass and cost only their own tokens: waiting would only delay them); otherwise 0."""
+    graphs = getattr(runner, "prefill_graphs", None) is not None
+    separate = graphs and getattr(runner, "mixed_graphs", None) is None
+    if wait_s < 0:
+        wait_s = AUTO_PREFILL_WAIT_S_CUDA if separate else 0.0
+    if batch_seqs < 0:
+        batch_seqs = AUTO_PREFILL_BATCH_CUDA if separate else 0
+    return wait_s, batch_seqs
+
+
 def _ramp_steps(ramp_step_samples: int, device: str) -> dict[str, int | None]:
     """OrpheusProgram's ramp settings: a fixed step, or (0) the automatic pair on CUDA."""
     if ramp_step_samples:
@@ -100,7 +114,8 @@ def build_orpheus_backend(
     ``AUTO_DECODE_HORIZON_S_CUDA`` / ``AUTO_DECODE_FILL_CUDA`` on CUDA, off on the CPU.
     ``prefill_wait_s`` / ``prefill_batch_seqs``: under load, fresh prompts wait that long (once
     due) for that many to share one prefill pass (``SchedulerConfig``); -1 (default) =
-    ``AUTO_PREFILL_WAIT_S_CUDA`` / ``AUTO_PREFILL_BATCH_CUDA`` with prefill graphs, off otherwise.
+    ``AUTO_PREFILL_WAIT_S_CUDA`` / ``AUTO_PREFILL_BATCH_CUDA`` with prefill graphs, off otherwise
+    and with mixed graphs (``_prefill_batching``).
     ``async_steps``: launch each step before the previous one's tokens reach the host
     (``LMBackend``): True / "on", False / "off", or "auto" (default): on when the runner replays
     CUDA graphs.
@@ -239,12 +254,8 @@ def build_orpheus_backend(
     fill = pick(decode_fill_seqs, "decode_fill_seqs", -1)
     if fill < 0:
         fill = AUTO_DECODE_FILL_CUDA if device == "cuda" else 0
-    prefill_wait = pick(prefill_wait_s, "prefill_wait_s", -1.0)
-    if prefill_wait < 0:
-        prefill_wait = AUTO_PREFILL_WAIT_S_CUDA if prefill_graphs is not None else 0.0
-    prefill_batch = pick(prefill_batch_seqs, "prefill_batch_seqs", -1)
-    if prefill_batch < 0:
-        prefill_batch = AUTO_PREFILL_BATCH_CUDA if prefill_graphs is not None else 0
+    prefill_wait, prefill_batch = _prefill_batching(pick(prefill_wait_s, "prefill_wait_s", -1.0),
+                                                    pick(prefill_batch_seqs, "prefill_batch_seqs", -1), runner)
     scheduler = Scheduler(
         SchedulerConfig(
             max_num_seqs=max_num_seqs,

@@ -213,3 +213,8 @@ def test_summary_says_where_streams_first_underran() -> None:
                                                 "decode_rows_per_step": 181.2, "prefill_tokens_per_step": 12.6}
     assert ("server at 2: 9.8 ms per engine step, busy 93%, 181 decode rows and 13 prompt tokens per LM step"
             in format_summary(result))
+    result.levels[1].summary.extra["server_timeline"] = [  # the server second by second
+        {"t_s": 1.0, "ms_per_step": 8.0}, {"t_s": 2.1, "ms_per_step": 18.3, "gc_pause_ms_per_s": 240.0},
+        {"t_s": 3.0, "ms_per_step": 9.0}, {"t_s": 3.5}]
+    assert ("13 prompt tokens per LM step; slowest second 18.3 ms per step at 2.1 s, 240 ms of GC pauses"
+            in format_summary(result))

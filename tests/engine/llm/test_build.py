@@ -77,3 +77,19 @@ def test_async_steps_resolve_auto_to_the_graph_runner_only():
         _resolve_async("yes", plain)
     with pytest.raises(ValueError):
         EngineConfig(async_steps="yes")
+
+
+def test_prefill_batching_resolves_auto_by_the_runner_s_graphs():
+    """Prompts wait for company only when each has a replay of its own (prefill graphs without
+    mixed graphs); explicit values are kept."""
+    from types import SimpleNamespace
+
+    from engine.llm.build import AUTO_PREFILL_BATCH_CUDA, AUTO_PREFILL_WAIT_S_CUDA, _prefill_batching
+
+    separate = SimpleNamespace(prefill_graphs=object(), mixed_graphs=None)
+    mixed = SimpleNamespace(prefill_graphs=object(), mixed_graphs=object())
+    plain = SimpleNamespace()
+    assert _prefill_batching(-1.0, -1, separate) == (AUTO_PREFILL_WAIT_S_CUDA, AUTO_PREFILL_BATCH_CUDA)
+    assert _prefill_batching(-1.0, -1, mixed) == (0.0, 0)
+    assert _prefill_batching(-1.0, -1, plain) == (0.0, 0)
+    assert _prefill_batching(0.01, 3, mixed) == (0.01, 3)
