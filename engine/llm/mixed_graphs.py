@@ -32,8 +32,9 @@ __all__ = ["MixedAttention", "MixedGraphs", "DEFAULT_MIXED_DECODE_BUCKETS", "DEF
 
 # Decode rows of a loaded step (from the decode fill of 64 to the decode cap of 320 on CUDA)
 DEFAULT_MIXED_DECODE_BUCKETS: tuple[int, ...] = tuple(range(64, 321, 32))
-# Prompt tokens: a few prompts of about 55 tokens, up to the largest prefill graph's 512
-DEFAULT_MIXED_TOKEN_BUCKETS: tuple[int, ...] = (128, 256, 512)
+# Prompt tokens: one to a few prompts of about 55 tokens, up to the largest prefill graph's
+# 512; padding tokens go through every GEMM, hence 384 between 256 and 512
+DEFAULT_MIXED_TOKEN_BUCKETS: tuple[int, ...] = (64, 128, 256, 384, 512)
 
 
 class MixedAttention:
