@@ -7,7 +7,12 @@ audio: waits for its codec work, then chunks), ``wait`` (for this step's tokens:
 not hidden behind the host work), ``update``, ``audio_in`` (host bookkeeping of the new tokens
 and starting their codec work); ``other`` is the rest. Medians over the measured steps.
 
+``--prompts-per-step N`` adds N fresh one-token jobs before every measured step, so each step
+also prefills N prompts (prompts do not wait for company here): with ``--mixed-graphs on`` they
+ride in the decode rows' graph, with ``off`` they get a prefill replay of their own.
+
     python -m benchmark.engine_profile --batch 1,64,128,256 --steps 100 [--profile 256] [--json F]
+    python -m benchmark.engine_profile --batch 256,320 --prompts-per-step 4 --mixed-graphs on
 
 ``--model tiny --device cpu`` runs the same path on the CPU (for tests of this script).
 """
@@ -75,9 +80,13 @@ def _uninstrument(backend: Any) -> None:
 
 
 def measure(backend: Any, batch: int, steps: int, *, max_tokens: int, profile: bool = False,
-            sync: Any = None) -> dict[str, Any]:
-    """Keep ``batch`` jobs running; per-step wall time and phase medians in ms."""
+            sync: Any = None, prompts_per_step: int = 0) -> dict[str, Any]:
+    """Keep ``batch`` jobs running (and ``prompts_per_step`` one-token jobs arriving each
+    step); per-step wall time and phase medians in ms."""
     voice, options = backend.validate(None, {"max_tokens": max_tokens, "seed": 1})
+    _, one_token = backend.validate(None, {"max_tokens": 7, "seed": 2})
+    one_token["max_tokens"] = 1  # (below the options' floor: the prompt's own token ends it)
+    next_id = batch
     for job in range(batch):
         backend.add_job(job, TEXT, voice, options)
     for _ in range(60 + batch // 16):  # admission (16 prompts a step), prefill, the ramp's frames
@@ -87,6 +96,9 @@ def measure(backend: Any, batch: int, steps: int, *, max_tokens: int, profile: b
     rows: list[dict[str, float]] = []
     running: list[int] = []
     for _ in range(steps):
+        for _ in range(prompts_per_step):
+            backend.add_job(next_id, TEXT, voice, one_token)
+            next_id += 1
         store.clear()
         if prof:
             prof.enable()
@@ -100,7 +112,7 @@ def measure(backend: Any, batch: int, steps: int, *, max_tokens: int, profile: b
         row["total"] = total * 1e3
         rows.append(row)
         running.append(backend.scheduler.num_running)
-    for job in range(batch):
+    for job in range(next_id):
         backend.abort_job(job)
     _uninstrument(backend)
     if sync is not None:
@@ -109,7 +121,8 @@ def measure(backend: Any, batch: int, steps: int, *, max_tokens: int, profile: b
         pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
     med = {k: statistics.median(r[k] for r in rows) for k in (*PHASES, "total")}
     totals = sorted(r["total"] for r in rows)
-    return {"batch": batch, "running_median": statistics.median(running), "steps": steps,
+    return {"batch": batch, "prompts_per_step": prompts_per_step, "running_median": statistics.median(running),
+            "steps": steps,
             "median_ms": med, "p90_total_ms": totals[int(0.9 * (len(totals) - 1))]}
 
 
@@ -125,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--async-steps", default="auto", choices=["auto", "on", "off"],
                         help="LMBackend async_steps (auto: on with CUDA graphs; the phases then overlap "
                              "differently: 'wait' is for the step launched one call earlier)")
+    parser.add_argument("--prompts-per-step", type=number_type(int, 0), default=0,
+                        help="fresh one-token jobs added before every measured step (default 0)")
+    parser.add_argument("--mixed-graphs", default="off", choices=["on", "off"],
+                        help="decode rows and fresh prompts in one CUDA graph (engine.llm.mixed_graphs)")
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
     batches = args.batch
@@ -134,24 +151,30 @@ def main(argv: list[str] | None = None) -> int:
     from engine.llm.build import build_orpheus_backend
 
     backend = build_orpheus_backend(
-        args.model, device=args.device, load_format=args.load_format, max_num_seqs=max(batches),
-        max_model_len=2048, max_waiting=4 * max(batches), async_steps=args.async_steps,
+        args.model, device=args.device, load_format=args.load_format,
+        max_model_len=2048, max_waiting=4 * max(batches) + 4 * args.prompts_per_step,
+        async_steps=args.async_steps, mixed_graphs=args.mixed_graphs,
+        max_num_seqs=max(batches) + 2 * args.prompts_per_step + 1,
+        **({"prefill_wait_s": 0.0, "prefill_batch_seqs": 0} if args.prompts_per_step else {}),
     )
     sync = torch.cuda.synchronize if args.device == "cuda" else None
     name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
-    print(f"engine step on {name}; model {args.model} ({args.load_format}); torch {torch.__version__}")
+    print(f"engine step on {name}; model {args.model} ({args.load_format}); torch {torch.__version__}; "
+          f"{args.prompts_per_step} fresh prompts per step; mixed graphs {args.mixed_graphs}")
     header = f"{'batch':>6} {'running':>7} " + " ".join(f"{p:>11}" for p in PHASES) + f" {'total':>8} {'p90':>8}"
     print(header + "   (medians, ms)")
     results = []
     for b in batches:
-        r = measure(backend, b, args.steps, max_tokens=args.max_tokens, profile=(b == args.profile), sync=sync)
+        r = measure(backend, b, args.steps, max_tokens=args.max_tokens, profile=(b == args.profile), sync=sync,
+                    prompts_per_step=args.prompts_per_step)
         results.append(r)
         m = r["median_ms"]
         print(f"{b:>6} {r['running_median']:>7.0f} " + " ".join(f"{m[p]:>11.2f}" for p in PHASES)
               + f" {m['total']:>8.2f} {r['p90_total_ms']:>8.2f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": name, "model": args.model, "results": results}, f, indent=1)
+            json.dump({"device": name, "model": args.model, "prompts_per_step": args.prompts_per_step,
+                       "mixed_graphs": args.mixed_graphs, "results": results}, f, indent=1)
     return 0
 
 
