@@ -12,7 +12,7 @@ also prefills N prompts (prompts do not wait for company here): with ``--mixed-g
 ride in the decode rows' graph, with ``off`` they get a prefill replay of their own.
 
     python -m benchmark.engine_profile --batch 1,64,128,256 --steps 100 [--profile 256] [--json F]
-    python -m benchmark.engine_profile --batch 256,320 --prompts-per-step 4 --mixed-graphs on
+    python -m benchmark.engine_profile --batch 256,320 --prompts-per-step 4 --mixed-graphs compare
 
 ``--model tiny --device cpu`` runs the same path on the CPU (for tests of this script).
 """
@@ -140,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                              "differently: 'wait' is for the step launched one call earlier)")
     parser.add_argument("--prompts-per-step", type=number_type(int, 0), default=0,
                         help="fresh one-token jobs added before every measured step (default 0)")
-    parser.add_argument("--mixed-graphs", default="off", choices=["on", "off"],
-                        help="decode rows and fresh prompts in one CUDA graph (engine.llm.mixed_graphs)")
+    parser.add_argument("--mixed-graphs", default="off", choices=["on", "off", "compare"],
+                        help="decode rows and fresh prompts in one CUDA graph (engine.llm.mixed_graphs); "
+                             "compare: each batch with them, then without (one engine, graphs captured once)")
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
     batches = args.batch
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = build_orpheus_backend(
         args.model, device=args.device, load_format=args.load_format,
         max_model_len=2048, max_waiting=4 * max(batches) + 4 * args.prompts_per_step,
-        async_steps=args.async_steps, mixed_graphs=args.mixed_graphs,
+        async_steps=args.async_steps, mixed_graphs="on" if args.mixed_graphs == "compare" else args.mixed_graphs,
         max_num_seqs=max(batches) + 2 * args.prompts_per_step + 1,
         **({"prefill_wait_s": 0.0, "prefill_batch_seqs": 0} if args.prompts_per_step else {}),
     )
@@ -161,16 +162,23 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
     print(f"engine step on {name}; model {args.model} ({args.load_format}); torch {torch.__version__}; "
           f"{args.prompts_per_step} fresh prompts per step; mixed graphs {args.mixed_graphs}")
-    header = f"{'batch':>6} {'running':>7} " + " ".join(f"{p:>11}" for p in PHASES) + f" {'total':>8} {'p90':>8}"
+    header = f"{'batch':>6} {'mixed':>5} {'running':>7} " + " ".join(f"{p:>11}" for p in PHASES) + f" {'total':>8} {'p90':>8}"
     print(header + "   (medians, ms)")
     results = []
+    mixed = getattr(backend.runner, "mixed_graphs", None)
+    variants = [True, False] if args.mixed_graphs == "compare" else [args.mixed_graphs == "on"]
     for b in batches:
-        r = measure(backend, b, args.steps, max_tokens=args.max_tokens, profile=(b == args.profile), sync=sync,
-                    prompts_per_step=args.prompts_per_step)
-        results.append(r)
-        m = r["median_ms"]
-        print(f"{b:>6} {r['running_median']:>7.0f} " + " ".join(f"{m[p]:>11.2f}" for p in PHASES)
-              + f" {m['total']:>8.2f} {r['p90_total_ms']:>8.2f}", flush=True)
+        for use_mixed in variants:
+            if hasattr(backend.runner, "mixed_graphs"):
+                backend.runner.mixed_graphs = mixed if use_mixed else None
+            r = measure(backend, b, args.steps, max_tokens=args.max_tokens, profile=(b == args.profile), sync=sync,
+                        prompts_per_step=args.prompts_per_step)
+            r["mixed_graphs"] = use_mixed and mixed is not None
+            results.append(r)
+            m = r["median_ms"]
+            print(f"{b:>6} {'on' if r['mixed_graphs'] else 'off':>5} {r['running_median']:>7.0f} "
+                  + " ".join(f"{m[p]:>11.2f}" for p in PHASES) + f" {m['total']:>8.2f} {r['p90_total_ms']:>8.2f}",
+                  flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "model": args.model, "prompts_per_step": args.prompts_per_step,

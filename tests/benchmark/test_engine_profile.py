@@ -19,10 +19,21 @@ def test_profile_keeps_the_batch_and_adds_prompts_each_step(tmp_path, capsys) ->
     data = json.loads(out.read_text())
     assert data["prompts_per_step"] == 2 and data["mixed_graphs"] == "off"
     (row,) = data["results"]
+    assert row["mixed_graphs"] is False
     assert row["batch"] == 2 and row["prompts_per_step"] == 2
     assert row["running_median"] == 4  # the 2 decoding jobs and the 2 prompts of the step just launched
     assert row["median_ms"]["total"] > 0 and row["median_ms"]["launch"] > 0
     assert "2 fresh prompts per step" in capsys.readouterr().out
+
+
+def test_profile_compares_with_and_without_mixed_graphs_on_one_engine(tmp_path) -> None:
+    """``--mixed-graphs compare`` measures each batch twice; on the CPU there are no graphs, so
+    both rows run without them (and say so)."""
+    out = tmp_path / "profile.json"
+    assert main(["--model", "tiny", "--device", "cpu", "--batch", "2", "--steps", "5", "--max-tokens", "400",
+                 "--mixed-graphs", "compare", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["batch"] for r in rows] == [2, 2] and [r["mixed_graphs"] for r in rows] == [False, False]
 
 
 def test_profile_refuses_a_negative_prompt_count() -> None:
