@@ -36,6 +36,8 @@ def test_profile_compares_with_and_without_mixed_graphs_on_one_engine(tmp_path) 
     assert [r["batch"] for r in rows] == [2, 2] and [r["mixed_graphs"] for r in rows] == [False, False]
 
 
-def test_profile_refuses_a_negative_prompt_count() -> None:
+def test_profile_refuses_a_negative_prompt_count_and_fp8_on_the_cpu() -> None:
     with pytest.raises(SystemExit):
         main(["--prompts-per-step", "-1"])
+    with pytest.raises(ValueError, match="CUDA"):  # engine.llm.fp8: CUDA and bf16 only
+        main(["--model", "tiny", "--device", "cpu", "--batch", "1", "--quantization", "fp8"])
