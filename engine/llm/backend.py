@@ -293,7 +293,7 @@ class LMBackend:
             return self._outputs(work)
         except Exception as e:
             log.exception("postprocessing failed; failing its %d jobs", len(work.taken.new))
-            return self._fail([s for s, _ in work.taken.new],
+            return self._fail([s for s, _ in work.taken.new if s.seq_id not in work.dropped],
                               f"audio decoding failed: {type(e).__name__}: {e}")
 
     def _outputs(self, work: _Inflight) -> list[JobOutput]:

@@ -127,6 +127,46 @@ def test_no_audio_comes_out_for_a_job_after_its_abort(llm_model):
         np.testing.assert_array_equal(pcm, np.asarray(program.tokens[j], np.float32))
 
 
+class _FailingCollect(_SampleProgram):
+    """Audio work launched while ``fail`` is set raises when collected."""
+
+    fail = False
+
+    def launch_postprocess(self, states, tokens):
+        collect = super().launch_postprocess(states, tokens)
+        if not self.fail:
+            return collect
+
+        def broken():
+            raise RuntimeError("codec exploded")
+
+        return broken
+
+
+def test_a_failed_collection_fails_its_jobs_but_not_one_aborted_meanwhile(llm_model):
+    """The codec work of one step fails when collected, a call later: its jobs get
+    ``model_error``, except one aborted in between, which gets nothing (``abort_job``)."""
+    program = _FailingCollect()
+    backend = make_backend(llm_model, program)
+    backend.async_steps = True
+    for i in range(3):
+        backend.add_job(i, f"{20 + i} {30 + i}", "tara", dict(SAMPLED, seed=i, max_tokens=30, tag=i))
+    for _ in range(6):
+        assert not any(o.error for o in backend.step())
+    program.fail = True
+    backend.step()  # launches the audio work that will fail
+    program.fail = False
+    assert {s.seq_id for s, _ in backend._inflight.taken.new} == {0, 1, 2}
+    backend.abort_job(1)
+    outs = backend.step()  # collects it
+    errors = {o.job_id: o.error for o in outs if o.error is not None}
+    assert set(errors) == {0, 2} and all(e.code == "model_error" and "codec exploded" in e.message
+                                         for e in errors.values())
+    assert not any(o.job_id == 1 for o in outs)
+    drain(backend)
+    assert backend.scheduler.allocator.num_free_pages == backend.scheduler.allocator.num_pages
+
+
 def _emulated_graph_runner(model, max_num_seqs: int = 8):
     """``CudaGraphModelRunner`` on the CPU with each replay run as its step function."""
     import copy
