@@ -68,7 +68,8 @@ class CoreConfig:
     max_streams: int = 4096
     # Deadlines given to backends that schedule by them (``set_deadline``): a stream's first
     # audio is due this long after its first segment; a segment generated ahead is due this
-    # long after its stream's audio so far would have played out.
+    # long after its stream's audio so far would have played out, and never sooner than this
+    # long from now.
     first_audio_budget_s: float = 0.15
     lookahead_slack_s: float = 1.0
 
@@ -239,12 +240,16 @@ class EngineCore:
         if self._set_deadline is None:
             return
         cfg = self.config
+        now = self._clock()
         if stream.t_first_audio is None:
-            due = self._clock() + cfg.first_audio_budget_s  # not yet speaking: soon
+            due = now + cfg.first_audio_budget_s  # not yet speaking: soon
         else:  # when the client's playback, started at the first audio, runs dry
             due = stream.t_first_audio + stream.samples / self.backend.info.sample_rate
         if job is not stream.jobs[0]:
-            due += cfg.lookahead_slack_s
+            # after the head's audio runs out, and never sooner than the slack from now: a
+            # stream that is behind needs its head's audio, not the next segment's (which is
+            # held until the head ends), so its segment ahead does not compete with heads
+            due = max(due, now) + cfg.lookahead_slack_s
         self._set_deadline(job.job_id, due)
 
     def _on_output(self, stream: _Stream, result: JobOutput) -> list[Message]:

@@ -163,6 +163,26 @@ def test_deadlines_first_audio_playing_lookahead() -> None:
     assert backend.deadlines[second][-1] == pytest.approx(10.05 + 0.3)  # 3 chunks sent
 
 
+def test_a_segment_ahead_of_a_stream_that_is_behind_is_due_a_slack_from_now() -> None:
+    """When the stream's audio so far would have played out already (the client is starved),
+    the segment ahead is due one slack from now, not one slack after that past moment: it
+    cannot help the starved head, so it must not outrank other streams' heads."""
+    backend = _DeadlineRecorder(chunks_per_job=3, chunk_samples=2400)  # 100 ms chunks
+    clock = _Clock()
+    core = EngineCore(backend, CoreConfig(first_segment_min_chars=5, min_segment_chars=10,
+                                          max_segment_chars=60, first_audio_budget_s=0.15,
+                                          lookahead_slack_s=1.0), clock=clock)
+    core.open(1, None, {})
+    core.add_text(1, "First part here. Second part here. Third part here. ")
+    first, second = (job_id for job_id, _ in backend.added[:2])
+    clock.t = 10.05
+    core.step()  # first chunk at 10.05: played out by 10.15
+    clock.t = 10.60  # the next chunk comes late: the client ran dry at 10.15
+    core.step()
+    assert backend.deadlines[first][-1] == pytest.approx(10.05 + 0.2)  # the head: in the past, most urgent
+    assert backend.deadlines[second][-1] == pytest.approx(10.60 + 1.0)  # not 10.25 + 1.0
+
+
 class _RampBackend(FakeBackend):
     """Distinct samples per job and chunk, some beyond [-1, 1], so mixed-up or misclipped
     bytes would show."""
