@@ -132,7 +132,8 @@ class EngineCore:
         if key in self._streams:
             return [Error(key, "stream_exists", f"stream key {key} is already open", False)]
         if len(self._streams) >= self.config.max_streams:
-            return [Error(key, "capacity", "the engine has too many open streams", True)]
+            return [Error(key, "capacity", f"server at capacity: {len(self._streams)} streams open "
+                          f"(max_streams={self.config.max_streams}); retry later", True)]
         try:
             voice, options = self.backend.validate(voice, dict(options))
         except OptionError as exc:

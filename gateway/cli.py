@@ -74,6 +74,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--lookahead-jobs", type=int, default=CoreConfig.lookahead_jobs,
                    help="segments generated ahead of the one being spoken")
     lim = sp.add_argument_group("limits")
+    lim.add_argument("--max-streams", type=int, default=CoreConfig.max_streams,
+                     help="streams open at once over all connections; more get a retryable "
+                          "`capacity` error (set it to the capacity `voxgate bench` measured)")
     for name in ("max_text_chars_per_stream", "max_streams_per_connection", "max_frame_bytes",
                  "max_outbox_bytes", "max_connections"):
         lim.add_argument("--" + name.replace("_", "-"), type=int,
@@ -102,7 +105,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[GatewayConfig, EngineCo
     values = vars(args)
     gateway = GatewayConfig(**{f.name: values[f.name] for f in fields(GatewayConfig)
                                if f.name in values})
-    core = CoreConfig(lookahead_jobs=args.lookahead_jobs)
+    core = CoreConfig(lookahead_jobs=args.lookahead_jobs, max_streams=args.max_streams)
     engine = EngineConfig(core=core, **{f.name: values[f.name] for f in fields(EngineConfig)
                                         if f.name in values and f.name != "core"})
     return gateway, engine

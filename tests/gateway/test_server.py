@@ -161,6 +161,30 @@ def test_too_many_streams_and_too_much_text(synth: VoxgateServer) -> None:
     asyncio.run(main())
 
 
+def test_server_wide_stream_limit_refuses_with_a_retryable_capacity_error(server_factory: Any) -> None:
+    """--max-streams 2: a third stream, on another connection, gets `capacity` (retryable) with
+    the limit in its message; once a stream is done, a new one is served."""
+    server = server_factory("--model", "synthetic", "--max-streams", "2")
+
+    async def main() -> None:
+        async with VoxgateClient.connect(server.ws_url) as a, VoxgateClient.connect(server.ws_url) as b:
+            first, second = await a.start(), await a.start()
+            await first.send_text("Still speaking here. ")
+            await second.send_text("And here too. ")
+            third = await b.start()
+            async for _ in third.messages():
+                pass
+            assert third.error["code"] == "capacity" and third.error["retryable"]
+            assert "max_streams=2" in third.error["message"]
+            await first.end()
+            assert len(await first.collect()) > 0
+            again = await _speak(b, "Now there is room.")
+            assert len(await again.collect()) > 0
+            await second.cancel()
+
+    asyncio.run(main())
+
+
 def test_oversized_frame_closes_with_1009(synth: VoxgateServer) -> None:
     """A frame over max_frame_bytes closes that connection with 1009; others are unaffected."""
 
