@@ -1,0 +1,35 @@
+"""``benchmark.sched_sim``: the engine's scheduling on a modelled GPU (virtual clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmark.sched_sim import StepModel, main, simulate
+
+
+def test_a_light_load_on_a_fast_model_is_on_time_and_a_slow_model_is_not() -> None:
+    """8 streams: with the fitted step model every stream is on time and first audio comes in
+    tens of ms (a frame of 7 steps plus the prompt); with steps of 40 ms per row (far below
+    real time) streams underrun and first audio is late."""
+    fast = simulate(8, ramp_s=0.5, duration_s=1.0, model=StepModel(), max_tokens=70)
+    assert fast["streams"] >= 8 and fast["on_time"] == 1.0
+    assert 20 < fast["ttfa_p50_ms"] < 200
+    assert fast["timeline"] and all(p["ms_per_step"] > 0 for p in fast["timeline"])
+    slow = simulate(8, ramp_s=0.5, duration_s=1.0, model=StepModel(decode_row_ms=40.0), max_tokens=70)
+    assert slow["on_time"] < 0.5 and slow["ttfa_p50_ms"] > fast["ttfa_p50_ms"]
+
+
+def test_mixed_graphs_take_the_prefill_pass_out_of_a_step_with_decode_rows() -> None:
+    m = StepModel(decode_ms=3.0, decode_row_ms=0.01, prefill_pass_ms=5.0, prompt_token_ms=0.01, prompt_ms=1.0)
+    assert m.step_ms(100, 0, mixed=False) == pytest.approx(4.0)
+    assert m.step_ms(100, 100, mixed=False, prompts=2) == pytest.approx(4.0 + 1.0 + 2.0 + 5.0)
+    assert m.step_ms(100, 100, mixed=True, prompts=2) == pytest.approx(4.0 + 1.0 + 2.0)
+    assert m.step_ms(0, 100, mixed=True, prompts=2) == pytest.approx(1.0 + 2.0 + 5.0)  # prompts alone: a pass
+
+
+def test_main_prints_a_row_per_level_and_refuses_bad_arguments(capsys) -> None:
+    assert main(["-c", "4", "--ramp", "0.2", "--duration", "0.5", "--max-tokens", "70"]) == 0
+    out = capsys.readouterr().out
+    assert "an estimate, not a measurement" in out and len(out.strip().splitlines()) == 3
+    with pytest.raises(SystemExit):
+        main(["-c", "0"])
