@@ -141,11 +141,10 @@ class _Clock:
         return self.t
 
 
-def test_deadlines_first_audio_playing_lookahead() -> None:
-    """First audio is due within the budget; a playing head when its audio runs out; lookahead
-    later, and moved on with the head's (a stale early deadline would let it crowd out spoken
-    segments)."""
-    backend = _DeadlineRecorder(chunks_per_job=2, chunk_samples=2400)  # 100 ms chunks
+def _three_segments(chunks_per_job: int) -> tuple:
+    """A stream of three segments on a deadline-recording backend (100 ms chunks) at 10.0 s:
+    (backend, clock, core, the head job's id, the id of the job generated ahead)."""
+    backend = _DeadlineRecorder(chunks_per_job=chunks_per_job, chunk_samples=2400)
     clock = _Clock()
     core = EngineCore(backend, CoreConfig(first_segment_min_chars=5, min_segment_chars=10,
                                           max_segment_chars=60, first_audio_budget_s=0.15,
@@ -153,6 +152,14 @@ def test_deadlines_first_audio_playing_lookahead() -> None:
     core.open(1, None, {})
     core.add_text(1, "First part here. Second part here. Third part here. ")
     first, second = (job_id for job_id, _ in backend.added[:2])
+    return backend, clock, core, first, second
+
+
+def test_deadlines_first_audio_playing_lookahead() -> None:
+    """First audio is due within the budget; a playing head when its audio runs out; lookahead
+    later, and moved on with the head's (a stale early deadline would let it crowd out spoken
+    segments)."""
+    backend, clock, core, first, second = _three_segments(chunks_per_job=2)
     assert backend.deadlines[first] == [pytest.approx(10.15)]
     assert backend.deadlines[second] == [pytest.approx(11.15)]
     clock.t = 10.05
@@ -167,14 +174,7 @@ def test_a_segment_ahead_of_a_stream_that_is_behind_is_due_a_slack_from_now() ->
     """When the stream's audio so far would have played out already (the client is starved),
     the segment ahead is due one slack from now, not one slack after that past moment: it
     cannot help the starved head, so it must not outrank other streams' heads."""
-    backend = _DeadlineRecorder(chunks_per_job=3, chunk_samples=2400)  # 100 ms chunks
-    clock = _Clock()
-    core = EngineCore(backend, CoreConfig(first_segment_min_chars=5, min_segment_chars=10,
-                                          max_segment_chars=60, first_audio_budget_s=0.15,
-                                          lookahead_slack_s=1.0), clock=clock)
-    core.open(1, None, {})
-    core.add_text(1, "First part here. Second part here. Third part here. ")
-    first, second = (job_id for job_id, _ in backend.added[:2])
+    backend, clock, core, first, second = _three_segments(chunks_per_job=3)
     clock.t = 10.05
     core.step()  # first chunk at 10.05: played out by 10.15
     clock.t = 10.60  # the next chunk comes late: the client ran dry at 10.15
