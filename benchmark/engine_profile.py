@@ -80,9 +80,11 @@ def _uninstrument(backend: Any) -> None:
 
 
 def measure(backend: Any, batch: int, steps: int, *, max_tokens: int, profile: bool = False,
-            sync: Any = None, prompts_per_step: int = 0) -> dict[str, Any]:
+            sync: Any = None, prompts_per_step: int = 0, kernels: bool = False) -> dict[str, Any]:
     """Keep ``batch`` jobs running (and ``prompts_per_step`` one-token jobs arriving each
-    step); per-step wall time and phase medians in ms."""
+    step); per-step wall time and phase medians in ms. ``kernels``: then 20 more steps under
+    ``torch.profiler``, whose table of the ops with the most device time (CPU time without a
+    GPU) is returned as ``kernel_table``."""
     voice, options = backend.validate(None, {"max_tokens": max_tokens, "seed": 1})
     _, one_token = backend.validate(None, {"max_tokens": 7, "seed": 2})
     one_token["max_tokens"] = 1  # (below the options' floor: the prompt's own token ends it)
@@ -95,10 +97,14 @@ def measure(backend: Any, batch: int, steps: int, *, max_tokens: int, profile: b
     prof = cProfile.Profile() if profile else None
     rows: list[dict[str, float]] = []
     running: list[int] = []
-    for _ in range(steps):
+    def add_prompts() -> None:
+        nonlocal next_id
         for _ in range(prompts_per_step):
             backend.add_job(next_id, TEXT, voice, one_token)
             next_id += 1
+
+    for _ in range(steps):
+        add_prompts()
         store.clear()
         if prof:
             prof.enable()
@@ -112,18 +118,41 @@ def measure(backend: Any, batch: int, steps: int, *, max_tokens: int, profile: b
         row["total"] = total * 1e3
         rows.append(row)
         running.append(backend.scheduler.num_running)
+    _uninstrument(backend)
+    kernel_table = None
+    if kernels:
+        kernel_table = _kernel_table(backend, add_prompts, sync=sync)
     for job in range(next_id):
         backend.abort_job(job)
-    _uninstrument(backend)
     if sync is not None:
         sync()
     if prof:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
     med = {k: statistics.median(r[k] for r in rows) for k in (*PHASES, "total")}
     totals = sorted(r["total"] for r in rows)
-    return {"batch": batch, "prompts_per_step": prompts_per_step, "running_median": statistics.median(running),
+    out_kernels = {"kernel_table": kernel_table} if kernel_table is not None else {}
+    return {**out_kernels, "batch": batch, "prompts_per_step": prompts_per_step,
+            "running_median": statistics.median(running),
             "steps": steps,
             "median_ms": med, "p90_total_ms": totals[int(0.9 * (len(totals) - 1))]}
+
+
+def _kernel_table(backend: Any, add_prompts: Any, *, sync: Any, steps: int = 20, rows: int = 25) -> str:
+    """``steps`` more engine steps under ``torch.profiler``: the ops with the most device time
+    (on the CPU, CPU time), as the profiler's table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = sync is not None
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            add_prompts()
+            backend.step()
+        if on_gpu:
+            sync()
+    key = "cuda_time_total" if on_gpu else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
+    return f"{steps} steps under torch.profiler, by {key}:\n{table}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=number_type(int, 5), default=100)
     parser.add_argument("--max-tokens", type=int, default=1400)
     parser.add_argument("--profile", type=int, default=0, help="cProfile the steps at this batch size")
+    parser.add_argument("--kernels", type=int, default=0,
+                        help="at this batch size, 20 more steps under torch.profiler: the ops with the most "
+                             "device time, printed and in the JSON (where a step's time goes)")
     parser.add_argument("--async-steps", default="auto", choices=["auto", "on", "off"],
                         help="LMBackend async_steps (auto: on with CUDA graphs; the phases then overlap "
                              "differently: 'wait' is for the step launched one call earlier)")
@@ -176,13 +208,16 @@ def main(argv: list[str] | None = None) -> int:
             if hasattr(backend.runner, "mixed_graphs"):
                 backend.runner.mixed_graphs = mixed if use_mixed else None
             r = measure(backend, b, args.steps, max_tokens=args.max_tokens, profile=(b == args.profile), sync=sync,
-                        prompts_per_step=args.prompts_per_step)
+                        prompts_per_step=args.prompts_per_step, kernels=(b == args.kernels))
             r["mixed_graphs"] = use_mixed and mixed is not None
             results.append(r)
             m = r["median_ms"]
             print(f"{b:>6} {'on' if r['mixed_graphs'] else 'off':>5} {r['running_median']:>7.0f} "
                   + " ".join(f"{m[p]:>11.2f}" for p in PHASES) + f" {m['total']:>8.2f} {r['p90_total_ms']:>8.2f}",
                   flush=True)
+    for r in results:
+        if "kernel_table" in r:
+            print(f"\nbatch {r['batch']}, mixed graphs {'on' if r['mixed_graphs'] else 'off'}: {r['kernel_table']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "model": args.model, "prompts_per_step": args.prompts_per_step,

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 def test_profile_keeps_the_batch_and_adds_prompts_each_step(tmp_path, capsys) -> None:
     out = tmp_path / "profile.json"
     assert main(["--model", "tiny", "--device", "cpu", "--batch", "2", "--steps", "5", "--max-tokens", "400",
-                 "--prompts-per-step", "2", "--json", str(out)]) == 0
+                 "--prompts-per-step", "2", "--kernels", "2", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["prompts_per_step"] == 2 and data["mixed_graphs"] == "off"
     (row,) = data["results"]
@@ -23,7 +23,10 @@ def test_profile_keeps_the_batch_and_adds_prompts_each_step(tmp_path, capsys) ->
     assert row["batch"] == 2 and row["prompts_per_step"] == 2
     assert row["running_median"] == 4  # the 2 decoding jobs and the 2 prompts of the step just launched
     assert row["median_ms"]["total"] > 0 and row["median_ms"]["launch"] > 0
-    assert "2 fresh prompts per step" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "2 fresh prompts per step" in printed
+    assert "20 steps under torch.profiler, by cpu_time_total" in row["kernel_table"]
+    assert "aten::" in row["kernel_table"] and row["kernel_table"] in printed  # the ops, printed too
 
 
 def test_profile_compares_with_and_without_mixed_graphs_on_one_engine(tmp_path) -> None:
