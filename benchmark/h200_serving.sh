@@ -10,6 +10,8 @@
 #   bash benchmark/h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]
 #
 # LEVELS2: a second sweep on the same server, first starts spread over RAMP2_S (default 10 s).
+# SUMMARY_ONLY=1: the text outputs in one summary.txt (the JSON files stay), so two runs of
+# this script (an A/B, into OUT/a and OUT/b) fit the device's eight returned files.
 # MAX_NUM_SEQS: the engine's jobs at once (default 1024: a stream holds two, its spoken segment
 # and the one generated ahead). SERVE_ARGS: more `voxgate serve` options (scheduling settings to compare). SINGLE_N=0 skips
 # the single-stream requests. STACKS_EVERY_S: with py-spy among the wheels, dump the server's
@@ -86,6 +88,15 @@ kill $dmon $server $stacks 2>/dev/null
 wait $server 2>/dev/null
 awk 'NR>2 {s+=$2; n++} END {if (n) printf "GPU utilisation (sm %%), mean over the run: %.0f\n", s/n}' \
   "$out/dmon.txt" | tee -a "$out/bench.txt"
+if [ "${SUMMARY_ONLY:-0}" = 1 ]; then  # one text file (and the JSON) per run: room for an A/B in one call
+  for f in gpu.txt single.txt bench.txt timeline_bench.txt bench2.txt timeline_bench2.txt; do
+    [ -f "$out/$f" ] && { echo "===== $f"; cat "$out/$f"; }
+  done > "$out/summary.txt"
+  { echo "===== serve.log (errors and last lines)"; grep -iE "error|traceback" "$out/serve.log" | head -20
+    tail -5 "$out/serve.log"; } >> "$out/summary.txt"
+  rm -f "$out"/gpu.txt "$out"/single.txt "$out"/single.json "$out"/bench.txt "$out"/bench2.txt \
+    "$out"/timeline_bench*.txt "$out"/dmon.txt "$out"/serve.log
+fi
 
 [ -n "${OVERHEAD_LEVELS:-}" ] || exit 0
 echo "== gateway overhead (synthetic engine, CPU only)"
