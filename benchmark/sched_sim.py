@@ -112,8 +112,6 @@ class SimProgram:
 class SimRunner:
     """Launches nothing: records each step's shape for the step model; every token is 100."""
 
-    use_graphs = False
-
     def __init__(self) -> None:
         self.last: tuple[int, int] = (0, 0)  # decode rows, prompt tokens of the last launch
         self.prompts = 0
@@ -137,13 +135,14 @@ class _Stream:
 
 
 def simulate(concurrency: int, *, ramp_s: float, duration_s: float, model: StepModel, mixed: bool = False,
-             cap: int = 320, max_tokens: int = 287, seed: int = 0, start_buffer_s: float = 0.1,
+             cap: int | None = None, max_tokens: int = 287, seed: int = 0, start_buffer_s: float = 0.1,
              ahead_from_now: bool = True) -> dict[str, Any]:
-    """One level; returns its figures (see the module docstring)."""
+    """One level; returns its figures (see the module docstring). ``cap``: decode rows per
+    step (None: the CUDA default)."""
     from engine.core import CoreConfig, EngineCore
     from engine.llm.backend import LMBackend
-    from engine.llm.build import AUTO_DECODE_FILL_CUDA, AUTO_DECODE_HORIZON_S_CUDA, AUTO_PREFILL_BATCH_CUDA, \
-        AUTO_PREFILL_WAIT_S_CUDA
+    from engine.llm.build import AUTO_DECODE_CAP_CUDA, AUTO_DECODE_FILL_CUDA, AUTO_DECODE_HORIZON_S_CUDA, \
+        AUTO_PREFILL_BATCH_CUDA, AUTO_PREFILL_WAIT_S_CUDA
     from engine.llm.page_allocator import PageAllocator
     from engine.llm.scheduler import Scheduler, SchedulerConfig
     from engine.messages import Audio, Done, Error
@@ -155,7 +154,7 @@ def simulate(concurrency: int, *, ramp_s: float, duration_s: float, model: StepM
 
     scheduler = Scheduler(SchedulerConfig(
         max_num_seqs=4096, max_num_batched_tokens=4096 + 256, max_model_len=2048, max_waiting=1 << 20,
-        max_num_prefill_seqs=16, max_num_prefill_tokens=512, max_num_decode_seqs=cap,
+        max_num_prefill_seqs=16, max_num_prefill_tokens=512, max_num_decode_seqs=cap or AUTO_DECODE_CAP_CUDA,
         decode_horizon_s=AUTO_DECODE_HORIZON_S_CUDA, decode_fill_seqs=AUTO_DECODE_FILL_CUDA,
         prefill_wait_s=0.0 if mixed else AUTO_PREFILL_WAIT_S_CUDA,
         prefill_batch_seqs=0 if mixed else AUTO_PREFILL_BATCH_CUDA, whole_prompts=True,
@@ -244,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ramp", type=number_type(float, lo=0), default=3.0, help="first starts spread over (s)")
     ap.add_argument("--duration", type=number_type(float, lo=0), default=15.0, help="new streams start for (s)")
     ap.add_argument("--max-tokens", type=number_type(int, lo=7), default=287, help="per segment (default 287)")
-    ap.add_argument("--cap", type=number_type(int, lo=1), default=320, help="decode rows per step (default 320)")
+    ap.add_argument("--cap", type=number_type(int, lo=1), default=None,
+                    help="decode rows per step (default: the CUDA default, engine.llm.build)")
     ap.add_argument("--mixed", action="store_true", help="prompts ride in the decode pass (mixed graphs)")
     ap.add_argument("--old-ahead-deadlines", action="store_true",
                     help="segments ahead due the slack after a dry time already past (the rule before)")
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     model = StepModel(prefill_pass_ms=args.prefill_pass_ms, prompt_ms=args.prompt_ms)
-    print(f"modelled GPU {model}; ramp {args.ramp:g} s, duration {args.duration:g} s, cap {args.cap}, "
+    print(f"modelled GPU {model}; ramp {args.ramp:g} s, duration {args.duration:g} s, cap {args.cap or 'default'}, "
           f"mixed {'on' if args.mixed else 'off'}, {'old' if args.old_ahead_deadlines else 'current'} "
           "ahead deadlines (an estimate, not a measurement)")
     print(f"{'load':>6} {'streams':>7} {'TTFA p50':>8} {'p90':>6} {'on time':>8} {'rows/step':>9} {'ms/step':>7}")

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== level {level.get('level'):g}: {len(level.get('streams', []))} streams"
               + ("" if rows else " (no server timeline in this file)"))
         if rows:
-            print(" ".join(head.rjust(len(fmt.format(0) if 'd' in fmt else fmt.format(0.0))) for _, head, fmt in _COLUMNS))
+            print(" ".join(head.rjust(len(fmt.format(0))) for _, head, fmt in _COLUMNS))
             for row in rows:
                 print(_fmt(row))
         shown += 1

@@ -502,20 +502,27 @@ class CudaGraphModelRunner(ModelRunner):
             pre = _sub_batch(batch, nd, len(batch.seqs))
             if self.prefill_graphs is None or not self.prefill_graphs.can_run(pre):
                 return None
-            parts.append((self.prefill_graphs, pre, build_attention_metadata(pre, self.page_size)))
+            parts.append((self.prefill_graphs, pre, None))
         outs = []
-        for graphs, sub, meta in parts:
+        for graphs, sub, inputs in parts:
             if graphs is self.prefill_graphs:
-                ids, *extras = self.graph_inputs(sub)
-                from engine.llm.prefill_graphs import pack_prefill
-
-                ids, positions, seg, last = pack_prefill([s.prompt_ids for s in sub.seqs])
-                tokens, _ = graphs.run(ids, positions, seg, meta.slot_mapping, last, *extras)
+                ids, positions, seg, slots, last, extras = self._prompt_inputs(sub)
+                tokens, _ = graphs.run(ids, positions, seg, slots, last, *extras)
             else:
-                tokens, _ = graphs.run(*self._decode_args(*meta, feed=feed))
+                tokens, _ = graphs.run(*self._decode_args(*inputs, feed=feed))
                 tokens = tokens[: sub.num_seqs]
             outs.append(tokens)
         return outs[0] if len(outs) == 1 else torch.cat(outs)  # a copy: the next replay may overwrite
+
+    def _prompt_inputs(self, pre: Any) -> tuple:
+        """Graph inputs of fresh whole prompts: packed (``pack_prefill``) ids, positions,
+        sequence index, KV slots and last-token index, and the sampler's per-row extras."""
+        from engine.llm.prefill_graphs import pack_prefill
+
+        _, *extras = self.graph_inputs(pre)
+        ids, positions, seg, last = pack_prefill([s.prompt_ids for s in pre.seqs])
+        slots = build_attention_metadata(pre, self.page_size).slot_mapping
+        return ids, positions, seg, slots, last, extras
 
     def _execute_mixed(self, batch: Any, feed: torch.Tensor | None) -> torch.Tensor | None:
         """A mixed step's tokens from one ``MixedGraphs`` replay, or None when it does not fit
@@ -524,14 +531,10 @@ class CudaGraphModelRunner(ModelRunner):
         pre = _sub_batch(batch, nd, len(batch.seqs))
         if not self.prefill_graphs.can_run(pre) or not self.mixed_graphs.can_run(nd, pre.num_new_tokens):
             return None
-        from engine.llm.prefill_graphs import pack_prefill
-
         dec = _sub_batch(batch, 0, nd)
         b = bucket_for(nd, self.mixed_graphs.decode_buckets)
         ids, meta, *dec_extras = self._decode_args(*self._inputs.build(dec.seqs, b, dec.is_sampled), feed=feed)
-        _, *pre_extras = self.graph_inputs(pre)
-        pre_ids, positions, seg, last = pack_prefill([s.prompt_ids for s in pre.seqs])
-        slots = build_attention_metadata(pre, self.page_size).slot_mapping
+        pre_ids, positions, seg, slots, last, pre_extras = self._prompt_inputs(pre)
         dec_tokens, pre_tokens = self.mixed_graphs.run(nd, ids, meta, dec_extras, pre_ids, positions, seg, slots,
                                                        last, pre_extras)
         return torch.cat([dec_tokens, pre_tokens])  # a copy: the next replay may overwrite
