@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.llm.cuda_graphs import TensorSpec, _progress, bucket_for, capture_step
 from engine.llm.flashinfer_attention import _write_kv, slot_to_page_offset
@@ -56,6 +57,10 @@ class GraphPrefillAttention:
         self._offset = torch.zeros(num_tokens, dtype=torch.int64, device=dev)
         self._seg = torch.zeros(num_tokens, dtype=torch.int64, device=dev)  # sequence index per token
         self._mask: torch.Tensor | None = None
+        # A bf16 kernel that takes the mask (memory-efficient attention) on CUDA: the math
+        # fallback upcasts to float32 and cost ~1.5 ms per step at 128 prompt tokens (H200)
+        self._backends = ([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if dev.type == "cuda"
+                          else [SDPBackend.MATH])
 
     def begin_step(self, slots: torch.Tensor, seg: torch.Tensor | None = None) -> None:
         """Stage the padded slots [num_tokens] and sequence indices [num_tokens] (outside the graph).
@@ -80,13 +85,14 @@ class GraphPrefillAttention:
         if layer == 0 or self._mask is None:  # once per forward, on the device (inside a graph too)
             t = self._seg.numel()
             causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril_()
-            self._mask = causal & (self._seg[:, None] == self._seg[None, :])  # [T, T]
+            self._mask = (causal & (self._seg[:, None] == self._seg[None, :]))[None, None]  # [1, 1, T, T]
         cache = self.kv_caches[layer]
         _write_kv(cache, self._page, self._offset, k, v)
-        kk = k.to(q.dtype).repeat_interleave(self.group, dim=1).transpose(0, 1)  # [Hq, T, D]
-        vv = v.to(q.dtype).repeat_interleave(self.group, dim=1).transpose(0, 1)  # [Hq, T, D]
-        o = F.scaled_dot_product_attention(q.transpose(0, 1), kk, vv, attn_mask=self._mask)  # [Hq, T, D]
-        return o.transpose(0, 1).contiguous()
+        kk = k.to(q.dtype).repeat_interleave(self.group, dim=1).transpose(0, 1)[None]  # [1, Hq, T, D]
+        vv = v.to(q.dtype).repeat_interleave(self.group, dim=1).transpose(0, 1)[None]  # [1, Hq, T, D]
+        with sdpa_kernel(self._backends):
+            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kk, vv, attn_mask=self._mask)  # [1, Hq, T, D]
+        return o[0].transpose(0, 1).contiguous()
 
 
 def pack_prefill(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
