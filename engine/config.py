@@ -31,7 +31,7 @@ class EngineConfig:
     max_num_decode_seqs: int = -1
     # Decode only the jobs whose audio is due within this many seconds, filling the step up to
     # decode_fill_seqs rows with the next deadlines (engine.llm.scheduler): -1 = auto (1.0 s and
-    # 64 rows on CUDA, off on the CPU), 0 = off / no fill.
+    # 256 rows on CUDA, off on the CPU), 0 = off / no fill.
     decode_horizon_s: float = -1.0
     decode_fill_seqs: int = -1
     # Under load (a step of at least decode_fill_seqs decode rows) fresh prompts wait up to

@@ -39,14 +39,14 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len)
     m.add_argument("--max-num-decode-seqs", type=int, default=EngineConfig.max_num_decode_seqs,
                    help="decode rows per step, earliest deadlines first; the rest wait a step "
-                        "(-1 auto: 256 on CUDA, no cap on the CPU; 0 no cap)")
+                        "(-1 auto: 320 on CUDA, no cap on the CPU; 0 no cap)")
     m.add_argument("--decode-horizon-s", type=float, default=EngineConfig.decode_horizon_s,
                    help="decode only jobs whose audio is due within this many seconds, so the "
                         "step is short for those that need audio now (-1 auto: 1.0 on CUDA, off "
                         "on the CPU; 0 off)")
     m.add_argument("--decode-fill-seqs", type=int, default=EngineConfig.decode_fill_seqs,
                    help="with a decode horizon, rows decoded anyway, earliest deadlines first "
-                        "(-1 auto: 64 on CUDA)")
+                        "(-1 auto: 256 on CUDA)")
     m.add_argument("--prefill-wait-s", type=float, default=EngineConfig.prefill_wait_s,
                    help="under load, a new prompt waits up to this long for others to share its "
                         "prefill pass (-1 auto: 0.05 with CUDA graphs; 0 off)")

@@ -30,7 +30,7 @@ from engine.llm.prefill_graphs import GraphPrefillAttention, pad_prefill_slots
 
 __all__ = ["MixedAttention", "MixedGraphs", "DEFAULT_MIXED_DECODE_BUCKETS", "DEFAULT_MIXED_TOKEN_BUCKETS"]
 
-# Decode rows of a loaded step (from the decode fill of 64 to the decode cap of 320 on CUDA)
+# Decode rows of a loaded step (64 to the decode cap of 320 on CUDA)
 DEFAULT_MIXED_DECODE_BUCKETS: tuple[int, ...] = tuple(range(64, 321, 32))
 # Prompt tokens: one to a few prompts of about 55 tokens, up to the largest prefill graph's
 # 512; padding tokens go through every GEMM, hence 384 between 256 and 512
