@@ -58,7 +58,8 @@ class GraphPrefillAttention:
         self._seg = torch.zeros(num_tokens, dtype=torch.int64, device=dev)  # sequence index per token
         self._mask: torch.Tensor | None = None
         # A bf16 kernel that takes the mask (memory-efficient attention) on CUDA: the math
-        # fallback upcasts to float32 and cost ~1.5 ms per step at 128 prompt tokens (H200)
+        # fallback computes in float32, two GEMMs and a softmax per layer that took about 1.1 ms
+        # of a step with 128 prompt tokens (H200 kernel table, docs/performance.md run 14)
         self._backends = ([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if dev.type == "cuda"
                           else [SDPBackend.MATH])
 
