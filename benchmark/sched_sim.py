@@ -136,7 +136,8 @@ class _Stream:
 
 def simulate(concurrency: int, *, ramp_s: float, duration_s: float, model: StepModel, mixed: bool = False,
              cap: int | None = None, max_tokens: int = 287, seed: int = 0, start_buffer_s: float = 0.1,
-             ahead_from_now: bool = True, horizon_s: float | None = None, fill: int | None = None) -> dict[str, Any]:
+             ahead_from_now: bool = True, horizon_s: float | None = None, fill: int | None = None,
+             hold_undue_prompts: bool = False) -> dict[str, Any]:
     """One level; returns its figures (see the module docstring). ``cap``: decode rows per
     step, ``horizon_s`` the decode horizon, ``fill`` the decode fill (None: the CUDA defaults)."""
     from engine.core import CoreConfig, EngineCore
@@ -159,6 +160,7 @@ def simulate(concurrency: int, *, ramp_s: float, duration_s: float, model: StepM
         decode_fill_seqs=AUTO_DECODE_FILL_CUDA if fill is None else fill,
         prefill_wait_s=0.0 if mixed else AUTO_PREFILL_WAIT_S_CUDA,
         prefill_batch_seqs=0 if mixed else AUTO_PREFILL_BATCH_CUDA, whole_prompts=True,
+        hold_undue_prompts=hold_undue_prompts,
     ), PageAllocator(1 << 20, 16), clock=clock)
     runner = SimRunner()
     backend = LMBackend(SimProgram(), runner, scheduler)  # type: ignore[arg-type]
@@ -250,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="decode horizon in s (default: the CUDA default; 0 = off)")
     ap.add_argument("--fill", type=number_type(int, lo=0), default=None,
                     help="decode fill rows (default: the CUDA default)")
+    ap.add_argument("--hold-undue-prompts", action="store_true",
+                    help="under load, prompts not due within the horizon wait (SchedulerConfig)")
     ap.add_argument("--mixed", action="store_true", help="prompts ride in the decode pass (mixed graphs)")
     ap.add_argument("--old-ahead-deadlines", action="store_true",
                     help="segments ahead due the slack after a dry time already past (the rule before)")
@@ -260,13 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     model = StepModel(prefill_pass_ms=args.prefill_pass_ms, prompt_ms=args.prompt_ms)
     print(f"modelled GPU {model}; ramp {args.ramp:g} s, duration {args.duration:g} s, cap {args.cap or 'default'}, "
           f"horizon {'default' if args.horizon is None else f'{args.horizon:g} s'}, "
-          f"fill {'default' if args.fill is None else args.fill}, mixed {'on' if args.mixed else 'off'}, {'old' if args.old_ahead_deadlines else 'current'} "
+          f"fill {'default' if args.fill is None else args.fill}, "
+          f"{'holding' if args.hold_undue_prompts else 'not holding'} undue prompts, mixed {'on' if args.mixed else 'off'}, {'old' if args.old_ahead_deadlines else 'current'} "
           "ahead deadlines (an estimate, not a measurement)")
     print(f"{'load':>6} {'streams':>7} {'TTFA p50':>8} {'p90':>6} {'on time':>8} {'rows/step':>9} {'ms/step':>7}")
     for c in args.concurrency:
         r = simulate(c, ramp_s=args.ramp, duration_s=args.duration, model=model, mixed=args.mixed, cap=args.cap,
                      max_tokens=args.max_tokens, seed=args.seed, ahead_from_now=not args.old_ahead_deadlines,
-                     horizon_s=args.horizon, fill=args.fill)
+                     horizon_s=args.horizon, fill=args.fill, hold_undue_prompts=args.hold_undue_prompts)
         print(f"{c:>6} {r['streams']:>7} {r['ttfa_p50_ms']:>8.0f} {r['ttfa_p90_ms']:>6.0f} "
               f"{100 * r['on_time']:>7.1f}% {r['decode_rows_per_step']:>9.0f} {r['ms_per_step']:>7.2f}", flush=True)
     return 0

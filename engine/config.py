@@ -40,13 +40,17 @@ class EngineConfig:
     # mixed graphs, where a prompt rides in the decode rows' pass), 0 = off.
     prefill_wait_s: float = -1.0
     prefill_batch_seqs: int = -1
+    # Under load, prompts not due within the decode horizon (segments generated ahead) wait
+    # (engine.llm.scheduler hold_undue_prompts): "on" / "off" (default: not measured on a GPU).
+    hold_undue_prompts: str = "off"
     # Launch each LM step before the previous one's tokens reach the host (engine.llm.backend
     # LMBackend.step), so the device does not wait for the host between steps: "auto" = on
     # with CUDA graphs (measured on an H200: 224 streams on time, 192 without), "on", "off".
     async_steps: str = "auto"
     # A step with decode rows and fresh prompts replays one CUDA graph for both (one pass over
     # the weights, engine.llm.mixed_graphs) instead of a decode graph and a prefill graph:
-    # "on" / "off" (default until it is measured on a GPU).
+    # "on" / "off" (default: on an H200 the engine's steps with prompts were 3-4 ms shorter,
+    # but no more streams were on time when served; docs/performance.md, runs 14-15).
     mixed_graphs: str = "off"
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,
@@ -104,6 +108,8 @@ class EngineConfig:
             raise ValueError("async_steps must be auto, on or off")
         if self.mixed_graphs not in ("on", "off"):
             raise ValueError("mixed_graphs must be on or off")
+        if self.hold_undue_prompts not in ("on", "off"):
+            raise ValueError("hold_undue_prompts must be on or off")
         if self.prefill_batch_seqs < -1:
             raise ValueError("prefill_batch_seqs must be -1 (auto), 0 or a prompt count")
         if not 0 <= self.ramp_step_samples <= 8192:

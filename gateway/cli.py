@@ -52,12 +52,15 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                         "prefill pass (-1 auto: 0.05 with CUDA graphs; 0 off)")
     m.add_argument("--prefill-batch-seqs", type=int, default=EngineConfig.prefill_batch_seqs,
                    help="prompts that go at once without waiting (-1 auto: 8 with CUDA graphs)")
+    m.add_argument("--hold-undue-prompts", default=EngineConfig.hold_undue_prompts, choices=["on", "off"],
+                   help="under load, prompts not due within the decode horizon (segments generated "
+                        "ahead) wait until due or until a step has room (off: not measured on a GPU)")
     m.add_argument("--async-steps", default=EngineConfig.async_steps, choices=["auto", "on", "off"],
                    help="launch each LM step before the previous step's tokens reach the host, "
                         "rows continuing from them on the device (auto: on with CUDA graphs)")
     m.add_argument("--mixed-graphs", default=EngineConfig.mixed_graphs, choices=["on", "off"],
                    help="a step with decode rows and fresh prompts replays one CUDA graph (one pass "
-                        "over the weights) instead of two (off: not yet measured on a GPU)")
+                        "over the weights) instead of two (off: on an H200 no more streams kept real time)")
     m.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
                    help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
                         "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, 1387; "

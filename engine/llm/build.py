@@ -82,6 +82,7 @@ def build_orpheus_backend(
     decode_fill_seqs: int | None = None,
     prefill_wait_s: float | None = None,
     prefill_batch_seqs: int | None = None,
+    hold_undue_prompts: bool | str | None = None,
     async_steps: bool | str | None = None,
     mixed_graphs: bool | str | None = None,
     ramp_step_samples: int | None = None,
@@ -118,7 +119,8 @@ def build_orpheus_backend(
     ``prefill_wait_s`` / ``prefill_batch_seqs``: under load, fresh prompts wait that long (once
     due) for that many to share one prefill pass (``SchedulerConfig``); -1 (default) =
     ``AUTO_PREFILL_WAIT_S_CUDA`` / ``AUTO_PREFILL_BATCH_CUDA`` with prefill graphs, off otherwise
-    and with mixed graphs (``_prefill_batching``).
+    and with mixed graphs (``_prefill_batching``). ``hold_undue_prompts`` (True / "on"; default
+    off): under load, prompts not due within the horizon wait (``SchedulerConfig``).
     ``async_steps``: launch each step before the previous one's tokens reach the host
     (``LMBackend``): True / "on", False / "off", or "auto" (default): on when the runner replays
     CUDA graphs.
@@ -273,6 +275,7 @@ def build_orpheus_backend(
             decode_fill_seqs=fill,
             prefill_wait_s=prefill_wait,
             prefill_batch_seqs=prefill_batch,
+            hold_undue_prompts=pick(hold_undue_prompts, "hold_undue_prompts", "off") in (True, "on"),
             whole_prompts=prefill_graphs is not None,
         ),
         PageAllocator(allocator_pages, page_size),

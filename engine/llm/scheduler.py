@@ -45,6 +45,12 @@ Policy (written down because callers depend on it):
   first, so segments generated ahead ride along with the next new stream's prompt. A prompt
   never waits longer than that once due, nor at all in a lightly loaded step (first audio of a
   lone stream is not delayed), nor when a chunked prompt is under way.
+- ``hold_undue_prompts`` (off by default: not measured on a GPU) keeps the prompts that are
+  not due within the decode horizon out of a step with at least ``decode_fill_seqs`` decode
+  rows, riders included: in a burst of starts each new stream brings two prompts, its first
+  segment's and the one generated ahead, and on the H200 steps with about three prompts were
+  the slowest of a 3 s ramp (docs/performance.md, run 17). The segment ahead is prefilled once
+  its stream's head has ended and it is due, or when a step has room again.
 """
 
 from __future__ import annotations
@@ -98,6 +104,10 @@ class SchedulerConfig:
     # prefill pass, while the step has at least decode_fill_seqs decode rows (0 = off).
     prefill_wait_s: float = 0.0
     prefill_batch_seqs: int = 0
+    # True: while the step has at least decode_fill_seqs decode rows, fresh prompts not due
+    # within the decode horizon wait (a segment generated ahead is prefilled once it is due, or
+    # when the step has room), so a burst of starts pays for the prompts that are needed now.
+    hold_undue_prompts: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -289,6 +299,8 @@ class Scheduler:
             elif uncomputed > 1:
                 prefills.append(s)
         decodes = self._pick_decodes(ready)
+        if prefills and self.config.hold_undue_prompts:
+            prefills = self._due_prompts(len(decodes), prefills)
         prefills.sort(key=_by_deadline)
         if prefills and self._prompts_wait(len(decodes), prefills):
             prefills = []
@@ -330,6 +342,15 @@ class Scheduler:
         if len(rows) < keep:
             rows += ordered[due:no_deadline][:keep - len(rows)]
         return rows[:cap]
+
+    def _due_prompts(self, num_decodes: int, prefills: list[Sequence]) -> list[Sequence]:
+        """``hold_undue_prompts``: under load, only the prompts due within the horizon (and
+        chunks under way, and jobs without a deadline)."""
+        cfg = self.config
+        if cfg.decode_horizon_s <= 0.0 or num_decodes < max(cfg.decode_fill_seqs, 1):
+            return prefills
+        limit = self._clock() + cfg.decode_horizon_s
+        return [s for s in prefills if s.num_computed_tokens > 0 or s.deadline_s <= limit or s.deadline_s == math.inf]
 
     def _prompts_wait(self, num_decodes: int, prefills: list[Sequence]) -> bool:
         """True when this step's fresh prompts should wait for more (``prefill_wait_s``)."""

@@ -36,6 +36,7 @@ def test_build_serve_and_validate_on_cpu(llm_tiny_dir, small_snac_dir):
     )
     assert backend.info.sample_rate == 24000 and "tara" in backend.info.voices
     assert backend.runner.scratch_page == backend.scheduler.allocator.num_pages
+    assert backend.scheduler.config.hold_undue_prompts is False  # off unless asked
     with pytest.raises(OptionError, match="voices"):
         backend.validate("nobody", {})
     with pytest.raises(OptionError, match="top_p"):
@@ -93,3 +94,25 @@ def test_prefill_batching_resolves_auto_by_the_runner_s_graphs():
     assert _prefill_batching(-1.0, -1, mixed) == (0.0, 0)
     assert _prefill_batching(-1.0, -1, plain) == (0.0, 0)
     assert _prefill_batching(0.01, 3, mixed) == (0.01, 3)
+
+
+def test_cli_hold_undue_prompts_reaches_the_scheduler(llm_tiny_dir, small_snac_dir):
+    """voxgate serve --hold-undue-prompts on|off (off by default) reaches EngineConfig and the
+    built scheduler; other values are refused by the parser and the config."""
+    from engine.config import EngineConfig
+    from engine.llm.build import build_orpheus_backend
+    from gateway.cli import build_parser, configs_from_args
+
+    parser = build_parser()
+    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus"]))
+    assert eng.hold_undue_prompts == "off"
+    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", "--hold-undue-prompts", "on"]))
+    assert eng.hold_undue_prompts == "on"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--hold-undue-prompts", "auto"])
+    with pytest.raises(ValueError, match="hold_undue_prompts"):
+        EngineConfig(hold_undue_prompts="yes")
+    backend = build_orpheus_backend(str(llm_tiny_dir), config=eng, device="cpu", codec_path=str(small_snac_dir),
+                                    max_num_seqs=2, max_model_len=128, warmup=False)
+    assert backend.scheduler.config.hold_undue_prompts is True
+    backend.close()

@@ -294,3 +294,53 @@ def test_prompts_wait_for_company_under_load_and_never_longer_than_the_wait_once
     for bad in ({"prefill_wait_s": -0.1}, {"prefill_wait_s": float("nan")}, {"prefill_batch_seqs": -1}):
         with pytest.raises(ValueError):
             SchedulerConfig(**bad)
+
+
+def test_hold_undue_prompts_keeps_segments_ahead_out_of_busy_steps_until_due():
+    """With ``hold_undue_prompts``, a step of at least ``decode_fill_seqs`` decode rows takes
+    only the prompts due within the decode horizon (a new stream's first segment), not the
+    segments generated ahead, even as riders; those go once due or when a step is light again.
+    Without it, both go at once."""
+    now = [100.0]
+
+    def sched(hold: bool) -> Scheduler:
+        return Scheduler(SchedulerConfig(max_num_seqs=12, max_num_batched_tokens=64, max_model_len=64,
+                                         max_waiting=8, decode_horizon_s=1.0, decode_fill_seqs=2,
+                                         hold_undue_prompts=hold),
+                         PageAllocator(256, 4), clock=lambda: now[0])
+
+    def prompts(batch) -> list[int]:
+        return [q.seq_id for q in batch.seqs[batch.num_decode_seqs:]]
+
+    for hold in (True, False):
+        now[0] = 100.0
+        s = sched(hold)
+        s.add(_seq(0, 3, max_tokens=40))
+        s.set_deadline(0, 100.15)
+        s.add(_seq(1, 3, max_tokens=40))
+        s.set_deadline(1, 105.0)  # not due, but the step is light (no decode rows): it goes
+        assert prompts(_run_step(s)) == [0, 1]
+        for i in (0, 1):
+            s.set_deadline(i, 100.5)
+        s.add(_seq(2, 3, max_tokens=40))
+        s.set_deadline(2, 100.15)  # a new stream's first segment: due
+        s.add(_seq(3, 3, max_tokens=40))
+        s.set_deadline(3, 102.5)  # its segment generated ahead: not due
+        batch = _run_step(s)
+        assert batch.num_decode_seqs == 2
+        if not hold:
+            assert prompts(batch) == [2, 3]
+            continue
+        assert prompts(batch) == [2]  # two decode rows: busy, so only the due prompt
+        assert prompts(_run_step(s)) == []  # 3 keeps waiting while the steps are busy
+        now[0] = 101.6  # within the horizon now: it goes
+        assert prompts(_run_step(s)) == [3]
+
+    s = sched(True)  # a light step (fewer decode rows than the fill) takes undue prompts too
+    now[0] = 100.0
+    s.add(_seq(0, 3, max_tokens=40))
+    _run_step(s)
+    s.set_deadline(0, 105.0)
+    s.add(_seq(1, 3, max_tokens=40))
+    s.set_deadline(1, 109.0)
+    assert prompts(_run_step(s)) == [1]
