@@ -265,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"modelled GPU {model}; ramp {args.ramp:g} s, duration {args.duration:g} s, cap {args.cap or 'default'}, "
           f"horizon {'default' if args.horizon is None else f'{args.horizon:g} s'}, "
           f"fill {'default' if args.fill is None else args.fill}, "
-          f"{'holding' if args.hold_undue_prompts else 'not holding'} undue prompts, mixed {'on' if args.mixed else 'off'}, {'old' if args.old_ahead_deadlines else 'current'} "
+          f"{'holding' if args.hold_undue_prompts else 'not holding'} undue prompts, "
+          f"mixed {'on' if args.mixed else 'off'}, {'old' if args.old_ahead_deadlines else 'current'} "
           "ahead deadlines (an estimate, not a measurement)")
     print(f"{'load':>6} {'streams':>7} {'TTFA p50':>8} {'p90':>6} {'on time':>8} {'rows/step':>9} {'ms/step':>7}")
     for c in args.concurrency:

@@ -18,9 +18,9 @@ RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-sta
 AUTO_DECODE_CAP_CUDA = 320  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs): 11-12 ms served on an H200
 AUTO_DECODE_HORIZON_S_CUDA = 1.0  # scheduler.decode_horizon_s on CUDA: = CoreConfig.lookahead_slack_s, so segments generated ahead only fill
 AUTO_RAMP_STEPS_CUDA = (1024, 1536)  # ramp_step_samples: light load, under load (OrpheusProgram)
-# scheduler.decode_fill_seqs: rows filled with the next deadlines while fewer are due. 256 on an
-# H200 (run 16, 10 s streams, 320 streams over a 10 s ramp): 98.3% on time against 78.5% with 64,
-# whose small steps (4.5 ms for 64 rows) left streams a second ahead at most
+# scheduler.decode_fill_seqs: rows filled with the next deadlines while fewer are due. On an H200,
+# 320 streams of 10 s over a 10 s ramp: 98.3% on time with 256 (run 17) against 78.5% with 64
+# (run 16), whose small steps (about 5 ms for 64 rows) left streams a second ahead at most
 AUTO_DECODE_FILL_CUDA = 256
 AUTO_PREFILL_WAIT_S_CUDA = 0.05  # scheduler.prefill_wait_s: a due prompt waits at most 50 ms for company
 AUTO_PREFILL_BATCH_CUDA = 8  # scheduler.prefill_batch_seqs: this many prompts go at once

@@ -33,3 +33,18 @@ def test_main_prints_a_row_per_level_and_refuses_bad_arguments(capsys) -> None:
     assert "an estimate, not a measurement" in out and len(out.strip().splitlines()) == 3
     with pytest.raises(SystemExit):
         main(["-c", "0"])
+
+
+def test_the_fill_and_the_horizon_reach_the_scheduler() -> None:
+    """16 streams (about 32 jobs, each stream's head and its segment ahead): with a fill of 64
+    every job decodes every step; with a fill of 1 only the due ones, fewer rows a step; with the
+    horizon off (0) every job decodes again. Holding undue prompts runs and keeps a light load on
+    time (its steps rarely reach the fill)."""
+    kw = dict(ramp_s=0.2, duration_s=1.0, model=StepModel(), max_tokens=140)
+    full = simulate(16, fill=64, **kw)
+    lean = simulate(16, fill=1, **kw)
+    no_horizon = simulate(16, fill=1, horizon_s=0.0, **kw)
+    assert lean["decode_rows_per_step"] < 0.8 * full["decode_rows_per_step"]
+    assert no_horizon["decode_rows_per_step"] > 1.2 * lean["decode_rows_per_step"]
+    held = simulate(16, hold_undue_prompts=True, **kw)
+    assert held["on_time"] == 1.0
