@@ -19,7 +19,10 @@
 # COMMIT: the commit the JSON files name (VOXGATE_COMMIT), where the machine's copy of the tree
 # carries another .git (the GPU machine's does: give COMMIT=$(git rev-parse HEAD) from here).
 # Needs the wheels in .whl/ (../shared/device/fetch-wheels.sh) and, to skip FlashInfer's JIT
-# compile, its kernel cache in .fi_cache/fi_cache.tgz (optional).
+# compile, its kernel cache in .fi_cache/fi_cache.tgz (optional); .fi_cache/inductor.tgz likewise
+# holds torch.compile's cache (a stale one costs a recompile: 18 s for the first decode graph).
+# SAVE_CACHES=1: both caches, as this run left them, into OUT/fi_cache.tgz and OUT/inductor.tgz
+# (two of the eight returned files), to copy into .fi_cache/ here for the next fresh machine.
 set -uo pipefail
 out=${1:?usage: h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]}
 levels=${2:-1,32,128,256}
@@ -96,6 +99,12 @@ if [ "${SUMMARY_ONLY:-0}" = 1 ]; then  # one text file (and the JSON) per run: r
     tail -5 "$out/serve.log"; } >> "$out/summary.txt"
   rm -f "$out"/gpu.txt "$out"/single.txt "$out"/single.json "$out"/bench.txt "$out"/bench2.txt \
     "$out"/timeline_bench*.txt "$out"/dmon.txt "$out"/serve.log
+fi
+
+if [ "${SAVE_CACHES:-0}" = 1 ]; then
+  tar -czf "$out/fi_cache.tgz" -C ~ .cache/flashinfer 2>/dev/null
+  tar -czf "$out/inductor.tgz" -C /tmp "torchinductor_$(id -un)" 2>/dev/null
+  ls -la "$out"/fi_cache.tgz "$out"/inductor.tgz
 fi
 
 [ -n "${OVERHEAD_LEVELS:-}" ] || exit 0
