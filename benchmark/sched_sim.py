@@ -66,8 +66,8 @@ class StepModel:
 
 
 class SimProgram:
-    """Orpheus' shape without a model: a prompt of the text's bytes plus 8 ids (the dummy
-    tokenizer's length), no stop, one frame of audio per 7 tokens."""
+    """Orpheus' shape without a model: the prompt of dummy mode (``PieceTokenizer``, about
+    Llama 3's lengths), no stop, one frame of audio per 7 tokens."""
 
     info: Any = None
     stop_ids: frozenset[int] = frozenset()
@@ -82,7 +82,10 @@ class SimProgram:
         return "v", dict(options)
 
     def build_prompt(self, text: str, voice: str, options: dict[str, Any]) -> list[int]:
-        return [1] * (len(text.encode()) + 8)
+        from models.orpheus.loader import PieceTokenizer
+        from models.orpheus.prompt import build_prompt_ids
+
+        return build_prompt_ids(PieceTokenizer(), "tara", text)
 
     def sampling_params(self, options: dict[str, Any]) -> Any:
         from engine.llm.sequence import SamplingParams

@@ -10,7 +10,7 @@ import torch
 from tests.models.orpheus.orpheus_fixtures import save_tiny_checkpoint
 
 from models.orpheus.config import PRESETS, LlamaConfig
-from models.orpheus.loader import ByteTokenizer, load_orpheus, load_snac
+from models.orpheus.loader import PieceTokenizer, load_orpheus, load_snac
 
 
 def test_loads_hf_directory(tiny_dir):
@@ -97,11 +97,11 @@ def test_hub_id_offline_is_a_clear_error(tmp_path):
 
 
 def test_dummy_builds_without_files():
-    """load_format='dummy' builds the preset with random weights and the byte tokenizer."""
+    """load_format='dummy' builds the preset with random weights and the piece tokenizer."""
     model, tok, config = load_orpheus("tiny", device="cpu", dtype=torch.float32,
                                       load_format="dummy", max_seq_len=64)
     assert config == PRESETS["tiny"]
-    assert isinstance(tok, ByteTokenizer)
+    assert isinstance(tok, PieceTokenizer)
     assert model.model.embed_tokens.weight.std() > 0
     h = model(torch.tensor([1, 2, 3]), torch.arange(3), lambda layer, q, k, v: q)
     assert model.compute_logits(h).shape == (3, config.vocab_size)
@@ -111,7 +111,7 @@ def test_dummy_uses_directory_config_and_tokenizer(tiny_dir):
     """Dummy from a directory uses its config.json and tokenizer but not its weights."""
     model, tok, config = load_orpheus(tiny_dir, device="cpu", dtype=torch.float32,
                                       load_format="dummy", max_seq_len=64)
-    assert config.hidden_size == 64 and not isinstance(tok, ByteTokenizer)
+    assert config.hidden_size == 64 and not isinstance(tok, PieceTokenizer)
 
 
 def test_bad_load_format():
@@ -160,3 +160,21 @@ def test_config_reads_transformers_4_layout():
     assert LlamaConfig.from_hf_dict(d) == PRESETS["orpheus-3b"]
     with pytest.raises(ValueError, match="vocab_size"):
         LlamaConfig.from_hf_dict({k: v for k, v in d.items() if k != "vocab_size"})
+
+
+def test_piece_tokenizer_splits_as_llama3_pre_tokenizes_and_hashes_stably():
+    """One id per pre-token piece (Llama 3's split: a word with its leading space or mark,
+    contractions, up to three digits, punctuation runs, whitespace), after the BOS; the same
+    text always gives the same ids, all text ids below 128,000; a prompt is about a third of
+    its bytes."""
+    tok = PieceTokenizer()
+    assert tok.pieces("Hello there, this is a test.") == ["Hello", " there", ",", " this", " is", " a", " test", "."]
+    assert tok.pieces("I'll pay $1234.") == ["I", "'ll", " pay", " $", "123", "4", "."]
+    assert tok.pieces("two\n\nlines  ") == ["two", "\n\n", "lines", "  "]
+    ids = tok.encode("Hello there, this is a test.")
+    assert ids[0] == tok.bos_token_id and len(ids) == 9
+    assert ids == tok.encode("Hello there, this is a test.")
+    assert all(0 <= i < 128000 for i in ids[1:]) and len(set(ids[1:])) == 8
+    assert tok.encode("") == [tok.bos_token_id]
+    text = "The quick brown fox jumps over the lazy dog, twice: at 10:45 and again at 11:02."
+    assert 2.5 * len(tok.encode(text)) < len(text.encode())

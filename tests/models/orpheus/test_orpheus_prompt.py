@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.backend import OptionError
-from models.orpheus.loader import ByteTokenizer
+from models.orpheus.loader import PieceTokenizer
 from models.orpheus.prompt import DEFAULT_OPTIONS, STOP_ID, VOICES, build_prompt_ids, validate_options
 from models.orpheus.tokens import (
     audio_token_ids, code_to_token, codes_to_tokens, token_to_code, tokens_to_codes,
@@ -35,12 +35,13 @@ def test_prompt_prepends_bos_when_tokenizer_does_not():
     assert build_prompt_ids(NoBos(), "leo", "x") == [128259, 7, 1, 2, 128009, 128260, 128261, 128257]
 
 
-def test_byte_tokenizer_stub_is_deterministic_with_bos():
-    """The dummy tokenizer maps text to BOS + UTF-8 bytes, and decodes it back."""
-    tok = ByteTokenizer()
-    assert tok.encode("hé") == [128000, 104, 195, 169]
-    assert tok.decode(tok.encode("hé")) == "hé"
-    assert build_prompt_ids(tok, "zoe", "a")[:3] == [128259, 128000, ord("z")]
+def test_dummy_tokenizer_prompt_has_the_layout_with_one_id_per_piece():
+    """With the dummy tokenizer the prompt is the usual layout around BOS + one id per piece
+    of "zoe: a" (zoe, :, " a")."""
+    tok = PieceTokenizer()
+    ids = build_prompt_ids(tok, "zoe", "a")
+    assert ids[:2] == [128259, 128000] and ids[-4:] == [128009, 128260, 128261, 128257]
+    assert ids[2:-4] == tok.encode("zoe: a")[1:] and len(ids) == 2 + 3 + 4
 
 
 def test_defaults_filled_in():
