@@ -32,7 +32,8 @@ __all__ = ["MixedAttention", "MixedGraphs", "DEFAULT_MIXED_DECODE_BUCKETS", "DEF
 
 # Decode rows of a loaded step (64 to the decode cap of 320 on CUDA)
 DEFAULT_MIXED_DECODE_BUCKETS: tuple[int, ...] = tuple(range(64, 321, 32))
-# Prompt tokens: one to a few prompts of about 55 tokens, up to the largest prefill graph's
+# Prompt tokens: one to a few prompts (about 55 ids each with dummy mode's old byte tokenizer,
+# about 18 with Llama 3's lengths: a 32 bucket may pay off, not measured), up to the largest prefill graph's
 # 512; padding tokens go through every GEMM, hence 384 between 256 and 512
 DEFAULT_MIXED_TOKEN_BUCKETS: tuple[int, ...] = (64, 128, 256, 384, 512)
 
