@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmark.bench.load import LevelPlan, run_level
+from benchmark.bench.loop_lag import loop_lag
 from benchmark.bench.metrics import distribution
 from benchmark.bench.prompts import load_prompts
 from benchmark.bench.targets import NativeTarget
@@ -156,16 +157,6 @@ class _Server:
                 self.proc.wait()
 
 
-async def _loop_lag(samples: list[tuple[float, float]], stop: asyncio.Event) -> None:
-    """Record (time, lateness) of a 10 ms ticker: how late this client's loop runs callbacks."""
-    period = 0.01
-    while not stop.is_set():
-        t = time.monotonic()
-        await asyncio.sleep(period)
-        now = time.monotonic()
-        samples.append((now, now - t - period))
-
-
 async def run_level_overhead(url: str, server_pid: int, num_streams: int,
                              cfg: OverheadConfig) -> dict[str, Any]:
     stream_s = cfg.ramp_s + cfg.settle_s + cfg.measure_s + 3.0
@@ -178,7 +169,7 @@ async def run_level_overhead(url: str, server_pid: int, num_streams: int,
                      ramp_s=cfg.ramp_s, stream_prefix="o")
     lag: list[tuple[float, float]] = []
     stop = asyncio.Event()
-    lag_task = asyncio.create_task(_loop_lag(lag, stop))
+    lag_task = asyncio.create_task(loop_lag(lag, stop))
     level_task = asyncio.create_task(run_level(target, plan))
     t0 = time.monotonic()
 
@@ -272,7 +263,7 @@ async def _client_part(url: str, num_streams: int, cfg: OverheadConfig, prefix: 
                      ramp_s=cfg.ramp_s, stream_prefix=prefix)
     lag: list[tuple[float, float]] = []
     stop = asyncio.Event()
-    lag_task = asyncio.create_task(_loop_lag(lag, stop))
+    lag_task = asyncio.create_task(loop_lag(lag, stop))
     level_task = asyncio.create_task(run_level(target, plan))
     a_t = start + cfg.ramp_s + cfg.settle_s
     await asyncio.sleep(max(0.0, a_t - time.monotonic()))

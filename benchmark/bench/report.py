@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmark.bench.loop_lag import LAG_WARN_MS
 from benchmark.bench.metrics import simulate_player
 
 if TYPE_CHECKING:
@@ -58,6 +59,12 @@ def format_summary(result: BenchResult) -> str:
             slow = _slowest_interval(run.summary.extra.get("server_timeline") or [])
             lines.append(f"server at {run.summary.level:g}: {srv['ms_per_step']:.1f} ms per engine step, "
                          f"busy {100 * srv['busy_fraction']:.0f}%{rows}{slow}")
+    for run in result.levels:
+        lag = run.summary.extra.get("client_loop_lag_ms") or {}
+        if lag.get("p99") is not None and lag["p99"] > LAG_WARN_MS:
+            lines.append(f"client at {run.summary.level:g}: its event loop ran late by {_f(lag['p99'])} ms at p99 "
+                         f"(max {_f(lag['max'])} ms): chunk times, TTFA and underruns may be late by as much, "
+                         "so this level measures the client as well as the server")
     for run in result.levels:
         if run.summary.errors_by_code:
             errs = ", ".join(f"{k}: {v}" for k, v in run.summary.errors_by_code.items())

@@ -15,10 +15,12 @@ from typing import Any
 
 from benchmark.bench.config import BenchConfig
 from benchmark.bench.load import CapacitySearch, LevelPlan, Target, run_level
+from benchmark.bench.loop_lag import loop_lag
 from benchmark.bench.metrics import (
     LevelSummary,
     StreamMetrics,
     capacity,
+    distribution,
     meets_target,
     stream_metrics,
     summarize_level,
@@ -92,9 +94,14 @@ async def _run_one_level(target: Target, config: BenchConfig, plan: LevelPlan) -
     samples: list = []
     t0 = time.monotonic()
     poller = asyncio.create_task(poll_timeline(config.url, samples)) if before is not None else None  # type: ignore[arg-type]
+    lag: list[tuple[float, float]] = []
+    stop_lag = asyncio.Event()
+    lag_task = asyncio.create_task(loop_lag(lag, stop_lag))
     try:
         traces, wall_s = await run_level(target, plan, on_done)
     finally:
+        stop_lag.set()
+        await lag_task
         if poller is not None:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -108,6 +115,7 @@ async def _run_one_level(target: Target, config: BenchConfig, plan: LevelPlan) -
     server = level_figures(before, after)
     if server is not None:
         summary.extra["server"] = server
+    summary.extra["client_loop_lag_ms"] = distribution([x for _, x in lag], scale=1e3)
     if samples:
         summary.extra["server_timeline"] = timeline(samples, t0)
         summary.extra["server_timeline_t0"] = t0  # the streams' clock (t_start, chunk_t)

@@ -35,6 +35,8 @@ def test_bench_two_streams_against_synthetic_server(server_factory: Any, tmp_pat
     server = level["extra"]["server"]  # the engine's counters from /metrics, before and after
     assert server["window_s"] > 0 and server["steps"] >= 0 and 0 <= server["busy_fraction"] <= 1
     assert "server_timeline_t0" in level["extra"]  # /metrics was polled during the level
+    lag = level["extra"]["client_loop_lag_ms"]  # the client's own event loop, ticked every 10 ms
+    assert lag["count"] > 0 and 0 <= lag["p50"] <= lag["p99"] <= lag["max"]
     totals = asyncio.run(fetch_totals(server_url))[1]
     assert totals["gc_frozen_objects"] > 1000  # the engine froze its start-up heap
     assert totals["gc_collections"] >= 0 and totals["gc_pause_s"] >= 0

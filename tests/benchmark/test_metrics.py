@@ -218,3 +218,8 @@ def test_summary_says_where_streams_first_underran() -> None:
         {"t_s": 3.0, "ms_per_step": 9.0}, {"t_s": 3.5}]
     assert ("13 prompt tokens per LM step; slowest second 18.3 ms per step at 2.1 s, 240 ms of GC pauses"
             in format_summary(result))
+    result.levels[0].summary.extra["client_loop_lag_ms"] = {"p50": 0.2, "p99": 3.0, "max": 9.0}
+    result.levels[1].summary.extra["client_loop_lag_ms"] = {"p50": 4.0, "p99": 120.0, "max": 800.0}
+    text = format_summary(result)
+    assert "client at 2: its event loop ran late by 120 ms at p99 (max 800 ms)" in text
+    assert "client at 1" not in text  # a client that kept up is not mentioned

@@ -1,0 +1,25 @@
+"""How late the client's own event loop runs: a load client that lags reports late audio.
+
+A 10 ms ticker records, each time it wakes, how much later than asked it woke. A client busy
+with hundreds of streams (handshakes in a ramp, parsing frames) delays every callback by that
+much, and so every chunk's arrival time and every figure taken from it (time to first audio,
+gaps, underruns): the lag says how far those figures can be trusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+__all__ = ["LAG_WARN_MS", "loop_lag"]
+
+LAG_WARN_MS = 50.0  # a report flags a level whose client lag p99 is above this
+
+
+async def loop_lag(samples: list[tuple[float, float]], stop: asyncio.Event, *, period_s: float = 0.01) -> None:
+    """Append (monotonic time, lateness in s) every ``period_s`` until ``stop`` is set."""
+    while not stop.is_set():
+        t = time.monotonic()
+        await asyncio.sleep(period_s)
+        now = time.monotonic()
+        samples.append((now, max(0.0, now - t - period_s)))
