@@ -75,17 +75,19 @@ class SimProgram:
     def __init__(self) -> None:
         from engine.backend import BackendInfo
 
+        from models.orpheus.loader import PieceTokenizer
+
         self.info = BackendInfo(model="sim", voices=("v",), default_voice="v", sample_rate=SAMPLE_RATE)
         self._frame = np.zeros(FRAME_SAMPLES, dtype=np.float32)
+        self._tokenizer = PieceTokenizer()
 
     def validate(self, voice: str | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         return "v", dict(options)
 
     def build_prompt(self, text: str, voice: str, options: dict[str, Any]) -> list[int]:
-        from models.orpheus.loader import PieceTokenizer
         from models.orpheus.prompt import build_prompt_ids
 
-        return build_prompt_ids(PieceTokenizer(), "tara", text)
+        return build_prompt_ids(self._tokenizer, "tara", text)
 
     def sampling_params(self, options: dict[str, Any]) -> Any:
         from engine.llm.sequence import SamplingParams

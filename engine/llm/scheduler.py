@@ -343,19 +343,28 @@ class Scheduler:
             rows += ordered[due:no_deadline][:keep - len(rows)]
         return rows[:cap]
 
+    def _is_busy(self, num_decodes: int) -> bool:
+        """A step with at least the fill count of decode rows: prompts may be held back."""
+        return num_decodes >= max(self.config.decode_fill_seqs, 1)
+
+    @staticmethod
+    def _is_due(seq: Sequence, limit: float) -> bool:
+        """Due by ``limit`` (a job without a deadline always is)."""
+        return seq.deadline_s <= limit or seq.deadline_s == math.inf
+
     def _due_prompts(self, num_decodes: int, prefills: list[Sequence]) -> list[Sequence]:
         """``hold_undue_prompts``: under load, only the prompts due within the horizon (and
         chunks under way, and jobs without a deadline)."""
         cfg = self.config
-        if cfg.decode_horizon_s <= 0.0 or num_decodes < max(cfg.decode_fill_seqs, 1):
+        if cfg.decode_horizon_s <= 0.0 or not self._is_busy(num_decodes):
             return prefills
         limit = self._clock() + cfg.decode_horizon_s
-        return [s for s in prefills if s.num_computed_tokens > 0 or s.deadline_s <= limit or s.deadline_s == math.inf]
+        return [s for s in prefills if s.num_computed_tokens > 0 or self._is_due(s, limit)]
 
     def _prompts_wait(self, num_decodes: int, prefills: list[Sequence]) -> bool:
         """True when this step's fresh prompts should wait for more (``prefill_wait_s``)."""
         cfg = self.config
-        if cfg.prefill_wait_s <= 0.0 or num_decodes < max(cfg.decode_fill_seqs, 1):
+        if cfg.prefill_wait_s <= 0.0 or not self._is_busy(num_decodes):
             return False
         if cfg.prefill_batch_seqs and len(prefills) >= cfg.prefill_batch_seqs:
             return False
@@ -364,8 +373,7 @@ class Scheduler:
         for seq in prefills:
             if seq.num_computed_tokens > 0:  # a chunked prompt under way goes on
                 return False
-            is_due = seq.deadline_s <= horizon or seq.deadline_s == math.inf
-            if is_due and now - seq.ready_s >= cfg.prefill_wait_s:
+            if self._is_due(seq, horizon) and now - seq.ready_s >= cfg.prefill_wait_s:
                 return False
         return True
 
