@@ -21,6 +21,8 @@
 # Needs the wheels in .whl/ (../shared/device/fetch-wheels.sh) and, to skip FlashInfer's JIT
 # compile, its kernel cache in .fi_cache/fi_cache.tgz (optional); .fi_cache/inductor.tgz likewise
 # holds torch.compile's cache (a stale one costs a recompile: 18 s for the first decode graph).
+# DMON: when nvidia-smi samples GPU utilisation (once a second): all (default), bench2 (only
+# during the second sweep) or off.
 # SAVE_CACHES=1: both caches, as this run left them, into OUT/fi_cache.tgz and OUT/inductor.tgz
 # (two of the eight returned files), to copy into .fi_cache/ here for the next fresh machine.
 set -uo pipefail
@@ -60,8 +62,12 @@ for _ in $(seq 300); do
   sleep 1
 done
 grep "serving on" "$out/serve.log" || { tail -30 "$out/serve.log"; kill $server; exit 1; }
-nvidia-smi dmon -s um -d 1 > "$out/dmon.txt" 2>&1 &
-dmon=$!
+dmon=
+start_dmon() {  # GPU utilisation, sampled by nvidia-smi once a second, from now on
+  [ -z "$dmon" ] && { nvidia-smi dmon -s um -d 1 >> "$out/dmon.txt" 2>&1 & dmon=$!; }
+}
+stop_dmon() { [ -n "$dmon" ] && kill $dmon 2>/dev/null; dmon=; }
+case "${DMON:-all}" in all) start_dmon ;; off|bench2) ;; *) echo "DMON must be all, bench2 or off"; exit 1 ;; esac
 stacks=
 if [ -n "${STACKS_EVERY_S:-}" ] && [ -x /tmp/site/bin/py-spy ]; then
   # every STACKS_EVERY_S seconds, every Python thread's stack of the server and its engine
@@ -86,10 +92,12 @@ sweep() {  # NAME LEVELS RAMP_S: one voxgate bench sweep into NAME.json.gz, NAME
   gzip -f "$out/$1.json"  # every stream's chunk times: too big to bring back uncompressed
 }
 sweep bench "$levels" "${RAMP_S:-3}"
+[ "${DMON:-all}" = bench2 ] && start_dmon
 [ -n "${LEVELS2:-}" ] && sweep bench2 "$LEVELS2" "${RAMP2_S:-10}"
-kill $dmon $server $stacks 2>/dev/null
+stop_dmon
+kill $server $stacks 2>/dev/null
 wait $server 2>/dev/null
-awk 'NR>2 {s+=$2; n++} END {if (n) printf "GPU utilisation (sm %%), mean over the run: %.0f\n", s/n}' \
+[ -f "$out/dmon.txt" ] && awk '!/^#/ {s+=$2; n++} END {if (n) printf "GPU utilisation (sm %%), mean over the run: %.0f\n", s/n}' \
   "$out/dmon.txt" | tee -a "$out/bench.txt"
 if [ "${SUMMARY_ONLY:-0}" = 1 ]; then  # one text file (and the JSON) per run: room for an A/B in one call
   for f in gpu.txt single.txt bench.txt timeline_bench.txt bench2.txt timeline_bench2.txt; do
