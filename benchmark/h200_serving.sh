@@ -23,6 +23,8 @@
 # holds torch.compile's cache (a stale one costs a recompile: 18 s for the first decode graph).
 # DMON: when nvidia-smi samples GPU utilisation (once a second): all (default), bench2 (only
 # during the second sweep) or off.
+# PYSPY_RECORD_S: with py-spy among the wheels, record the server's and the engine's stacks
+# 500 times a second for that long from the first sweep's start (OUT/pyspy.json.gz, speedscope).
 # SAVE_CACHES=1: both caches, as this run left them, into OUT/fi_cache.tgz and OUT/inductor.tgz
 # (two of the eight returned files), to copy into .fi_cache/ here for the next fresh machine.
 set -uo pipefail
@@ -91,10 +93,18 @@ sweep() {  # NAME LEVELS RAMP_S: one voxgate bench sweep into NAME.json.gz, NAME
   python3 -m benchmark.timeline "$out/$1.json" > "$out/timeline_$1.txt" 2>&1  # second by second
   gzip -f "$out/$1.json"  # every stream's chunk times: too big to bring back uncompressed
 }
+recorder=
+if [ -n "${PYSPY_RECORD_S:-}" ] && [ -x /tmp/site/bin/py-spy ]; then
+  # sample the server and its engine 500 times a second, in order (speedscope), without pausing them
+  /tmp/site/bin/py-spy record --pid $server --subprocesses --idle --nonblocking --rate 500 \
+    --duration "$PYSPY_RECORD_S" --format speedscope -o "$out/pyspy.json" > "$out/pyspy.log" 2>&1 &
+  recorder=$!
+fi
 sweep bench "$levels" "${RAMP_S:-3}"
 [ "${DMON:-all}" = bench2 ] && start_dmon
 [ -n "${LEVELS2:-}" ] && sweep bench2 "$LEVELS2" "${RAMP2_S:-10}"
 stop_dmon
+[ -n "$recorder" ] && { wait $recorder; gzip -f "$out/pyspy.json"; tail -3 "$out/pyspy.log"; }
 kill $server $stacks 2>/dev/null
 wait $server 2>/dev/null
 [ -f "$out/dmon.txt" ] && awk '!/^#/ {s+=$2; n++} END {if (n) printf "GPU utilisation (sm %%), mean over the run: %.0f\n", s/n}' \
