@@ -218,7 +218,7 @@ def engine_main(config: EngineConfig, inbox: ShmQueue, outbox: ShmQueue, log_lev
     core = EngineCore(backend, config.core)
     frozen = freeze_startup_heap()  # the loaded model's objects: out of every full collection
     log.info("engine: %d start-up objects frozen out of garbage collection", frozen)
-    probe = GcProbe().install()
+    probe = GcProbe(frozen_objects=frozen).install()
     outbox.put(m.encode(_hello(backend)), timeout_s=_SEND_TIMEOUT_S)
     loop = EngineLoop(core, inbox, outbox, stats_interval_s=config.stats_interval_s, gc_probe=probe)
     try:
