@@ -12,10 +12,16 @@ Definitions (docs/benchmark.md states them for readers):
   counts an underrun, stalls, and restarts once ``start_buffer_s`` is buffered again (or the
   stream finished). A stream is *on time* when it finished normally and never underran.
 - Throughput: seconds of audio received / wall seconds of the level.
+- Server pauses: intervals of at least ``min_gap_s`` in which no stream received a chunk while
+  at least ``min_active`` streams were mid-stream (past their first chunk, before their last).
+  Hundreds of streams at real time receive a chunk every few milliseconds between them, so
+  such a silence is the server stopping for all of them at once (a long step, a collection, a
+  blocking call), which per-stream gaps alone do not tell apart from scheduling.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -35,6 +41,8 @@ __all__ = [
     "meets_target",
     "capacity",
     "added_latencies",
+    "server_pauses",
+    "pause_summary",
 ]
 
 # A chunk arriving this much after the buffer ran dry is not an underrun: float noise only.
@@ -263,3 +271,38 @@ def added_latencies(traces: Iterable[StreamTrace]) -> list[float]:
         if len(tr.chunk_engine_t) == len(tr.chunk_t):
             out.extend(r - e for r, e in zip(tr.chunk_t, tr.chunk_engine_t))
     return out
+
+
+def server_pauses(traces: Iterable[StreamTrace], *, min_gap_s: float = 0.05,
+                  min_active: int = 4) -> list[tuple[float, float]]:
+    """(start, length) in seconds of every interval of at least ``min_gap_s`` in which no
+    stream received audio while at least ``min_active`` streams were mid-stream, in time order
+    (the streams' clock)."""
+    if min_gap_s <= 0 or min_active < 1:
+        raise ValueError("min_gap_s must be > 0 and min_active >= 1")
+    spans = [(tr.chunk_t[0], tr.chunk_t[-1]) for tr in traces if len(tr.chunk_t) >= 2]
+    firsts = sorted(a for a, _ in spans)
+    lasts = sorted(b for _, b in spans)
+    arrivals = sorted(t for tr in traces for t in tr.chunk_t)
+    out: list[tuple[float, float]] = []
+    for a, b in zip(arrivals, arrivals[1:]):
+        if b - a < min_gap_s:
+            continue
+        # mid-stream throughout (a, b): started by a, and its last chunk is after a (no chunk
+        # falls inside the gap, so after a means at b or later)
+        active = bisect.bisect_right(firsts, a) - bisect.bisect_right(lasts, a)
+        if active >= min_active:
+            out.append((a, b - a))
+    return out
+
+
+def pause_summary(pauses: Sequence[tuple[float, float]], t0: float, *, min_gap_s: float = 0.05,
+                  min_active: int = 4) -> dict[str, Any]:
+    """``server_pauses`` for a report: how many, their lengths (ms), when (seconds after
+    ``t0``, the first 50) and the median interval between consecutive ones (a period, if any)."""
+    starts = [a for a, _ in pauses]
+    between = [y - x for x, y in zip(starts, starts[1:])]
+    return {"min_gap_ms": 1e3 * min_gap_s, "min_active": min_active, "count": len(pauses),
+            "length_ms": distribution([g for _, g in pauses], scale=1e3),
+            "median_interval_s": percentile(between, 50),
+            "at_s": [round(a - t0, 3) for a in starts[:50]]}

@@ -60,6 +60,16 @@ def format_summary(result: BenchResult) -> str:
             lines.append(f"server at {run.summary.level:g}: {srv['ms_per_step']:.1f} ms per engine step, "
                          f"busy {100 * srv['busy_fraction']:.0f}%{rows}{slow}")
     for run in result.levels:
+        pauses = run.summary.extra.get("server_pauses") or {}
+        if pauses.get("count"):
+            every = pauses.get("median_interval_s")
+            period = f", every {every:.2f} s (median)" if every is not None and pauses["count"] >= 3 else ""
+            length = pauses["length_ms"]
+            lines.append(f"pauses at {run.summary.level:g}: {pauses['count']} times no stream received audio for "
+                         f">= {pauses['min_gap_ms']:g} ms while >= {pauses['min_active']} were mid-stream "
+                         f"(p50 {_f(length['p50'])} ms, longest {_f(length['max'])} ms{period}): "
+                         "the server stopped for all of them at once")
+    for run in result.levels:
         lag = run.summary.extra.get("client_loop_lag_ms") or {}
         if lag.get("p99") is not None and lag["p99"] > LAG_WARN_MS:
             lines.append(f"client at {run.summary.level:g}: its event loop ran late by {_f(lag['p99'])} ms at p99 "

@@ -10,7 +10,9 @@ from benchmark.bench.metrics import (
     capacity,
     distribution,
     meets_target,
+    pause_summary,
     percentile,
+    server_pauses,
     simulate_player,
     stream_metrics,
     summarize_level,
@@ -223,3 +225,66 @@ def test_summary_says_where_streams_first_underran() -> None:
     text = format_summary(result)
     assert "client at 2: its event loop ran late by 120 ms at p99 (max 800 ms)" in text
     assert "client at 1" not in text  # a client that kept up is not mentioned
+
+
+def _staggered(n: int, *, hole: tuple[float, float] | None = None, holes_for: int | None = None,
+               end: float = 3.0) -> list[StreamTrace]:
+    """``n`` streams receiving a chunk every 20 ms, offset from one another by 20/n ms, from
+    0.1 s to ``end``; the first ``holes_for`` streams (all by default) receive nothing inside
+    ``hole``."""
+    out = []
+    for i in range(n):
+        ts = [0.1 + 0.02 * k + 0.02 * i / n for k in range(int((end - 0.1) / 0.02))]
+        if hole is not None and (holes_for is None or i < holes_for):
+            ts = [t for t in ts if not hole[0] < t < hole[1]]
+        out.append(make_trace(ts, 20, sid=str(i)))
+    return out
+
+
+def test_a_silence_for_every_stream_at_once_is_a_server_pause() -> None:
+    traces = _staggered(8, hole=(1.0, 1.09))
+    pauses = server_pauses(traces)
+    assert len(pauses) == 1
+    start, length = pauses[0]
+    assert 0.99 < start <= 1.0 and 0.09 <= length < 0.11
+    # one stream's own gap is scheduling, not a pause: the others kept receiving
+    assert server_pauses(_staggered(8, hole=(1.0, 1.09), holes_for=1)) == []
+    # nor is a silence with too few streams in progress, or one shorter than the threshold
+    assert server_pauses(_staggered(3, hole=(1.0, 1.09))) == []
+    assert server_pauses(_staggered(8, hole=(1.0, 1.04))) == []
+    assert len(server_pauses(_staggered(8, hole=(1.0, 1.04)), min_gap_s=0.03)) == 1
+    # the time before the first stream starts and after the last ends is no pause
+    late = [make_trace([2.0 + 0.02 * k for k in range(20)], 20, sid=f"l{i}") for i in range(8)]
+    assert server_pauses(_staggered(8, end=1.0) + late) == []
+    with pytest.raises(ValueError):
+        server_pauses(traces, min_gap_s=0.0)
+
+
+def test_pause_summary_finds_a_period() -> None:
+    traces = _staggered(8, end=5.2)
+    for tr in traces:  # a 80 ms stop of everyone once a second, as a per-second report once caused
+        keep = [(t, n) for t, n in zip(tr.chunk_t, tr.chunk_samples) if not any(s < t < s + 0.08 for s in (1.0, 2.0, 3.0, 4.0))]
+        tr.chunk_t, tr.chunk_samples = [t for t, _ in keep], [n for _, n in keep]
+    pauses = server_pauses(traces)
+    summary = pause_summary(pauses, 0.0)
+    assert summary["count"] == 4 and summary["median_interval_s"] == pytest.approx(1.0, abs=0.01)
+    assert 80 <= summary["length_ms"]["max"] < 100
+    assert summary["at_s"] == pytest.approx([1.0, 2.0, 3.0, 4.0], abs=0.01)
+    assert pause_summary([], 0.0)["count"] == 0
+
+
+def test_summary_reports_server_pauses() -> None:
+    from benchmark.bench.config import BenchConfig
+    from benchmark.bench.report import format_summary
+    from benchmark.bench.runner import BenchResult, LevelRun
+
+    traces = _staggered(8, end=1.0)
+    ms = [stream_metrics(t, start_buffer_s=0.1) for t in traces]
+    run = LevelRun(summary=summarize_level(ms, level=8, mode="concurrency", wall_s=1.0), passed=True,
+                   metrics=ms, traces=traces)
+    result = BenchResult(config=BenchConfig(concurrency=[8]), target_info={}, prompts={}, levels=[run])
+    run.summary.extra["server_pauses"] = pause_summary([], 0.0)
+    assert "pauses at" not in format_summary(result)
+    run.summary.extra["server_pauses"] = pause_summary([(1.0, 0.08), (2.0, 0.09), (3.01, 0.07)], 0.0)
+    assert ("pauses at 8: 3 times no stream received audio for >= 50 ms while >= 4 were mid-stream "
+            "(p50 80 ms, longest 90 ms, every 1.00 s (median))") in format_summary(result)
