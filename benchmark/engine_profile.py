@@ -13,6 +13,7 @@ ride in the decode rows' graph, with ``off`` they get a prefill replay of their 
 
     python -m benchmark.engine_profile --batch 1,64,128,256 --steps 100 [--profile 256] [--json F]
     python -m benchmark.engine_profile --batch 256,320 --prompts-per-step 4 --mixed-graphs compare
+    python -m benchmark.engine_profile --batch 64,256 --async-plan compare
 
 ``--model tiny --device cpu`` runs the same path on the CPU (for tests of this script).
 """
@@ -175,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mixed-graphs", default="off", choices=["on", "off", "compare"],
                         help="decode rows and fresh prompts in one CUDA graph (engine.llm.mixed_graphs); "
                              "compare: each batch with them, then without (one engine, graphs captured once)")
+    parser.add_argument("--async-plan", default="off", choices=["on", "off", "compare"],
+                        help="attention plans that do not wait for the step in flight (CudaGraphModelRunner); "
+                             "compare: both, one after the other on the same engine")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="engine.llm.fp8 (CUDA)")
     parser.add_argument("--quantization", default="none", choices=["none", "fp8"], help="engine.llm.fp8 (CUDA)")
     parser.add_argument("--json", default=None, help="write the figures here")
@@ -197,32 +201,40 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
     print(f"engine step on {name}; model {args.model} ({args.load_format}); torch {torch.__version__}; "
           f"{args.prompts_per_step} fresh prompts per step; mixed graphs {args.mixed_graphs}; "
+          f"async plan {args.async_plan}; "
           f"kv cache {args.kv_cache_dtype}, quantization {args.quantization}")
-    header = f"{'batch':>6} {'mixed':>5} {'running':>7} " + " ".join(f"{p:>11}" for p in PHASES) + f" {'total':>8} {'p90':>8}"
+    header = f"{'batch':>6} {'mixed':>5} {'plan':>5} {'running':>7} " + " ".join(f"{p:>11}" for p in PHASES) + f" {'total':>8} {'p90':>8}"
     print(header + "   (medians, ms)")
     results = []
     mixed = getattr(backend.runner, "mixed_graphs", None)
     variants = [True, False] if args.mixed_graphs == "compare" else [args.mixed_graphs == "on"]
+    plans = [True, False] if args.async_plan == "compare" else [args.async_plan == "on"]
+    set_plan = getattr(backend.runner, "set_async_plan", None)
     for b in batches:
-        for use_mixed in variants:
+        for use_mixed, use_plan in [(vm, vp) for vm in variants for vp in plans]:
             if hasattr(backend.runner, "mixed_graphs"):
                 backend.runner.mixed_graphs = mixed if use_mixed else None
+            if set_plan is not None:
+                set_plan(use_plan)
             r = measure(backend, b, args.steps, max_tokens=args.max_tokens, profile=(b == args.profile), sync=sync,
                         prompts_per_step=args.prompts_per_step, kernels=(b == args.kernels))
             r["mixed_graphs"] = use_mixed and mixed is not None
+            r["async_plan"] = use_plan and set_plan is not None
             results.append(r)
             m = r["median_ms"]
-            print(f"{b:>6} {'on' if r['mixed_graphs'] else 'off':>5} {r['running_median']:>7.0f} "
+            print(f"{b:>6} {'on' if r['mixed_graphs'] else 'off':>5} {'on' if r['async_plan'] else 'off':>5} "
+                  f"{r['running_median']:>7.0f} "
                   + " ".join(f"{m[p]:>11.2f}" for p in PHASES) + f" {m['total']:>8.2f} {r['p90_total_ms']:>8.2f}",
                   flush=True)
     for r in results:
         if "kernel_table" in r:
-            print(f"\nbatch {r['batch']}, mixed graphs {'on' if r['mixed_graphs'] else 'off'}: {r['kernel_table']}")
+            print(f"\nbatch {r['batch']}, mixed graphs {'on' if r['mixed_graphs'] else 'off'}, "
+                  f"async plan {'on' if r['async_plan'] else 'off'}: {r['kernel_table']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "model": args.model, "prompts_per_step": args.prompts_per_step,
                        "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
-                       "mixed_graphs": args.mixed_graphs, "results": results}, f, indent=1)
+                       "mixed_graphs": args.mixed_graphs, "async_plan": args.async_plan, "results": results}, f, indent=1)
     return 0
 
 

@@ -52,6 +52,11 @@ class EngineConfig:
     # "on" / "off" (default: on an H200 the engine's steps with prompts were 3-4 ms shorter,
     # but no more streams were on time when served; docs/performance.md, runs 14-15).
     mixed_graphs: str = "off"
+    # The decode graphs' attention plans send the page ids to the device without waiting for
+    # the step in flight (engine.llm.flashinfer_attention.GraphDecodeAttention): "on" / "off".
+    # Off by default until measured on a GPU: with it off, FlashInfer's plan waits for the
+    # device before each step's launch (36% of the engine's time at 64 streams on the H200).
+    async_plan: str = "off"
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,
     # 512, 512, 1387 (a start buffer fills a frame later, with less of a deficit behind it).
@@ -108,6 +113,8 @@ class EngineConfig:
             raise ValueError("async_steps must be auto, on or off")
         if self.mixed_graphs not in ("on", "off"):
             raise ValueError("mixed_graphs must be on or off")
+        if self.async_plan not in ("on", "off"):
+            raise ValueError("async_plan must be on or off")
         if self.hold_undue_prompts not in ("on", "off"):
             raise ValueError("hold_undue_prompts must be on or off")
         if self.prefill_batch_seqs < -1:

@@ -61,6 +61,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--mixed-graphs", default=EngineConfig.mixed_graphs, choices=["on", "off"],
                    help="a step with decode rows and fresh prompts replays one CUDA graph (one pass "
                         "over the weights) instead of two (off: on an H200 no more streams kept real time)")
+    m.add_argument("--async-plan", default=EngineConfig.async_plan, choices=["on", "off"],
+                   help="the decode graphs' attention plans send page ids to the GPU without waiting "
+                        "for the step in flight (off: not yet measured on a GPU)")
     m.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
                    help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
                         "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, 1387; "

@@ -85,6 +85,7 @@ def build_orpheus_backend(
     hold_undue_prompts: bool | str | None = None,
     async_steps: bool | str | None = None,
     mixed_graphs: bool | str | None = None,
+    async_plan: bool | str | None = None,
     ramp_step_samples: int | None = None,
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
@@ -126,6 +127,8 @@ def build_orpheus_backend(
     CUDA graphs.
     ``mixed_graphs``: "on" / True captures ``MixedGraphs`` (decode rows and fresh prompts in one
     replay) with the CUDA-graph runner; "off" (default).
+    ``async_plan``: "on" / True: the CUDA-graph runner's attention plans do not wait for the step
+    in flight (``CudaGraphModelRunner``); "off" (default).
     ``ramp_step_samples``: the fast-start ramp's lookahead growth per frame
     (``models.orpheus.codec.StreamingDecoder``); 0 (default) = ``AUTO_RAMP_STEPS_CUDA`` on CUDA
     (the second one for segments that start under load, ``OrpheusProgram``), 1024 on the CPU.
@@ -232,7 +235,8 @@ def build_orpheus_backend(
         elif pick(None, "enable_cuda_graphs", True):
             mixed = pick(mixed_graphs, "mixed_graphs", "off")
             runner_factory = functools.partial(CudaGraphModelRunner, max_model_len=max_model_len,
-                                               mixed=mixed in (True, "on"))
+                                               mixed=mixed in (True, "on"),
+                                               async_plan=pick(async_plan, "async_plan", "off") in (True, "on"))
         else:
             attention_backend_factory = attention_backend_factory or flashinfer_attention_factory
     runner_kw: dict[str, Any] = {}

@@ -334,6 +334,8 @@ class CudaGraphModelRunner(ModelRunner):
     weights instead of two). Other steps
     (chunked or continued prefills, more decode rows than the largest bucket) run eagerly. ``max_model_len`` bounds a graphed row's context (it
     sizes the page-index buffers). ``fused`` uses ``FusedLlamaForward`` (fewer kernels).
+    ``async_plan``: the graphs' attention plans send the page ids to the device without waiting
+    for the step in flight (``GraphDecodeAttention``; ``set_async_plan`` switches it later).
     """
 
     def __init__(
@@ -352,9 +354,11 @@ class CudaGraphModelRunner(ModelRunner):
         mixed: bool = False,
         mixed_decode_buckets: Sequence[int] | None = None,
         mixed_token_buckets: Sequence[int] | None = None,
+        async_plan: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("attention_backend_factory", flashinfer_attention_factory)
+        self.async_plan = async_plan
         super().__init__(model, config, num_pages=num_pages + 1, **kwargs)
         self.scratch_page = num_pages
         self.forward_fn: Callable[..., torch.Tensor] = model
@@ -419,6 +423,17 @@ class CudaGraphModelRunner(ModelRunner):
         if self.mixed_graphs is not None:
             self.mixed_graphs.capture(progress=progress)
         self.use_graphs = True
+        self.set_async_plan(self.async_plan)
+
+    def set_async_plan(self, on: bool) -> None:
+        """Every captured decode attention's ``async_plan`` (the decode graphs' and the mixed
+        graphs' decode part)."""
+        self.async_plan = on
+        attns = [g.attn for g in self.graphs._graphs.values()]
+        if self.mixed_graphs is not None:
+            attns += [g.attn.decode for g in self.mixed_graphs._graphs.values()]
+        for attn in attns:
+            attn.async_plan = on
 
     def _graph_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, *extras: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:

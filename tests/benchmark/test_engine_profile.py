@@ -37,6 +37,11 @@ def test_profile_compares_with_and_without_mixed_graphs_on_one_engine(tmp_path) 
                  "--mixed-graphs", "compare", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]
     assert [r["batch"] for r in rows] == [2, 2] and [r["mixed_graphs"] for r in rows] == [False, False]
+    assert [r["async_plan"] for r in rows] == [False, False]
+    assert main(["--model", "tiny", "--device", "cpu", "--batch", "2", "--steps", "5", "--max-tokens", "400",
+                 "--async-plan", "compare", "--json", str(out)]) == 0  # likewise: no graphs, no plans
+    data = json.loads(out.read_text())
+    assert data["async_plan"] == "compare" and [r["async_plan"] for r in data["results"]] == [False, False]
 
 
 def test_profile_refuses_a_negative_prompt_count_and_fp8_on_the_cpu() -> None:

@@ -116,3 +116,21 @@ def test_cli_hold_undue_prompts_reaches_the_scheduler(llm_tiny_dir, small_snac_d
                                     max_num_seqs=2, max_model_len=128, warmup=False)
     assert backend.scheduler.config.hold_undue_prompts is True
     backend.close()
+
+
+def test_cli_async_plan_reaches_the_engine_config():
+    """voxgate serve --async-plan on|off (off by default) reaches EngineConfig; other values are
+    refused by the parser and the config. (On a GPU the runner's graphs take it:
+    tests/engine/llm/test_gpu.py.)"""
+    from engine.config import EngineConfig
+    from gateway.cli import build_parser, configs_from_args
+
+    parser = build_parser()
+    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus"]))
+    assert eng.async_plan == "off"
+    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", "--async-plan", "on"]))
+    assert eng.async_plan == "on"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--async-plan", "auto"])
+    with pytest.raises(ValueError, match="async_plan"):
+        EngineConfig(async_plan="yes")

@@ -172,10 +172,13 @@ def test_async_steps_feed_tokens_on_the_device_and_match_the_synchronous_loop() 
     model = LlamaModel(cfg, max_seq_len=512).init_random_(seed=0).to("cuda", torch.bfloat16)
     model.setup_rope("cuda")
     tokens = []
-    for async_steps in (False, True):
+    # (async steps, async plan): the plan that does not wait for the step in flight must give
+    # the same tokens too (it stages the page ids and reuses FlashInfer's pinned plan buffer)
+    for async_steps, async_plan in ((False, False), (True, False), (True, True)):
         runner = CudaGraphModelRunner(model, cfg, device="cuda", dtype=torch.bfloat16, num_pages=256,
                                       max_model_len=512, max_num_seqs=16, decode_buckets=(1, 2, 4, 8, 16),
-                                      prefill_buckets=(32, 64), progress=False)
+                                      prefill_buckets=(32, 64), progress=False, async_plan=async_plan)
+        assert all(g.attn.async_plan is async_plan for g in runner.graphs._graphs.values())
         sched = Scheduler(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=80, max_model_len=512,
                                           max_waiting=16, max_num_prefill_seqs=4, max_num_prefill_tokens=64,
                                           whole_prompts=True),
@@ -188,7 +191,7 @@ def test_async_steps_feed_tokens_on_the_device_and_match_the_synchronous_loop() 
         outs = drain(backend)
         assert not any(o.error for o in outs) and runner.num_eager_steps == 0
         tokens.append(program.tokens)
-    assert tokens[0] == tokens[1]
+    assert tokens[0] == tokens[1] == tokens[2]
 
 
 def test_mixed_graph_matches_a_decode_and_a_prefill_replay() -> None:
