@@ -154,3 +154,57 @@ def test_graph_attention_on_padded_batch_matches_unpadded(fake_flashinfer) -> No
         torch.testing.assert_close(g[:2], r)
     for r, g in zip(ref_caches, caches):  # only the scratch page differs
         torch.testing.assert_close(g[:scratch], r[:scratch])
+
+
+def test_async_plan_orders_its_waits_and_gives_the_same_outputs(fake_flashinfer, monkeypatch) -> None:  # noqa: ANN001
+    """``async_plan``: the page ids are staged (pinned, copied without waiting), each plan after
+    the first first waits for the previous plan's event, and each plan records one; the
+    attention is that of the blocking plan. (CPU: pinning and events are stand-ins here; the
+    real ones run in tests/engine/llm/test_gpu.py.)"""
+    from engine.llm.flashinfer_attention import GraphDecodeAttention
+
+    log: list[str] = []
+
+    class _Event:
+        def record(self) -> None:
+            log.append("record")
+
+        def synchronize(self) -> None:
+            log.append("wait")
+
+    def pin(t: torch.Tensor) -> torch.Tensor:
+        log.append("pin")
+        return t.clone()
+
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    torch.manual_seed(2)
+    spec = _spec()
+    caches = allocate_kv_caches(spec)
+    for c in caches:
+        c.normal_()
+    batch = _mixed_batch()
+    batch = ScheduledBatch(seqs=batch.seqs[:2], num_new_tokens=[1, 1], is_sampled=[True] * 2, num_decode_seqs=2)
+    padded = pad_decode_metadata(build_attention_metadata(batch, PAGE), 4, scratch_page=spec.num_pages - 1,
+                                 page_size=PAGE)
+    qkv = tuple(torch.randn(4, h, D) for h in (HQ, HKV, HKV))
+    outs = []
+    for async_plan in (False, True):
+        attn = GraphDecodeAttention([c.clone() for c in caches], num_q_heads=HQ, batch_size=4, max_num_pages=32,
+                                    workspace=torch.empty(0), async_plan=async_plan)
+        plan = attn._wrapper.plan
+
+        def logged_plan(*a, plan=plan, **kw):  # noqa: ANN001, ANN202
+            log.append("plan")
+            return plan(*a, **kw)
+
+        attn._wrapper.plan = logged_plan
+        log.clear()
+        outs.append(_run(attn, padded, qkv))
+        outs.append(_run(attn, padded, qkv))
+        if not async_plan:
+            assert log == ["plan", "plan"]  # no staging, no events
+    assert log == ["pin", "plan", "record", "pin", "wait", "plan", "record"]
+    for blocking, staged in zip(outs[:2], outs[2:]):
+        for a, b in zip(blocking, staged):
+            torch.testing.assert_close(b, a)
