@@ -96,41 +96,33 @@ def test_prefill_batching_resolves_auto_by_the_runner_s_graphs():
     assert _prefill_batching(0.01, 3, mixed) == (0.01, 3)
 
 
-def test_cli_hold_undue_prompts_reaches_the_scheduler(llm_tiny_dir, small_snac_dir):
-    """voxgate serve --hold-undue-prompts on|off (off by default) reaches EngineConfig and the
-    built scheduler; other values are refused by the parser and the config."""
+@pytest.mark.parametrize("flag, name", [("--hold-undue-prompts", "hold_undue_prompts"),
+                                        ("--async-plan", "async_plan")])
+def test_cli_on_off_switches_reach_the_engine_config(flag, name):
+    """voxgate serve --hold-undue-prompts / --async-plan on|off (off by default) reach
+    EngineConfig; other values are refused by the parser and the config."""
     from engine.config import EngineConfig
-    from engine.llm.build import build_orpheus_backend
     from gateway.cli import build_parser, configs_from_args
 
     parser = build_parser()
     _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus"]))
-    assert eng.hold_undue_prompts == "off"
-    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", "--hold-undue-prompts", "on"]))
-    assert eng.hold_undue_prompts == "on"
+    assert getattr(eng, name) == "off"
+    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", flag, "on"]))
+    assert getattr(eng, name) == "on"
     with pytest.raises(SystemExit):
-        parser.parse_args(["serve", "--hold-undue-prompts", "auto"])
-    with pytest.raises(ValueError, match="hold_undue_prompts"):
-        EngineConfig(hold_undue_prompts="yes")
-    backend = build_orpheus_backend(str(llm_tiny_dir), config=eng, device="cpu", codec_path=str(small_snac_dir),
-                                    max_num_seqs=2, max_model_len=128, warmup=False)
+        parser.parse_args(["serve", flag, "auto"])
+    with pytest.raises(ValueError, match=name):
+        EngineConfig(**{name: "yes"})
+
+
+def test_hold_undue_prompts_reaches_the_scheduler(llm_tiny_dir, small_snac_dir):
+    """EngineConfig(hold_undue_prompts="on") reaches the built scheduler. (--async-plan reaches
+    the CUDA-graph runner, on a GPU only: tests/engine/llm/test_gpu.py.)"""
+    from engine.config import EngineConfig
+    from engine.llm.build import build_orpheus_backend
+
+    backend = build_orpheus_backend(str(llm_tiny_dir), config=EngineConfig(hold_undue_prompts="on"), device="cpu",
+                                    codec_path=str(small_snac_dir), max_num_seqs=2, max_model_len=128, warmup=False)
     assert backend.scheduler.config.hold_undue_prompts is True
     backend.close()
 
-
-def test_cli_async_plan_reaches_the_engine_config():
-    """voxgate serve --async-plan on|off (off by default) reaches EngineConfig; other values are
-    refused by the parser and the config. (On a GPU the runner's graphs take it:
-    tests/engine/llm/test_gpu.py.)"""
-    from engine.config import EngineConfig
-    from gateway.cli import build_parser, configs_from_args
-
-    parser = build_parser()
-    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus"]))
-    assert eng.async_plan == "off"
-    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", "--async-plan", "on"]))
-    assert eng.async_plan == "on"
-    with pytest.raises(SystemExit):
-        parser.parse_args(["serve", "--async-plan", "auto"])
-    with pytest.raises(ValueError, match="async_plan"):
-        EngineConfig(async_plan="yes")

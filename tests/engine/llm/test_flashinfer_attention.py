@@ -104,6 +104,18 @@ def _mixed_batch() -> ScheduledBatch:
     return ScheduledBatch(seqs=seqs, num_new_tokens=[n for _, n, _ in specs], is_sampled=[True] * 4, num_decode_seqs=2)
 
 
+def _two_decode_rows(seed: int) -> tuple[KVCacheSpec, list[torch.Tensor], object]:
+    """Random caches and the metadata of the mixed batch's two decode rows."""
+    torch.manual_seed(seed)
+    spec = _spec()
+    caches = allocate_kv_caches(spec)
+    for c in caches:
+        c.normal_()
+    batch = _mixed_batch()
+    batch = ScheduledBatch(seqs=batch.seqs[:2], num_new_tokens=[1, 1], is_sampled=[True] * 2, num_decode_seqs=2)
+    return spec, caches, build_attention_metadata(batch, PAGE)
+
+
 def _run(backend, meta, qkv, layers=(0, 1)):  # noqa: ANN001
     backend.begin_step(meta)
     return [backend(layer, *qkv) for layer in layers]
@@ -134,14 +146,7 @@ def test_graph_attention_on_padded_batch_matches_unpadded(fake_flashinfer) -> No
     """The fixed-buffer graph variant on a padded decode batch gives the real rows' outputs."""
     from engine.llm.flashinfer_attention import GraphDecodeAttention
 
-    torch.manual_seed(1)
-    spec = _spec()
-    caches = allocate_kv_caches(spec)
-    for c in caches:
-        c.normal_()
-    batch = _mixed_batch()
-    batch = ScheduledBatch(seqs=batch.seqs[:2], num_new_tokens=[1, 1], is_sampled=[True] * 2, num_decode_seqs=2)
-    meta = build_attention_metadata(batch, PAGE)
+    spec, caches, meta = _two_decode_rows(seed=1)
     qkv = (torch.randn(2, HQ, D), torch.randn(2, HKV, D), torch.randn(2, HKV, D))
     ref_caches = [c.clone() for c in caches]
     ref = _run(TorchPagedAttention(spec, ref_caches), meta, qkv)
@@ -178,15 +183,8 @@ def test_async_plan_orders_its_waits_and_gives_the_same_outputs(fake_flashinfer,
 
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
-    torch.manual_seed(2)
-    spec = _spec()
-    caches = allocate_kv_caches(spec)
-    for c in caches:
-        c.normal_()
-    batch = _mixed_batch()
-    batch = ScheduledBatch(seqs=batch.seqs[:2], num_new_tokens=[1, 1], is_sampled=[True] * 2, num_decode_seqs=2)
-    padded = pad_decode_metadata(build_attention_metadata(batch, PAGE), 4, scratch_page=spec.num_pages - 1,
-                                 page_size=PAGE)
+    spec, caches, meta = _two_decode_rows(seed=2)
+    padded = pad_decode_metadata(meta, 4, scratch_page=spec.num_pages - 1, page_size=PAGE)
     qkv = tuple(torch.randn(4, h, D) for h in (HQ, HKV, HKV))
     outs = []
     for async_plan in (False, True):
