@@ -13,6 +13,11 @@ bench's player (100 ms start buffer).
 
     python -m benchmark.sched_sim --concurrency 224,256,320 --ramp 3 [--mixed] [--cap 320]
 
+``--decode-ms``, ``--decode-row-ms``, ``--prompt-token-ms``, ``--prompt-ms`` and
+``--prefill-pass-ms`` replace the step model's figures (e.g. with a ``benchmark.step_fit`` fit
+of newer runs: run 22's 4.26 + 0.0141 per row + 0.0274 per prompt token, with no per-prompt or
+pass cost, kept 384 streams over a 3 s ramp 100% on time where the server kept 92.7%).
+
 Prints per level: streams, TTFA p50/p90, % on time, mean decode rows and ms per step.
 """
 
@@ -262,11 +267,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mixed", action="store_true", help="prompts ride in the decode pass (mixed graphs)")
     ap.add_argument("--old-ahead-deadlines", action="store_true",
                     help="segments ahead due the slack after a dry time already past (the rule before)")
+    ap.add_argument("--decode-ms", type=number_type(float, lo=0), default=StepModel.decode_ms)
+    ap.add_argument("--decode-row-ms", type=number_type(float, lo=0), default=StepModel.decode_row_ms)
+    ap.add_argument("--prompt-token-ms", type=number_type(float, lo=0), default=StepModel.prompt_token_ms)
     ap.add_argument("--prefill-pass-ms", type=number_type(float, lo=0), default=StepModel.prefill_pass_ms)
     ap.add_argument("--prompt-ms", type=number_type(float, lo=0), default=StepModel.prompt_ms)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    model = StepModel(prefill_pass_ms=args.prefill_pass_ms, prompt_ms=args.prompt_ms)
+    model = StepModel(decode_ms=args.decode_ms, decode_row_ms=args.decode_row_ms,
+                      prompt_token_ms=args.prompt_token_ms, prefill_pass_ms=args.prefill_pass_ms,
+                      prompt_ms=args.prompt_ms)
     print(f"modelled GPU {model}; ramp {args.ramp:g} s, duration {args.duration:g} s, cap {args.cap or 'default'}, "
           f"horizon {'default' if args.horizon is None else f'{args.horizon:g} s'}, "
           f"fill {'default' if args.fill is None else args.fill}, "

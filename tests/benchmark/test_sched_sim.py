@@ -33,6 +33,12 @@ def test_main_prints_a_row_per_level_and_refuses_bad_arguments(capsys) -> None:
     assert "an estimate, not a measurement" in out and len(out.strip().splitlines()) == 3
     with pytest.raises(SystemExit):
         main(["-c", "0"])
+    assert main(["-c", "4", "--ramp", "0.2", "--duration", "0.5", "--max-tokens", "70", "--decode-ms", "4.26",
+                 "--decode-row-ms", "0.0141", "--prompt-token-ms", "0.0274", "--prompt-ms", "0"]) == 0
+    assert ("StepModel(decode_ms=4.26, decode_row_ms=0.0141, prefill_pass_ms=2.0, prompt_token_ms=0.0274, "
+            "prompt_ms=0.0)") in capsys.readouterr().out  # a model fitted elsewhere (benchmark.step_fit)
+    with pytest.raises(SystemExit):
+        main(["--decode-row-ms", "-1"])
 
 
 def test_the_fill_and_the_horizon_reach_the_scheduler() -> None:
