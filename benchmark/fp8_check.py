@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from benchmark.args import list_type, number_type
 from benchmark.gpu_check import (
     AUDIO_BASE,
     NUM_AUDIO_IDS,
@@ -230,7 +231,7 @@ def bench_decode(report: dict[str, Any], models: dict[str, Any], args: argparse.
     from engine.llm.cuda_graphs import CudaGraphModelRunner
 
     cfg = models["config"]
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
     per = -(-(args.context + 1) // PAGE)
     num_pages = max(batches) * per + 16
     audio_ids = torch.tensor([*range(AUDIO_BASE, AUDIO_BASE + NUM_AUDIO_IDS), STOP_ID])
@@ -406,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmark.fp8_check", description=__doc__.splitlines()[0])
     p.add_argument("--json", required=True, help="path of the JSON report")
     p.add_argument("--quick", action="store_true", help="fewer batches, steps and replays")
-    p.add_argument("--batches", default=None, help="decode batch sizes (default 64,128,256,384,512; quick 64,256)")
+    p.add_argument("--batches", type=list_type(number_type(int, 1)), default=None,
+                   help="decode batch sizes (default 64,128,256,384,512; quick 64,256)")
     p.add_argument("--context", type=int, default=512, help="cached tokens per sequence when timing decode")
     p.add_argument("--iters", type=int, default=None, help="graph replays per timing (default 50; quick 20)")
     p.add_argument("--prompts", type=int, default=None, help="prompts in the logit check (default 8; quick 4)")
@@ -419,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-jobs", type=int, default=8, help="jobs run by --engine")
     args = p.parse_args(argv)
     q = args.quick
-    args.batches = args.batches or ("64,256" if q else "64,128,256,384,512")
+    args.batches = args.batches or ([64, 256] if q else [64, 128, 256, 384, 512])
     args.iters = args.iters or (20 if q else 50)
     args.prompts = args.prompts or (4 if q else 8)
     args.steps = args.steps or (4 if q else 8)

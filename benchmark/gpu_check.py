@@ -27,12 +27,13 @@ from typing import Any
 
 import torch
 
+from benchmark.args import list_type, number_type
 from engine.llm.attention import build_attention_metadata
 from engine.llm.cuda_graphs import BatchGraphs, CudaGraphModelRunner
 from engine.llm.model_runner import ModelRunner
 from engine.llm.scheduler import ScheduledBatch
 from engine.llm.sequence import SamplingParams, Sequence
-from models.orpheus.config import ORPHEUS_3B, TINY
+from models.orpheus.config import TINY
 from models.orpheus.llama import LlamaModel
 
 __all__ = ["main"]
@@ -238,7 +239,7 @@ def bench_full(report: dict[str, Any], args: argparse.Namespace) -> None:
                                     max_seq_len=4096)
     torch.cuda.synchronize()
     report["load_dummy_s"] = time.perf_counter() - t
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
     per = -(-(args.context + 1) // PAGE)
     num_pages = max(batches) * per + 256
     t = time.perf_counter()
@@ -278,13 +279,13 @@ def bench_full(report: dict[str, Any], args: argparse.Namespace) -> None:
     # Single-stream time to first audio: prefill (eager FlashInfer) + decode steps (graphs) for
     # the frames the streaming decoder needs + SNAC on the first window (graph), as the engine
     # does it (one host sync per step to read the token).
-    from models.orpheus.codec import StreamingDecoder, decode_requests
+    from models.orpheus.codec import StreamingDecoder
 
     dec = _codec(torch.float32)
     win = StreamingDecoder(None).window_frames
     codec1 = _codec_graphs(dec, frames=win, buckets=(1,), progress=False)
     report["ttfa"] = []
-    for lookahead in [int(x) for x in args.ttfa_lookahead.split(",")]:
+    for lookahead in args.ttfa_lookahead:
         _ttfa(report, args, runner, dec, codec1, win, lookahead, per * max(batches))
     del runner
     torch.cuda.empty_cache()
@@ -439,7 +440,7 @@ def bench_codec(report: dict[str, Any], args: argparse.Namespace) -> None:
                    "eager_ms": eager, "graph_ms": _median_ms(g.replay, 50, events=True)}
             rows.append(row)
             _log(f"codec {row}")
-        del graphs, dec
+        graphs = dec = None  # free both before the next dtype's
     report["codec"] = rows
 
 
@@ -497,10 +498,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmark.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"), help="folder for gpu_check.json")
     p.add_argument("--skip-full", action="store_true", help="only the tiny correctness checks")
-    p.add_argument("--batches", default="1,8,64,256", help="decode batch sizes to time")
+    p.add_argument("--batches", type=list_type(number_type(int, 1)), default=[1, 8, 64, 256],
+                   help="decode batch sizes to time")
     p.add_argument("--context", type=int, default=512, help="cached tokens per sequence when timing decode")
     p.add_argument("--iters", type=int, default=100, help="replays per timing (median)")
-    p.add_argument("--ttfa-lookahead", default="5120,1024", help="StreamingDecoder lookaheads (samples) to time")
+    p.add_argument("--ttfa-lookahead", type=list_type(number_type(int, 0)), default=[5120, 1024],
+                   help="StreamingDecoder lookaheads (samples) to time")
     p.add_argument("--no-fused", dest="fused", action="store_false", help="the model's own forward, not the fused one")
     p.add_argument("--ttfa-eager-codec", action="store_true", help="decode the first window eagerly")
     p.add_argument("--ttfa-runs", type=int, default=20)

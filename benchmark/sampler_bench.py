@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from benchmark.args import list_type, number_type
+
 __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", default="64,256,512")
+    parser.add_argument("--batch", type=list_type(number_type(int, 1)), default=[64, 256, 512])
     parser.add_argument("--cols", type=int, default=28673)
     parser.add_argument("--iters", type=int, default=50)
     args = parser.parse_args(argv)
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cuda")
     print(f"sampler on {torch.cuda.get_device_name()}, {args.cols} columns; CUDA graph replay, median of {args.iters}")
     print(f"{'batch':>6} {'top_p=1 ms':>11} {'top_p=0.95 ms':>14}")
-    for b in (int(x) for x in args.batch.split(",")):
+    for b in args.batch:
         logits = torch.randn(b, args.cols, device=dev) * 3
         allowed = torch.rand(b, args.cols, device=dev) < 0.15
         seen = torch.rand(b, args.cols, device=dev) < 0.01

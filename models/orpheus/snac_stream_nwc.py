@@ -63,7 +63,7 @@ class ChannelsLastStep:
             y = _snake(x, alpha) * masks[r[k], b.in_delay]  # [B, n, C]
             full = torch.cat((views[b.up_state], y), dim=1)  # [B, n + 1, C]
             new[b.up_state] = full[:, -1:]
-            s, n = b.stride, y.shape[1]
+            s = b.stride
             taps = F.linear(full, up_w).unflatten(2, (2 * s, -1))  # [B, n + 1, 2s, C/2]
             # Output m*s + q (m < n) = tap s+q of input m (previous) + tap q of input m+1 (new).
             x = (taps[:, :-1, s:] + taps[:, 1:, :s]).flatten(1, 2)  # [B, n*s, C/2]
