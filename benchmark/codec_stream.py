@@ -92,24 +92,23 @@ def main(argv: list[str] | None = None) -> None:
     frames = torch.randint(0, 4096, (b, 7), generator=g).to(device)
     ends = torch.full((b,), OPEN_END_FRAMES, device=device)
 
-    def window() -> None:
-        decode_requests(dec, reqs)
-
-    def stream() -> None:
-        snac.step(slots, frames, ends).cpu()
-
     if args.graphs:
         from engine.llm.codec_graphs import make_graph_decode_fn
         from engine.llm.codec_stream_graphs import StreamingCodecGraphs
 
         window_fn = make_graph_decode_fn(dec, buckets=(b,), progress=False)
-        codec = StreamingCodecGraphs(snac, buckets=(b,), progress=False)
+        step_fn = StreamingCodecGraphs(snac, buckets=(b,), progress=False).step
+    else:
+        def window_fn(requests):  # noqa: ANN001, ANN202
+            return decode_requests(dec, requests)
 
-        def window() -> None:  # noqa: F811 - the graphed variants replace the eager ones
-            window_fn(reqs)
+        step_fn = snac.step
 
-        def stream() -> None:  # noqa: F811
-            codec.step(slots, frames, ends).cpu()
+    def window() -> None:
+        window_fn(reqs)
+
+    def stream() -> None:
+        step_fn(slots, frames, ends).cpu()
 
     window(), stream()  # warm-up
     # Interleaved, so that a shared machine's load drifts over both sides alike.
