@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import functools
+import itertools
 import json
 import platform
 import pstats
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     plans = [True, False] if args.async_plan == "compare" else [args.async_plan == "on"]
     set_plan = getattr(backend.runner, "set_async_plan", None)
     for b in batches:
-        for use_mixed, use_plan in [(vm, vp) for vm in variants for vp in plans]:
+        for use_mixed, use_plan in itertools.product(variants, plans):
             if hasattr(backend.runner, "mixed_graphs"):
                 backend.runner.mixed_graphs = mixed if use_mixed else None
             if set_plan is not None:

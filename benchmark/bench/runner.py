@@ -118,8 +118,7 @@ async def _run_one_level(target: Target, config: BenchConfig, plan: LevelPlan) -
     if server is not None:
         summary.extra["server"] = server
     summary.extra["client_loop_lag_ms"] = distribution([x for _, x in lag], scale=1e3)
-    t_first = min((t.t_start for t in traces if t.t_start is not None), default=0.0)
-    summary.extra["server_pauses"] = pause_summary(server_pauses(traces), t_first)
+    summary.extra["server_pauses"] = pause_summary(server_pauses(traces), t0)  # times on the timeline's clock
     if samples:
         summary.extra["server_timeline"] = timeline(samples, t0)
         summary.extra["server_timeline_t0"] = t0  # the streams' clock (t_start, chunk_t)
