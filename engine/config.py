@@ -26,8 +26,9 @@ class EngineConfig:
     # generated ahead (CoreConfig.lookahead_jobs), so 1024 serves 512 streams without a segment
     # waiting for a slot.
     max_num_seqs: int = 1024
-    # Decode rows per step: -1 = auto (320 on CUDA, where a served 320-row Orpheus-3B step took
-    # 11-12 ms of the 12.2 ms real-time budget on an H200; no cap on the CPU), 0 = no cap.
+    # Decode rows per step: -1 = auto (384 on CUDA, where a served 384-row Orpheus-3B step took
+    # 10.7-11.1 ms of the 12.2 ms real-time budget on an H200 with async_plan on; no cap on the
+    # CPU), 0 = no cap.
     max_num_decode_seqs: int = -1
     # Decode only the jobs whose audio is due within this many seconds, filling the step up to
     # decode_fill_seqs rows with the next deadlines (engine.llm.scheduler): -1 = auto (1.0 s and
@@ -54,9 +55,10 @@ class EngineConfig:
     mixed_graphs: str = "off"
     # The decode graphs' attention plans send the page ids to the device without waiting for
     # the step in flight (engine.llm.flashinfer_attention.GraphDecodeAttention): "on" / "off".
-    # Off by default until measured on a GPU: with it off, FlashInfer's plan waits for the
-    # device before each step's launch (36% of the engine's time at 64 streams on the H200).
-    async_plan: str = "off"
+    # With it off, FlashInfer's plan waits for the device before each step's launch (36% of the
+    # engine's time at 64 streams on the H200). On (default): engine steps 3-7% shorter, and 384
+    # streams over a 3 s ramp 99.9% on time against 98.6% off (docs/performance.md, run 24).
+    async_plan: str = "on"
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,
     # 512, 512, 1387 (a start buffer fills a frame later, with less of a deficit behind it).

@@ -39,7 +39,7 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len)
     m.add_argument("--max-num-decode-seqs", type=int, default=EngineConfig.max_num_decode_seqs,
                    help="decode rows per step, earliest deadlines first; the rest wait a step "
-                        "(-1 auto: 320 on CUDA, no cap on the CPU; 0 no cap)")
+                        "(-1 auto: 384 on CUDA, no cap on the CPU; 0 no cap)")
     m.add_argument("--decode-horizon-s", type=float, default=EngineConfig.decode_horizon_s,
                    help="decode only jobs whose audio is due within this many seconds, so the "
                         "step is short for those that need audio now (-1 auto: 1.0 on CUDA, off "
@@ -63,7 +63,7 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                         "over the weights) instead of two (off: on an H200 no more streams kept real time)")
     m.add_argument("--async-plan", default=EngineConfig.async_plan, choices=["on", "off"],
                    help="the decode graphs' attention plans send page ids to the GPU without waiting "
-                        "for the step in flight (off: not yet measured on a GPU)")
+                        "for the step in flight (on: engine steps 3-7%% shorter on an H200)")
     m.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
                    help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
                         "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, 1387; "

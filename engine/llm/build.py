@@ -15,7 +15,7 @@ __all__ = ["build_orpheus_backend"]
 log = logging.getLogger(__name__)
 
 RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-start ramp
-AUTO_DECODE_CAP_CUDA = 320  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs): 11-12 ms served on an H200
+AUTO_DECODE_CAP_CUDA = 384  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs): 10.7-11.1 ms served on an H200 (run 24)
 AUTO_DECODE_HORIZON_S_CUDA = 1.0  # scheduler.decode_horizon_s on CUDA: = CoreConfig.lookahead_slack_s, so segments generated ahead only fill
 AUTO_RAMP_STEPS_CUDA = (1024, 1536)  # ramp_step_samples: light load, under load (OrpheusProgram)
 # scheduler.decode_fill_seqs: rows filled with the next deadlines while fewer are due. On an H200,
@@ -128,7 +128,7 @@ def build_orpheus_backend(
     ``mixed_graphs``: "on" / True captures ``MixedGraphs`` (decode rows and fresh prompts in one
     replay) with the CUDA-graph runner; "off" (default).
     ``async_plan``: "on" / True: the CUDA-graph runner's attention plans do not wait for the step
-    in flight (``CudaGraphModelRunner``); "off" (default).
+    in flight (``CudaGraphModelRunner``; default); "off": they wait for it.
     ``ramp_step_samples``: the fast-start ramp's lookahead growth per frame
     (``models.orpheus.codec.StreamingDecoder``); 0 (default) = ``AUTO_RAMP_STEPS_CUDA`` on CUDA
     (the second one for segments that start under load, ``OrpheusProgram``), 1024 on the CPU.
@@ -236,7 +236,7 @@ def build_orpheus_backend(
             mixed = pick(mixed_graphs, "mixed_graphs", "off")
             runner_factory = functools.partial(CudaGraphModelRunner, max_model_len=max_model_len,
                                                mixed=mixed in (True, "on"),
-                                               async_plan=pick(async_plan, "async_plan", "off") in (True, "on"))
+                                               async_plan=pick(async_plan, "async_plan", "on") in (True, "on"))
         else:
             attention_backend_factory = attention_backend_factory or flashinfer_attention_factory
     runner_kw: dict[str, Any] = {}

@@ -30,7 +30,8 @@ from engine.llm.prefill_graphs import GraphPrefillAttention, pad_prefill_slots
 
 __all__ = ["MixedAttention", "MixedGraphs", "DEFAULT_MIXED_DECODE_BUCKETS", "DEFAULT_MIXED_TOKEN_BUCKETS"]
 
-# Decode rows of a loaded step (64 to the decode cap of 320 on CUDA)
+# Decode rows of a loaded step (64 to 320; a step with more rows than that, up to the decode
+# cap of 384 on CUDA, replays the decode and prefill graphs one after the other)
 DEFAULT_MIXED_DECODE_BUCKETS: tuple[int, ...] = tuple(range(64, 321, 32))
 # Prompt tokens: one to a few prompts (about 55 ids each with dummy mode's old byte tokenizer,
 # about 18 with Llama 3's lengths: a 32 bucket may pay off, not measured), up to the largest prefill graph's

@@ -96,19 +96,20 @@ def test_prefill_batching_resolves_auto_by_the_runner_s_graphs():
     assert _prefill_batching(0.01, 3, mixed) == (0.01, 3)
 
 
-@pytest.mark.parametrize("flag, name", [("--hold-undue-prompts", "hold_undue_prompts"),
-                                        ("--async-plan", "async_plan")])
-def test_cli_on_off_switches_reach_the_engine_config(flag, name):
-    """voxgate serve --hold-undue-prompts / --async-plan on|off (off by default) reach
-    EngineConfig; other values are refused by the parser and the config."""
+@pytest.mark.parametrize("flag, name, default", [("--hold-undue-prompts", "hold_undue_prompts", "off"),
+                                                  ("--async-plan", "async_plan", "on")])
+def test_cli_on_off_switches_reach_the_engine_config(flag, name, default):
+    """voxgate serve --hold-undue-prompts (off by default) / --async-plan (on by default)
+    on|off reach EngineConfig; other values are refused by the parser and the config."""
     from engine.config import EngineConfig
     from gateway.cli import build_parser, configs_from_args
 
     parser = build_parser()
     _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus"]))
-    assert getattr(eng, name) == "off"
-    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", flag, "on"]))
-    assert getattr(eng, name) == "on"
+    assert getattr(eng, name) == default
+    other = "off" if default == "on" else "on"
+    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", flag, other]))
+    assert getattr(eng, name) == other
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", flag, "auto"])
     with pytest.raises(ValueError, match=name):
