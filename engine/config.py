@@ -56,7 +56,7 @@ class EngineConfig:
     # The decode graphs' attention plans send the page ids to the device without waiting for
     # the step in flight (engine.llm.flashinfer_attention.GraphDecodeAttention): "on" / "off".
     # With it off, FlashInfer's plan waits for the device before each step's launch (36% of the
-    # engine's time at 64 streams on the H200). On (default): engine steps 3-7% shorter, and 384
+    # engine's time at 64 streams on the H200). On (default): engine steps 2-7% shorter, and 384
     # streams over a 3 s ramp 99.9% on time against 98.6% off (docs/performance.md, run 24).
     async_plan: str = "on"
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec

@@ -63,7 +63,7 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                         "over the weights) instead of two (off: on an H200 no more streams kept real time)")
     m.add_argument("--async-plan", default=EngineConfig.async_plan, choices=["on", "off"],
                    help="the decode graphs' attention plans send page ids to the GPU without waiting "
-                        "for the step in flight (on: engine steps 3-7%% shorter on an H200)")
+                        "for the step in flight (on: engine steps 2-7%% shorter on an H200)")
     m.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
                    help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
                         "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, 1387; "
