@@ -39,7 +39,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=$PWD:/tmp/site
 if [ -f .fi_cache/fi_cache.tgz ]; then tar -xzf .fi_cache/fi_cache.tgz -C ~; fi
 if [ -f .fi_cache/inductor.tgz ]; then tar -xzf .fi_cache/inductor.tgz -C /tmp; fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+# which GPU this was (runs on two loans of "the same" machine differed by 6% per step: runs 24-26)
+nvidia-smi --query-gpu=name,memory.total,driver_version,uuid,serial,pci.bus_id,clocks.max.sm,clocks.max.mem,power.limit,temperature.gpu \
+  --format=csv | tee "$out/gpu.txt"
 lscpu | grep -E 'Model name|^CPU\(s\)' | tee -a "$out/gpu.txt"
 
 if [ -n "${PROFILE_BATCHES:-}" ]; then
