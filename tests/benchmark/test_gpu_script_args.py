@@ -12,6 +12,8 @@ import pytest
     ("benchmark.gpu_check", ["--ttfa-lookahead", "-5"]),
     ("benchmark.fp8_check", ["--batches", "0"]),
     ("benchmark.sampler_bench", ["--batch", ","]),
+    ("benchmark.decode_attention", ["--batch", "256,0"]),
+    ("benchmark.decode_attention", ["--kernel", "cuda-cores,tpu"]),
 ])
 def test_bad_lists_are_refused_with_a_message(module, args, capsys) -> None:
     main = importlib.import_module(module).main
