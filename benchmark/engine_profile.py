@@ -177,9 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mixed-graphs", default="off", choices=["on", "off", "compare"],
                         help="decode rows and fresh prompts in one CUDA graph (engine.llm.mixed_graphs); "
                              "compare: each batch with them, then without (one engine, graphs captured once)")
-    parser.add_argument("--async-plan", default="off", choices=["on", "off", "compare"],
-                        help="attention plans that do not wait for the step in flight (CudaGraphModelRunner); "
-                             "compare: both, one after the other on the same engine")
+    parser.add_argument("--async-plan", default="on", choices=["on", "off", "compare"],
+                        help="attention plans that do not wait for the step in flight (CudaGraphModelRunner; "
+                             "on, as the engine's default); compare: both, one after the other on the same engine")
+    parser.add_argument("--decode-attention", default="cuda-cores", choices=["cuda-cores", "tensor-cores"],
+                        help="FlashInfer's decode kernel in the graphs (fixed at capture: one per run; "
+                             "benchmark.decode_attention compares the kernels alone)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="engine.llm.fp8 (CUDA)")
     parser.add_argument("--quantization", default="none", choices=["none", "fp8"], help="engine.llm.fp8 (CUDA)")
     parser.add_argument("--json", default=None, help="write the figures here")
@@ -195,14 +198,14 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=2048, max_waiting=4 * max(batches) + 4 * args.prompts_per_step,
         async_steps=args.async_steps, mixed_graphs="on" if args.mixed_graphs == "compare" else args.mixed_graphs,
         max_num_seqs=max(batches) + 2 * args.prompts_per_step + 1,
-        kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization, decode_attention=args.decode_attention,
         **({"prefill_wait_s": 0.0, "prefill_batch_seqs": 0} if args.prompts_per_step else {}),
     )
     sync = torch.cuda.synchronize if args.device == "cuda" else None
     name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
     print(f"engine step on {name}; model {args.model} ({args.load_format}); torch {torch.__version__}; "
           f"{args.prompts_per_step} fresh prompts per step; mixed graphs {args.mixed_graphs}; "
-          f"async plan {args.async_plan}; "
+          f"async plan {args.async_plan}; decode attention {args.decode_attention}; "
           f"kv cache {args.kv_cache_dtype}, quantization {args.quantization}")
     header = f"{'batch':>6} {'mixed':>5} {'plan':>5} {'running':>7} " + " ".join(f"{p:>11}" for p in PHASES) + f" {'total':>8} {'p90':>8}"
     print(header + "   (medians, ms)")
@@ -235,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"device": name, "model": args.model, "prompts_per_step": args.prompts_per_step,
                        "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
-                       "mixed_graphs": args.mixed_graphs, "async_plan": args.async_plan, "results": results}, f, indent=1)
+                       "mixed_graphs": args.mixed_graphs, "async_plan": args.async_plan,
+                       "decode_attention": args.decode_attention, "results": results}, f, indent=1)
     return 0
 
 

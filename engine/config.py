@@ -9,6 +9,8 @@ from engine.core import CoreConfig
 __all__ = ["EngineConfig", "BUILTIN_MODELS"]
 
 BUILTIN_MODELS = ("hibari", "synthetic", "orpheus")
+# FlashInfer decode kernels the CUDA graphs can capture (EngineConfig.decode_attention)
+DECODE_ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,11 @@ class EngineConfig:
     # engine's time at 64 streams on the H200). On (default): engine steps 2-7% shorter, and 384
     # streams over a 3 s ramp 99.9% on time against 98.6% off (docs/performance.md, run 24).
     async_plan: str = "on"
+    # FlashInfer's decode kernel in the CUDA graphs: "cuda-cores" (default: its decode kernel)
+    # or "tensor-cores" (its prefill kernel; FlashInfer advises it for large query groups, and
+    # Orpheus has 3 query heads per KV head). Not yet measured on a GPU:
+    # benchmark.decode_attention compares the two, with bf16 and fp8 pages.
+    decode_attention: str = "cuda-cores"
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,
     # 512, 512, 1387 (a start buffer fills a frame later, with less of a deficit behind it).
@@ -117,6 +124,8 @@ class EngineConfig:
             raise ValueError("mixed_graphs must be on or off")
         if self.async_plan not in ("on", "off"):
             raise ValueError("async_plan must be on or off")
+        if self.decode_attention not in DECODE_ATTENTION_KERNELS:
+            raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_KERNELS)}")
         if self.hold_undue_prompts not in ("on", "off"):
             raise ValueError("hold_undue_prompts must be on or off")
         if self.prefill_batch_seqs < -1:

@@ -10,7 +10,7 @@ import signal
 import sys
 from dataclasses import fields
 
-from engine.config import EngineConfig
+from engine.config import DECODE_ATTENTION_KERNELS, EngineConfig
 from engine.core import CoreConfig
 from gateway.config import GatewayConfig
 
@@ -64,6 +64,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--async-plan", default=EngineConfig.async_plan, choices=["on", "off"],
                    help="the decode graphs' attention plans send page ids to the GPU without waiting "
                         "for the step in flight (on: engine steps 2-7%% shorter on an H200)")
+    m.add_argument("--decode-attention", default=EngineConfig.decode_attention, choices=list(DECODE_ATTENTION_KERNELS),
+                   help="FlashInfer's decode kernel in the CUDA graphs: its CUDA-core decode kernel, or "
+                        "its tensor-core prefill kernel (cuda-cores: tensor-cores not yet measured)")
     m.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
                    help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
                         "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, 1387; "

@@ -86,6 +86,7 @@ def build_orpheus_backend(
     async_steps: bool | str | None = None,
     mixed_graphs: bool | str | None = None,
     async_plan: bool | str | None = None,
+    decode_attention: str | None = None,
     ramp_step_samples: int | None = None,
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
@@ -129,6 +130,8 @@ def build_orpheus_backend(
     replay) with the CUDA-graph runner; "off" (default).
     ``async_plan``: "on" / True: the CUDA-graph runner's attention plans do not wait for the step
     in flight (``CudaGraphModelRunner``; default); "off": they wait for it.
+    ``decode_attention``: FlashInfer's decode kernel in the graphs, "cuda-cores" (default) or
+    "tensor-cores" (``CudaGraphModelRunner``).
     ``ramp_step_samples``: the fast-start ramp's lookahead growth per frame
     (``models.orpheus.codec.StreamingDecoder``); 0 (default) = ``AUTO_RAMP_STEPS_CUDA`` on CUDA
     (the second one for segments that start under load, ``OrpheusProgram``), 1024 on the CPU.
@@ -236,7 +239,8 @@ def build_orpheus_backend(
             mixed = pick(mixed_graphs, "mixed_graphs", "off")
             runner_factory = functools.partial(CudaGraphModelRunner, max_model_len=max_model_len,
                                                mixed=mixed in (True, "on"),
-                                               async_plan=pick(async_plan, "async_plan", "on") in (True, "on"))
+                                               async_plan=pick(async_plan, "async_plan", "on") in (True, "on"),
+                                               decode_attention=pick(decode_attention, "decode_attention", "cuda-cores"))
         else:
             attention_backend_factory = attention_backend_factory or flashinfer_attention_factory
     runner_kw: dict[str, Any] = {}

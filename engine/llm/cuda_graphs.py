@@ -23,6 +23,7 @@ import torch
 
 from engine.llm.attention import AttentionMetadata, KVCacheSpec, build_attention_metadata
 from engine.llm.host_copy import start_host_copy
+from engine.config import DECODE_ATTENTION_KERNELS
 from engine.llm.model_runner import LaunchedStep, ModelRunner, host_input_ids
 
 __all__ = [
@@ -191,6 +192,7 @@ class DecodeGraphs:
         max_pages_per_seq: int,
         buckets: Sequence[int] = DEFAULT_DECODE_BUCKETS,
         extra_specs: Sequence[TensorSpec] = (),
+        tensor_cores: bool = False,
     ) -> None:
         if not buckets:
             raise ValueError("no buckets")
@@ -205,6 +207,7 @@ class DecodeGraphs:
         self.max_pages_per_seq = max_pages_per_seq
         self.buckets = tuple(sorted(set(buckets)))
         self.extra_specs = list(extra_specs)
+        self.tensor_cores = tensor_cores  # GraphDecodeAttention's kernel
         self.device = kv_caches[0].device
         self._graphs: dict[int, _DecodeGraph] = {}
 
@@ -230,7 +233,7 @@ class DecodeGraphs:
         for b in _progress(sorted(self.buckets, reverse=True), "decode graphs", progress):
             attn = GraphDecodeAttention(
                 self.kv_caches, num_q_heads=self.num_q_heads, batch_size=b,
-                max_num_pages=b * self.max_pages_per_seq, workspace=workspace,
+                max_num_pages=b * self.max_pages_per_seq, workspace=workspace, tensor_cores=self.tensor_cores,
             )
             ids = torch.zeros(b, dtype=torch.int64, device=self.device)
             pos = torch.zeros(b, dtype=torch.int64, device=self.device)
@@ -336,6 +339,8 @@ class CudaGraphModelRunner(ModelRunner):
     sizes the page-index buffers). ``fused`` uses ``FusedLlamaForward`` (fewer kernels).
     ``async_plan``: the graphs' attention plans send the page ids to the device without waiting
     for the step in flight (``GraphDecodeAttention``; ``set_async_plan`` switches it later).
+    ``decode_attention``: "cuda-cores" (default) or "tensor-cores", FlashInfer's decode kernel in
+    the decode and mixed graphs (fixed at capture).
     """
 
     def __init__(
@@ -355,10 +360,16 @@ class CudaGraphModelRunner(ModelRunner):
         mixed_decode_buckets: Sequence[int] | None = None,
         mixed_token_buckets: Sequence[int] | None = None,
         async_plan: bool = False,
+        decode_attention: str = "cuda-cores",
         **kwargs: Any,
     ) -> None:
+        if decode_attention not in DECODE_ATTENTION_KERNELS:
+            raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_KERNELS)}, "
+                             f"got {decode_attention!r}")
         kwargs.setdefault("attention_backend_factory", flashinfer_attention_factory)
         self.async_plan = async_plan
+        self.decode_attention = decode_attention
+        tensor_cores = decode_attention == "tensor-cores"
         super().__init__(model, config, num_pages=num_pages + 1, **kwargs)
         self.scratch_page = num_pages
         self.forward_fn: Callable[..., torch.Tensor] = model
@@ -381,6 +392,7 @@ class CudaGraphModelRunner(ModelRunner):
             buckets=buckets,
             # temperature, top_p, repetition penalty, seed, step, slot + 1 (0 = padding), allowed row, keep
             extra_specs=[((), f32), ((), f32), ((), f32), ((), i64), ((), i64), ((), i64), ((), i64), ((), torch.bool)],
+            tensor_cores=tensor_cores,
         )
         from engine.llm.prefill_graphs import DEFAULT_PREFILL_BUCKETS, DEFAULT_PREFILL_ROW_BUCKETS, PrefillGraphs
 
@@ -405,6 +417,7 @@ class CudaGraphModelRunner(ModelRunner):
                     scratch_page=self.scratch_page, max_pages_per_seq=self.graphs.max_pages_per_seq,
                     decode_buckets=mixed_buckets, token_buckets=token_buckets,
                     max_prompts=self.prefill_graphs.max_num_seqs, extra_specs=self.graphs.extra_specs,
+                    decode_tensor_cores=tensor_cores,
                 )
         from engine.llm.decode_inputs import DecodeInputBuilder
 

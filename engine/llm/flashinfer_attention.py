@@ -150,7 +150,8 @@ class GraphDecodeAttention:
     """Decode-only attention at a fixed batch size, for CUDA-graph capture and replay.
 
     The metadata given to ``begin_step`` must have exactly ``batch_size`` decode rows (pad
-    first) and at most ``max_num_pages`` page indices in all.
+    first) and at most ``max_num_pages`` page indices in all. ``tensor_cores``: FlashInfer's
+    tensor-core decode (its prefill kernel) instead of the CUDA-core one; fixed at capture.
     """
 
     def __init__(
@@ -163,6 +164,7 @@ class GraphDecodeAttention:
         workspace: torch.Tensor,
         q_dtype: torch.dtype | None = None,
         async_plan: bool = False,
+        tensor_cores: bool = False,
     ) -> None:
         import flashinfer
 
@@ -173,10 +175,14 @@ class GraphDecodeAttention:
         dev = self.shape.device
         self._page = torch.zeros(batch_size, dtype=torch.int64, device=dev)
         self._offset = torch.zeros(batch_size, dtype=torch.int64, device=dev)
+        # tensor_cores: FlashInfer's prefill kernel runs the decode (tensor-core MMAs over the
+        # query heads of a KV head) instead of its CUDA-core decode kernel (ENGINE decode_attention)
+        self.tensor_cores = tensor_cores
         self._wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             workspace,
             "NHD",
             use_cuda_graph=True,
+            use_tensor_cores=tensor_cores,
             paged_kv_indptr_buffer=torch.zeros(batch_size + 1, dtype=torch.int32, device=dev),
             paged_kv_indices_buffer=torch.zeros(max_num_pages, dtype=torch.int32, device=dev),
             paged_kv_last_page_len_buffer=torch.zeros(batch_size, dtype=torch.int32, device=dev),

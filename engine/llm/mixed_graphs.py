@@ -76,6 +76,7 @@ class MixedGraphs:
         token_buckets: Sequence[int] = DEFAULT_MIXED_TOKEN_BUCKETS,
         max_prompts: int = 16,
         extra_specs: Sequence[TensorSpec] = (),
+        decode_tensor_cores: bool = False,
     ) -> None:
         if not decode_buckets or not token_buckets:
             raise ValueError("no buckets")
@@ -91,6 +92,7 @@ class MixedGraphs:
         self.token_buckets = tuple(sorted(set(token_buckets)))
         self.max_prompts = max_prompts
         self.extra_specs = list(extra_specs)
+        self.decode_tensor_cores = decode_tensor_cores  # the decode rows' GraphDecodeAttention kernel
         self.device = kv_caches[0].device
         self._graphs: dict[tuple[int, int], _MixedGraph] = {}
 
@@ -112,7 +114,8 @@ class MixedGraphs:
         keys = [(b, t) for b in sorted(self.decode_buckets, reverse=True) for t in sorted(self.token_buckets, reverse=True)]
         for b, t in _progress(keys, "mixed graphs", progress):
             dec = GraphDecodeAttention(self.kv_caches, num_q_heads=self.num_q_heads, batch_size=b,
-                                       max_num_pages=b * self.max_pages_per_seq, workspace=workspace)
+                                       max_num_pages=b * self.max_pages_per_seq, workspace=workspace,
+                                       tensor_cores=self.decode_tensor_cores)
             pre = GraphPrefillAttention(self.kv_caches, num_q_heads=self.num_q_heads, num_tokens=t)
             attn = MixedAttention(dec, pre, b)
             ids = torch.zeros(b + t, dtype=torch.int64, device=self.device)

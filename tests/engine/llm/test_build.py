@@ -116,6 +116,22 @@ def test_cli_on_off_switches_reach_the_engine_config(flag, name, default):
         EngineConfig(**{name: "yes"})
 
 
+def test_cli_decode_attention_reaches_the_engine_config():
+    """voxgate serve --decode-attention cuda-cores (default) | tensor-cores; others refused."""
+    from engine.config import EngineConfig
+    from gateway.cli import build_parser, configs_from_args
+
+    parser = build_parser()
+    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus"]))
+    assert eng.decode_attention == "cuda-cores"
+    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", "--decode-attention", "tensor-cores"]))
+    assert eng.decode_attention == "tensor-cores"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--decode-attention", "tensor"])
+    with pytest.raises(ValueError, match="decode_attention must be one of cuda-cores, tensor-cores"):
+        EngineConfig(decode_attention="tensor")
+
+
 def test_hold_undue_prompts_reaches_the_scheduler(llm_tiny_dir, small_snac_dir):
     """EngineConfig(hold_undue_prompts="on") reaches the built scheduler. (--async-plan reaches
     the CUDA-graph runner, on a GPU only: tests/engine/llm/test_gpu.py.)"""

@@ -37,9 +37,10 @@ def _attend(q, cache, pages, kv_len, causal):  # noqa: ANN001
 
 class _FakeWrapper:
     def __init__(self, workspace, layout, use_cuda_graph=False, paged_kv_indptr_buffer=None,  # noqa: ANN001
-                 paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None) -> None:
+                 paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None, use_tensor_cores=False) -> None:
         assert layout == "NHD"
         self.graph = use_cuda_graph
+        self.use_tensor_cores = use_tensor_cores  # (the stand-in computes the same either way)
         self.bufs = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
         self.qo = None
 
@@ -206,3 +207,34 @@ def test_async_plan_orders_its_waits_and_gives_the_same_outputs(fake_flashinfer,
     for blocking, staged in zip(outs[:2], outs[2:]):
         for a, b in zip(blocking, staged):
             torch.testing.assert_close(b, a)
+
+
+def test_decode_kernel_choice_reaches_the_graph_wrappers(fake_flashinfer) -> None:  # noqa: ANN001
+    """``decode_attention="tensor-cores"`` reaches FlashInfer's decode wrapper of every decode
+    graph (through ``CudaGraphModelRunner`` and ``DecodeGraphs``); an unknown kernel is refused
+    with the choices named. (The kernels' outputs: tests/engine/llm/test_gpu.py.)"""
+    from engine.llm.cuda_graphs import CudaGraphModelRunner, DecodeGraphs
+    from engine.llm.flashinfer_attention import GraphDecodeAttention
+    from models.orpheus.config import TINY
+    from models.orpheus.llama import LlamaModel
+
+    spec, caches, meta = _two_decode_rows(seed=3)
+    for tc in (False, True):
+        attn = GraphDecodeAttention(caches, num_q_heads=HQ, batch_size=4, max_num_pages=32,
+                                    workspace=torch.empty(0), tensor_cores=tc)
+        assert attn._wrapper.use_tensor_cores is tc and attn.tensor_cores is tc
+    cfg = TINY.with_(hidden_size=48, intermediate_size=96, num_attention_heads=HQ, num_key_value_heads=HKV,
+                     head_dim=D, num_hidden_layers=2)
+    model = LlamaModel(cfg, max_seq_len=64).init_random_(seed=0)
+    for kernel, tc in (("cuda-cores", False), ("tensor-cores", True)):
+        runner = CudaGraphModelRunner(model, cfg, device="cpu", dtype=torch.float32, num_pages=16, max_model_len=64,
+                                      max_num_seqs=4, decode_buckets=(1, 4), prefill_buckets=(), capture=False,
+                                      fused=False, decode_attention=kernel)
+        assert isinstance(runner.graphs, DecodeGraphs) and runner.graphs.tensor_cores is tc
+        mixed = CudaGraphModelRunner(model, cfg, device="cpu", dtype=torch.float32, num_pages=16, max_model_len=64,
+                                     max_num_seqs=4, decode_buckets=(1, 4), prefill_buckets=(32,), capture=False,
+                                     fused=False, mixed=True, mixed_decode_buckets=(4,), decode_attention=kernel)
+        assert mixed.mixed_graphs is not None and mixed.mixed_graphs.decode_tensor_cores is tc
+    with pytest.raises(ValueError, match="cuda-cores, tensor-cores"):
+        CudaGraphModelRunner(model, cfg, device="cpu", dtype=torch.float32, num_pages=16, max_model_len=64,
+                             max_num_seqs=4, prefill_buckets=(), capture=False, fused=False, decode_attention="tpu")

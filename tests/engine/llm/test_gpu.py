@@ -42,8 +42,10 @@ def test_flashinfer_mixed_step_matches_torch_paged_attention() -> None:
         torch.testing.assert_close(a, b)
 
 
-def test_decode_graph_replay_matches_eager_and_ignores_padding() -> None:
-    """A captured decode step on a padded batch gives the eager step's logits for the real rows."""
+@pytest.mark.parametrize("decode_attention", ["cuda-cores", "tensor-cores"])
+def test_decode_graph_replay_matches_eager_and_ignores_padding(decode_attention: str) -> None:
+    """A captured decode step on a padded batch gives the eager step's logits for the real rows,
+    with either FlashInfer decode kernel in the graphs (3 query heads per KV head, as Orpheus)."""
     pytest.importorskip("flashinfer")
     from engine.llm.attention import build_attention_metadata
     from engine.llm.cuda_graphs import CudaGraphModelRunner
@@ -57,7 +59,10 @@ def test_decode_graph_replay_matches_eager_and_ignores_padding() -> None:
     model = LlamaModel(cfg, max_seq_len=512).init_random_(seed=0).to("cuda", torch.bfloat16)
     model.setup_rope("cuda")
     runner = CudaGraphModelRunner(model, cfg, device="cuda", dtype=torch.bfloat16, num_pages=64,
-                                  max_model_len=512, max_num_seqs=8, decode_buckets=(1, 4, 8), progress=False)
+                                  max_model_len=512, max_num_seqs=8, decode_buckets=(1, 4, 8), progress=False,
+                                  decode_attention=decode_attention)
+    assert all(g.attn._wrapper.use_tensor_cores is (decode_attention == "tensor-cores")
+               for g in runner.graphs._graphs.values())
     for c in runner.kv_caches:
         c.normal_()
     seqs = []
