@@ -126,6 +126,7 @@ class Hello(Message):
     default_voice: str
     sample_rate: int
     options: dict[str, Any] = field(default_factory=dict)
+    device: str = ""  # what the engine computes on (engine.device_info)
 
 
 @dataclass(frozen=True)

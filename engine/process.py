@@ -22,6 +22,7 @@ import traceback
 from engine import messages as m
 from engine.backend import Backend
 from engine.config import EngineConfig
+from engine.device_info import describe_device
 from engine.core import EngineCore
 from engine.gc_heap import GcProbe, freeze_startup_heap
 from engine.shm_ring import QueueClosed, ShmQueue
@@ -200,7 +201,7 @@ class EngineLoop:
 def _hello(backend: Backend) -> m.Hello:
     info = backend.info
     return m.Hello(info.model, list(info.voices), info.default_voice, info.sample_rate,
-                   dict(info.options))
+                   dict(info.options), describe_device())
 
 
 def engine_main(config: EngineConfig, inbox: ShmQueue, outbox: ShmQueue, log_level: str) -> None:

@@ -204,7 +204,7 @@ def encode_client_message(msg: dict[str, Any], encoding: Encoding = Encoding.MSG
 
 
 def hello(*, model: str, voices: list[str], sample_rate: int, default_voice: str,
-          options: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:
+          options: dict[str, Any], limits: dict[str, Any], device: str = "") -> dict[str, Any]:
     return {
         "type": "hello",
         "protocol": PROTOCOL_VERSION,
@@ -215,6 +215,7 @@ def hello(*, model: str, voices: list[str], sample_rate: int, default_voice: str
         "formats": list(FORMATS),
         "options": options,
         "limits": limits,
+        "device": device,
     }
 
 

@@ -34,6 +34,8 @@ def format_summary(result: BenchResult) -> str:
              f"  start buffer {cfg.start_buffer_ms:g} ms  seed {cfg.seed}",
              "times in ms; TTFA from the first text, end-in from the end of input", head,
              "-" * len(head)]
+    if result.target_info.get("device"):
+        lines.insert(1, f"server device: {result.target_info['device']}")
     if result.target_info.get("bench_note"):
         lines.insert(1, f"note: {result.target_info['bench_note']}")
     for run in result.levels:

@@ -288,3 +288,15 @@ def test_summary_reports_server_pauses() -> None:
     run.summary.extra["server_pauses"] = pause_summary([(1.0, 0.08), (2.0, 0.09), (3.01, 0.07)], 0.0)
     assert ("pauses at 8: 3 times no stream received audio for >= 50 ms while >= 4 were mid-stream "
             "(p50 80 ms, longest 90 ms, every 1.00 s (median))") in format_summary(result)
+
+
+def test_summary_names_the_server_device() -> None:
+    """The hello's ``device`` (the server's GPU or CPU) heads the summary; without it, no line."""
+    from benchmark.bench.config import BenchConfig
+    from benchmark.bench.report import format_summary
+    from benchmark.bench.runner import BenchResult
+
+    result = BenchResult(config=BenchConfig(concurrency=[8]), target_info={}, prompts={}, levels=[])
+    assert "server device" not in format_summary(result)
+    result.target_info["device"] = "NVIDIA H200, 140 GiB, GPU-58a1, torch 2.11.0, CUDA 13.0"
+    assert format_summary(result).splitlines()[1] == "server device: NVIDIA H200, 140 GiB, GPU-58a1, torch 2.11.0, CUDA 13.0"

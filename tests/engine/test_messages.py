@@ -15,6 +15,7 @@ EXAMPLES: list[m.Message] = [
     m.Cancel(7),
     m.Shutdown(),
     m.Hello("hibari", ["heart"], "heart", 24000, {"speed": {"min": 0.5, "max": 2.0}}),
+    m.Hello("orpheus", ["tara"], "tara", 24000, {}, "NVIDIA H200, 140 GiB, GPU-1234, torch 2.11.0, CUDA 13.0"),
     m.Started(7, "heart", {"speed": 1.0}),
     m.Audio(7, b"\x00\x01" * 100, (0, 12), 123.5),
     m.Audio(7, b"", None, 0.0),

@@ -103,6 +103,8 @@ def test_json_encoding_connection(synth: VoxgateServer) -> None:
         async with connect(synth.ws_url + "?encoding=json") as ws:
             hello = json.loads(await ws.recv())
             assert hello["type"] == "hello"
+            # the synthetic engine uses no GPU: it names the CPU it runs on
+            assert hello["device"].startswith("cpu: ") and hello["device"].endswith(" cores")
             await ws.send(json.dumps({"type": "start", "stream": "j"}))
             await ws.send(json.dumps({"type": "text", "stream": "j", "text": "Hi there."}))
             await ws.send(json.dumps({"type": "end", "stream": "j"}))
