@@ -215,6 +215,10 @@ class DecodeGraphs:
     def max_batch_size(self) -> int:
         return self.buckets[-1]
 
+    def decode_attentions(self) -> list[Any]:
+        """The captured graphs' ``GraphDecodeAttention`` objects (their plans run per step)."""
+        return [g.attn for g in self._graphs.values()]
+
     def can_run(self, meta: Any) -> bool:
         """True for a decode-only step that fits a captured bucket."""
         n = int(meta.kv_last_page_len.numel())
@@ -442,9 +446,9 @@ class CudaGraphModelRunner(ModelRunner):
         """Every captured decode attention's ``async_plan`` (the decode graphs' and the mixed
         graphs' decode part)."""
         self.async_plan = on
-        attns = [g.attn for g in self.graphs._graphs.values()]
+        attns = self.graphs.decode_attentions()
         if self.mixed_graphs is not None:
-            attns += [g.attn.decode for g in self.mixed_graphs._graphs.values()]
+            attns += self.mixed_graphs.decode_attentions()
         for attn in attns:
             attn.async_plan = on
 

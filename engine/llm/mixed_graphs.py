@@ -96,6 +96,10 @@ class MixedGraphs:
         self.device = kv_caches[0].device
         self._graphs: dict[tuple[int, int], _MixedGraph] = {}
 
+    def decode_attentions(self) -> list[Any]:
+        """The captured graphs' decode-row ``GraphDecodeAttention`` objects."""
+        return [g.attn.decode for g in self._graphs.values()]
+
     def can_run(self, num_decode: int, prompt_lengths: Sequence[int]) -> bool:
         """True when ``num_decode`` decode rows and these whole fresh prompts fit a graph."""
         if not self._graphs or not prompt_lengths or len(prompt_lengths) > self.max_prompts:

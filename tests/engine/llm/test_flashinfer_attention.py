@@ -238,3 +238,29 @@ def test_decode_kernel_choice_reaches_the_graph_wrappers(fake_flashinfer) -> Non
     with pytest.raises(ValueError, match="cuda-cores, tensor-cores"):
         CudaGraphModelRunner(model, cfg, device="cpu", dtype=torch.float32, num_pages=16, max_model_len=64,
                              max_num_seqs=4, prefill_buckets=(), capture=False, fused=False, decode_attention="tpu")
+
+
+def test_set_async_plan_reaches_every_captured_decode_attention(fake_flashinfer) -> None:  # noqa: ANN001
+    """``CudaGraphModelRunner.set_async_plan`` switches the plans of the decode graphs and of the
+    mixed graphs' decode rows (graphs stood in for: capture needs CUDA)."""
+    from types import SimpleNamespace
+
+    from engine.llm.cuda_graphs import CudaGraphModelRunner
+    from engine.llm.mixed_graphs import MixedAttention
+    from models.orpheus.config import TINY
+    from models.orpheus.llama import LlamaModel
+
+    cfg = TINY.with_(hidden_size=48, intermediate_size=96, num_attention_heads=HQ, num_key_value_heads=HKV,
+                     head_dim=D, num_hidden_layers=2)
+    model = LlamaModel(cfg, max_seq_len=64).init_random_(seed=0)
+    runner = CudaGraphModelRunner(model, cfg, device="cpu", dtype=torch.float32, num_pages=16, max_model_len=64,
+                                  max_num_seqs=4, decode_buckets=(1, 4), prefill_buckets=(32,), capture=False,
+                                  fused=False, mixed=True, mixed_decode_buckets=(4,), async_plan=True)
+    plain, mixed_dec = (SimpleNamespace(async_plan=True) for _ in range(2))
+    runner.graphs._graphs = {4: SimpleNamespace(attn=plain)}
+    runner.mixed_graphs._graphs = {(4, 32): SimpleNamespace(attn=MixedAttention(mixed_dec, None, 4))}
+    assert runner.graphs.decode_attentions() == [plain] and runner.mixed_graphs.decode_attentions() == [mixed_dec]
+    runner.set_async_plan(False)
+    assert runner.async_plan is False and plain.async_plan is False and mixed_dec.async_plan is False
+    runner.set_async_plan(True)
+    assert plain.async_plan is True and mixed_dec.async_plan is True

@@ -61,8 +61,8 @@ def test_decode_graph_replay_matches_eager_and_ignores_padding(decode_attention:
     runner = CudaGraphModelRunner(model, cfg, device="cuda", dtype=torch.bfloat16, num_pages=64,
                                   max_model_len=512, max_num_seqs=8, decode_buckets=(1, 4, 8), progress=False,
                                   decode_attention=decode_attention)
-    assert all(g.attn._wrapper.use_tensor_cores is (decode_attention == "tensor-cores")
-               for g in runner.graphs._graphs.values())
+    assert all(a._wrapper.use_tensor_cores is (decode_attention == "tensor-cores")
+               for a in runner.graphs.decode_attentions())
     for c in runner.kv_caches:
         c.normal_()
     seqs = []
@@ -183,7 +183,7 @@ def test_async_steps_feed_tokens_on_the_device_and_match_the_synchronous_loop() 
         runner = CudaGraphModelRunner(model, cfg, device="cuda", dtype=torch.bfloat16, num_pages=256,
                                       max_model_len=512, max_num_seqs=16, decode_buckets=(1, 2, 4, 8, 16),
                                       prefill_buckets=(32, 64), progress=False, async_plan=async_plan)
-        assert all(g.attn.async_plan is async_plan for g in runner.graphs._graphs.values())
+        assert all(a.async_plan is async_plan for a in runner.graphs.decode_attentions())
         sched = Scheduler(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=80, max_model_len=512,
                                           max_waiting=16, max_num_prefill_seqs=4, max_num_prefill_tokens=64,
                                           whole_prompts=True),
