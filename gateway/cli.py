@@ -138,6 +138,9 @@ async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
     freeze_startup_heap()  # the gateway's start-up objects: out of every full collection
     host = gateway_config.host
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    hello = gateway.engine.hello
+    if hello is not None and hello.device:
+        print(f"voxgate: model {hello.model} on {hello.device}", flush=True)
     print(f"voxgate: serving on http://{shown}:{gateway.port}/ (demo page); "
           f"WebSocket ws://{shown}:{gateway.port}/v1/stream", flush=True)
     stop = asyncio.Event()

@@ -152,8 +152,9 @@ class EngineSupervisor:
         self.status = "ready"
         self.last_error = None
         self._metrics.engine_up.set(1)
-        log.info("engine ready: model %s, voices %s, %d Hz", hello.model, hello.voices,
-                 hello.sample_rate)
+        self._metrics.engine_info.info({"model": hello.model, "device": hello.device})
+        log.info("engine ready: model %s on %s, voices %s, %d Hz", hello.model, hello.device or "?",
+                 hello.voices, hello.sample_rate)
 
     def _teardown(self) -> None:
         for task in (self._reader, self._watcher, self._flusher):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = ["GatewayMetrics", "CONTENT_TYPE_LATEST"]
@@ -28,6 +28,8 @@ class GatewayMetrics:
         self.running_jobs = Gauge("voxgate_engine_running_jobs",
                                   "Segments being generated in the engine", registry=r)
         self.engine_up = Gauge("voxgate_engine_up", "1 when the engine is serving", registry=r)
+        self.engine_info = Info("voxgate_engine", "The engine's model and the device it computes on "
+                                "(from its handshake)", registry=r)
         self.engine_totals = Gauge(
             "voxgate_engine_totals",
             "Engine counters since the engine (re)started, by name: steps and busy_s (seconds in "

@@ -64,6 +64,10 @@ def test_http_routes(synth: VoxgateServer) -> None:
                  b"voxgate_time_to_first_audio_seconds", b"voxgate_chunk_gap_seconds",
                  b"voxgate_engine_queued_jobs"):
         assert name in body
+    # the engine's model and device, from its handshake (the synthetic engine runs on the CPU)
+    assert b'voxgate_engine_info{device="cpu: ' in body and b'model="synthetic"' in body
+    # and the start-up lines say it too, before the URL
+    assert any(line.startswith("voxgate: model synthetic on cpu: ") for line in synth.output)
     status, body = _get(synth, "/")
     assert status == 200 and b"<html" in body.lower()
     assert _get(synth, "/nope/../../etc/passwd")[0] == 404
