@@ -28,9 +28,9 @@ class EngineConfig:
     # generated ahead (CoreConfig.lookahead_jobs), so 1024 serves 512 streams without a segment
     # waiting for a slot.
     max_num_seqs: int = 1024
-    # Decode rows per step: -1 = auto (384 on CUDA, where a served 384-row Orpheus-3B step took
-    # 10.7-11.1 ms of the 12.2 ms real-time budget on an H200 with async_plan on; no cap on the
-    # CPU), 0 = no cap.
+    # Decode rows per step: -1 = auto (384 on CUDA, where served 384-row Orpheus-3B steps took
+    # 11.1 ms (median) of the 12.2 ms real-time budget on one loan of an H200 and 11.5-11.8 ms on
+    # another, async_plan on: docs/performance.md, runs 24-26; no cap on the CPU), 0 = no cap.
     max_num_decode_seqs: int = -1
     # Decode only the jobs whose audio is due within this many seconds, filling the step up to
     # decode_fill_seqs rows with the next deadlines (engine.llm.scheduler): -1 = auto (1.0 s and

@@ -15,7 +15,7 @@ __all__ = ["build_orpheus_backend"]
 log = logging.getLogger(__name__)
 
 RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-start ramp
-AUTO_DECODE_CAP_CUDA = 384  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs): 10.7-11.1 ms served on an H200 (run 24)
+AUTO_DECODE_CAP_CUDA = 384  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs): 11.1-11.8 ms served on an H200 (runs 24-26)
 AUTO_DECODE_HORIZON_S_CUDA = 1.0  # scheduler.decode_horizon_s on CUDA: = CoreConfig.lookahead_slack_s, so segments generated ahead only fill
 AUTO_RAMP_STEPS_CUDA = (1024, 1536)  # ramp_step_samples: light load, under load (OrpheusProgram)
 # scheduler.decode_fill_seqs: rows filled with the next deadlines while fewer are due. On an H200,

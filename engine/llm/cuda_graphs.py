@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
+from engine.config import DECODE_ATTENTION_KERNELS
 from engine.llm.attention import AttentionMetadata, KVCacheSpec, build_attention_metadata
 from engine.llm.host_copy import start_host_copy
-from engine.config import DECODE_ATTENTION_KERNELS
 from engine.llm.model_runner import LaunchedStep, ModelRunner, host_input_ids
 
 __all__ = [

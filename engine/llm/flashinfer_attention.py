@@ -176,7 +176,7 @@ class GraphDecodeAttention:
         self._page = torch.zeros(batch_size, dtype=torch.int64, device=dev)
         self._offset = torch.zeros(batch_size, dtype=torch.int64, device=dev)
         # tensor_cores: FlashInfer's prefill kernel runs the decode (tensor-core MMAs over the
-        # query heads of a KV head) instead of its CUDA-core decode kernel (ENGINE decode_attention)
+        # query heads of a KV head) instead of its CUDA-core decode kernel (EngineConfig.decode_attention)
         self.tensor_cores = tensor_cores
         self._wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             workspace,
