@@ -7,7 +7,7 @@ per layer, each over its own layer's cache) and times replays with CUDA events; 
 median time per layer and the KV bytes read per second, and writes every figure to ``--json``.
 Pages are handed out in a random order, as after a while of serving.
 
-    python -m benchmark.decode_attention --batch 256,384,512 --context 512 --kv-dtype bf16,fp8
+    python -m benchmark.decode_attention --batch 256,384,512 --context 128,256,512 --kv-dtype bf16,fp8
 
 A case that FlashInfer refuses (a kernel without that dtype) prints its error and the run goes
 on. The kernels are JIT-compiled on first use (the tensor-core one is FlashInfer's prefill
@@ -48,7 +48,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     positive = number_type(int, 1)
     p.add_argument("--batch", type=list_type(positive), default=[256, 384, 512], help="decode rows")
-    p.add_argument("--context", type=list_type(positive), default=[512], help="tokens cached per row")
+    # served 10 s streams hold short contexts (a segment's prompt and at most 170 generated
+    # tokens); 512 is the figure of the physical limit
+    p.add_argument("--context", type=list_type(positive), default=[128, 256, 512], help="tokens cached per row")
     p.add_argument("--kv-dtype", type=_choice_list(tuple(KV_DTYPES)), default=["bf16", "fp8"])
     p.add_argument("--kernel", type=_choice_list(KERNELS), default=list(KERNELS))
     p.add_argument("--layers", type=positive, default=28, help="decode calls per graph, each over its own cache")
