@@ -22,7 +22,6 @@ __all__ = ["segment_prompt_lengths", "main"]
 def segment_prompt_lengths(texts: list[str]) -> dict[str, Any]:
     """Per segment: Orpheus prompt ids with ``PieceTokenizer`` and with the old byte tokenizer."""
     from engine.core import CoreConfig
-    from engine.segmenter import Segmenter
     from models.orpheus.loader import PieceTokenizer
     from models.orpheus.prompt import build_prompt_ids
 
@@ -31,8 +30,7 @@ def segment_prompt_lengths(texts: list[str]) -> dict[str, Any]:
     pieces: list[int] = []
     byte_ids: list[int] = []
     for text in texts:
-        seg = Segmenter(first_segment_min_chars=cfg.first_segment_min_chars,
-                        min_segment_chars=cfg.min_segment_chars, max_segment_chars=cfg.max_segment_chars)
+        seg = cfg.new_segmenter()
         for s in seg.push(text) + seg.end():
             n = len(build_prompt_ids(tok, "tara", s.text))
             said = f"tara: {s.text}"  # what the tokenizer gets; the rest of the prompt is layout ids

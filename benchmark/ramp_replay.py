@@ -12,11 +12,10 @@ playback start with the other ramp, frame times unchanged. An estimate, not a me
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 from typing import Any
 
 from benchmark.bench.metrics import percentile, simulate_player
+from benchmark.timeline import load_bench_json
 from models.orpheus.codec import StreamingDecoder
 from models.orpheus.tokens import SAMPLES_PER_FRAME, TOKENS_PER_FRAME
 
@@ -85,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.measured_step < 1 or any(s < 1 for s in args.steps) or args.start_buffer_ms < 0:
         p.error("ramp steps must be >= 1 and the start buffer >= 0")
-    opener = gzip.open if args.json.endswith(".gz") else open
-    with opener(args.json, "rt") as f:
-        data = json.load(f)
+    data = load_bench_json(args.json)
     rate = int(data.get("target", {}).get("sample_rate") or 24000)
     buffer_s = args.start_buffer_ms / 1e3
     measured = ramp_chunk_sizes(args.measured_step)

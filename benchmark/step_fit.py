@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmark.timeline import _load
+from benchmark.timeline import load_bench_json
 
 __all__ = ["fit_step_costs", "main"]
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     points: list[dict[str, float]] = []
     for path in args.paths:
         try:
-            points += _intervals(_load(path), args.min_busy)
+            points += _intervals(load_bench_json(path), args.min_busy)
         except (OSError, ValueError) as e:
             ap.error(f"cannot read {path}: {e}")
     try:

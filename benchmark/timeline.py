@@ -19,10 +19,11 @@ from typing import Any
 
 from benchmark.bench.metrics import simulate_player
 
-__all__ = ["level_rows", "main"]
+__all__ = ["level_rows", "load_bench_json", "main"]
 
 
-def _load(path: str) -> dict[str, Any]:
+def load_bench_json(path: str) -> dict[str, Any]:
+    """A ``voxgate bench --json`` file, gzipped (``.gz``) or not."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         return json.load(f)
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.every <= 0:
         ap.error("--every must be > 0")
     try:
-        data = _load(args.path)
+        data = load_bench_json(args.path)
     except (OSError, ValueError) as e:
         ap.error(f"cannot read {args.path}: {e}")
     rate = int(data.get("target", {}).get("sample_rate") or 24000)

@@ -73,6 +73,11 @@ class CoreConfig:
     first_audio_budget_s: float = 0.15
     lookahead_slack_s: float = 1.0
 
+    def new_segmenter(self) -> Segmenter:
+        """A stream's segmenter with these settings."""
+        return Segmenter(first_segment_min_chars=self.first_segment_min_chars,
+                         min_segment_chars=self.min_segment_chars, max_segment_chars=self.max_segment_chars)
+
     def __post_init__(self) -> None:
         if self.lookahead_jobs < 0:
             raise ValueError("lookahead_jobs must be >= 0")
@@ -138,12 +143,7 @@ class EngineCore:
             voice, options = self.backend.validate(voice, dict(options))
         except OptionError as exc:
             return [Error(key, exc.code, str(exc), False)]
-        cfg = self.config
-        segmenter = Segmenter(
-            first_segment_min_chars=cfg.first_segment_min_chars,
-            min_segment_chars=cfg.min_segment_chars,
-            max_segment_chars=cfg.max_segment_chars,
-        )
+        segmenter = self.config.new_segmenter()
         if fmt not in _ENCODERS:
             return [Error(key, "unsupported_format", f"format must be one of {sorted(_ENCODERS)}",
                           False)]
