@@ -26,6 +26,7 @@ from engine.device_info import describe_device
 from engine.core import EngineCore
 from engine.gc_heap import GcProbe, freeze_startup_heap
 from engine.shm_ring import QueueClosed, ShmQueue
+from engine.torch_profile import StepProfiler
 
 __all__ = ["engine_main", "EngineLoop"]
 
@@ -63,6 +64,8 @@ class EngineLoop:
         self._step_since: float | None = None  # when the step in progress began (the watchdog's)
         self._num_steps = 0
         self._busy_s = 0.0  # time spent in core.step
+        # VOXGATE_TORCH_PROFILE_DIR: a torch.profiler window over loaded steps (engine.torch_profile)
+        self.profiler = StepProfiler.from_env()
 
     def run(self) -> None:
         threading.Thread(target=self._watchdog, name="engine-watchdog", daemon=True).start()
@@ -145,6 +148,8 @@ class EngineLoop:
         self._send(out)
 
     def _step(self) -> None:
+        prof = self.profiler
+        rows0 = self._decode_rows() if prof is not None and not prof.done else 0
         t0 = self._step_since = time.monotonic()
         try:
             out = self.core.step()
@@ -161,7 +166,13 @@ class EngineLoop:
         self._busy_s += took
         if took > _SLOW_STEP_S:
             log.warning("an engine step took %.1f s (%d streams waited on it)", took, self.core.num_streams)
+        if prof is not None and not prof.done:
+            prof.after_step(self._decode_rows() - rows0)
         self._send(out)
+
+    def _decode_rows(self) -> int:
+        totals = getattr(self.core.backend, "totals", None)
+        return int(totals().get("decode_rows", 0)) if totals is not None else 0
 
     def _send(self, out: list[m.Message]) -> None:
         if len(out) == 1:

@@ -230,15 +230,21 @@ def build_orpheus_backend(
             f"the KV cache ({num_pages} pages of {page_size}) cannot hold one sequence of "
             f"max_model_len={max_model_len}; lower max_model_len or give it more memory"
         )
+    decode_cap = pick(max_num_decode_seqs, "max_num_decode_seqs", -1)
+    if decode_cap < 0:  # auto: what a step keeps in real time (measured on an H200: docs/performance.md)
+        decode_cap = AUTO_DECODE_CAP_CUDA if device == "cuda" else 0
     if runner_factory is None and device == "cuda":
         from engine.llm.cuda_graphs import CudaGraphModelRunner, flashinfer_attention_factory
 
         if importlib.util.find_spec("flashinfer") is None:
             log.warning("flashinfer is not installed: plain torch paged attention, no CUDA graphs")
         elif pick(None, "enable_cuda_graphs", True):
+            from engine.llm.mixed_graphs import mixed_decode_buckets
+
             mixed = pick(mixed_graphs, "mixed_graphs", "off")
             runner_factory = functools.partial(CudaGraphModelRunner, max_model_len=max_model_len,
                                                mixed=mixed in (True, "on"),
+                                               mixed_decode_buckets=mixed_decode_buckets(decode_cap),
                                                async_plan=pick(async_plan, "async_plan", "on") in (True, "on"),
                                                decode_attention=pick(decode_attention, "decode_attention", "cuda-cores"))
         else:
@@ -258,9 +264,6 @@ def build_orpheus_backend(
         allocator_pages = num_pages - 1
         runner.scratch_page = allocator_pages
     prefill_graphs = getattr(runner, "prefill_graphs", None)
-    decode_cap = pick(max_num_decode_seqs, "max_num_decode_seqs", -1)
-    if decode_cap < 0:  # auto: what a step keeps in real time (measured on an H200: docs/performance.md)
-        decode_cap = AUTO_DECODE_CAP_CUDA if device == "cuda" else 0
     horizon = pick(decode_horizon_s, "decode_horizon_s", -1.0)
     if horizon < 0:
         horizon = AUTO_DECODE_HORIZON_S_CUDA if device == "cuda" else 0.0

@@ -28,15 +28,25 @@ from engine.llm.cuda_graphs import (TensorSpec, _progress, bucket_for, capture_s
                                     scratch_decode_metadata)
 from engine.llm.prefill_graphs import GraphPrefillAttention, pad_prefill_slots
 
-__all__ = ["MixedAttention", "MixedGraphs", "DEFAULT_MIXED_DECODE_BUCKETS", "DEFAULT_MIXED_TOKEN_BUCKETS"]
+__all__ = ["MixedAttention", "MixedGraphs", "DEFAULT_MIXED_DECODE_BUCKETS", "DEFAULT_MIXED_TOKEN_BUCKETS",
+           "mixed_decode_buckets"]
 
-# Decode rows of a loaded step (64 to 320; a step with more rows than that, up to the decode
-# cap of 384 on CUDA, replays the decode and prefill graphs one after the other)
+# Decode rows of a loaded step, every 32 from 64 (``mixed_decode_buckets``: up to the decode cap;
+# without one, to 320); a step with more rows than the largest bucket replays the decode and
+# prefill graphs one after the other
 DEFAULT_MIXED_DECODE_BUCKETS: tuple[int, ...] = tuple(range(64, 321, 32))
-# Prompt tokens: one to a few prompts (about 55 ids each with dummy mode's old byte tokenizer,
-# about 18 with Llama 3's lengths: a 32 bucket may pay off, not measured), up to the largest prefill graph's
-# 512; padding tokens go through every GEMM, hence 384 between 256 and 512
-DEFAULT_MIXED_TOKEN_BUCKETS: tuple[int, ...] = (64, 128, 256, 384, 512)
+# Prompt tokens: one to a few prompts (about 10-20 ids each with Llama 3's lengths: served steps
+# under load carried about 30 prompt tokens, docs/performance.md run 27), up to the largest
+# prefill graph's 512; padding tokens go through every GEMM, hence 384 between 256 and 512
+DEFAULT_MIXED_TOKEN_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 384, 512)
+
+
+def mixed_decode_buckets(decode_cap: int) -> tuple[int, ...]:
+    """Mixed graphs' decode buckets for a scheduler that decodes at most ``decode_cap`` rows a
+    step (0: no cap): every 32 rows from 64 up to the cap rounded up to 32."""
+    if decode_cap <= 0:
+        return DEFAULT_MIXED_DECODE_BUCKETS
+    return tuple(range(64, max(64, -(-decode_cap // 32) * 32) + 1, 32))
 
 
 class MixedAttention:

@@ -156,3 +156,13 @@ def test_mixed_graphs_refuse_a_step_they_do_not_hold(llm_model) -> None:
         mixed.run(9, torch.zeros(9, dtype=torch.int64), None, [], torch.zeros(5, dtype=torch.int64),
                   torch.zeros(5, dtype=torch.int64), torch.zeros(5, dtype=torch.int64),
                   torch.zeros(5, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), [])
+
+
+def test_mixed_decode_buckets_reach_the_decode_cap() -> None:
+    from engine.llm.mixed_graphs import DEFAULT_MIXED_DECODE_BUCKETS, mixed_decode_buckets
+
+    assert mixed_decode_buckets(0) == DEFAULT_MIXED_DECODE_BUCKETS  # no cap: up to 320
+    assert mixed_decode_buckets(384)[-1] == 384 and mixed_decode_buckets(512)[-1] == 512
+    assert mixed_decode_buckets(500)[-1] == 512  # a step of 500 rows has a bucket
+    assert mixed_decode_buckets(16) == (64,)
+    assert all(b - a == 32 for a, b in zip(mixed_decode_buckets(512), mixed_decode_buckets(512)[1:]))

@@ -1,0 +1,98 @@
+"""A torch.profiler window over the served engine's steps, for finding where a loaded step's
+time goes (what ``benchmark.engine_profile --kernels`` shows for a synthetic load).
+
+Off unless ``VOXGATE_TORCH_PROFILE_DIR`` is set in the server's environment (as vLLM's
+``VLLM_TORCH_PROFILER_DIR``). Then, once a step carries at least
+``VOXGATE_TORCH_PROFILE_MIN_ROWS`` decode rows (default 1), the next
+``VOXGATE_TORCH_PROFILE_STEPS`` steps (default 50) run under the profiler, host and CUDA
+activity, and the trace is written once, gzipped, as ``engine_trace.json.gz`` in that folder
+(Chrome trace format: chrome://tracing, Perfetto; ``benchmark.trace_summary`` reads it). The
+profiler slows the host while it records, so a benchmark level it falls in is not a clean
+measurement.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["StepProfiler"]
+
+log = logging.getLogger("voxgate.engine")
+
+
+class StepProfiler:
+    """``before_step(decode_rows_so_far)`` / ``after_step(decode_rows_so_far)`` around each
+    engine step; records one window of steps, then stays off."""
+
+    def __init__(self, out_dir: str, *, min_rows: int = 1, steps: int = 50) -> None:
+        if min_rows < 0 or steps < 1:
+            raise ValueError(f"VOXGATE_TORCH_PROFILE_MIN_ROWS must be >= 0 and _STEPS >= 1, got {min_rows}, {steps}")
+        self.out_dir = Path(out_dir)
+        self.min_rows = min_rows
+        self.steps = steps
+        self._prof: Any = None
+        self._left = steps
+        self.done = False
+        self.path: Path | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> StepProfiler | None:
+        out_dir = env.get("VOXGATE_TORCH_PROFILE_DIR", "")
+        if not out_dir:
+            return None
+        try:
+            min_rows = int(env.get("VOXGATE_TORCH_PROFILE_MIN_ROWS", "1"))
+            steps = int(env.get("VOXGATE_TORCH_PROFILE_STEPS", "50"))
+        except ValueError as exc:
+            raise ValueError(f"VOXGATE_TORCH_PROFILE_MIN_ROWS and _STEPS must be integers: {exc}") from None
+        return cls(out_dir, min_rows=min_rows, steps=steps)
+
+    @property
+    def recording(self) -> bool:
+        return self._prof is not None
+
+    def after_step(self, rows_in_step: int) -> None:
+        """Count a step just taken (``rows_in_step`` decode rows): start recording after the
+        first step with enough rows, stop and write after ``steps`` recorded steps."""
+        if self.done:
+            return
+        if self._prof is None:
+            if rows_in_step >= self.min_rows:
+                self._start()
+            return
+        self._left -= 1
+        if self._left <= 0:
+            self._finish()
+
+    def _start(self) -> None:
+        import torch
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._prof = torch.profiler.profile(activities=activities)
+        self._prof.start()
+        log.warning("torch profiler: recording %d engine steps", self.steps)
+
+    def _finish(self) -> None:
+        import gzip
+        import shutil
+
+        prof, self._prof, self.done = self._prof, None, True
+        try:
+            prof.stop()
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            raw = self.out_dir / "engine_trace.json"
+            prof.export_chrome_trace(str(raw))
+            path = self.out_dir / "engine_trace.json.gz"
+            with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            raw.unlink()
+            self.path = path
+            log.warning("torch profiler: %d steps written to %s", self.steps, path)
+        except Exception:  # a diagnostic must not stop the engine
+            log.exception("torch profiler: could not write the trace")
