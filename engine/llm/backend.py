@@ -93,8 +93,12 @@ class LMBackend:
             self._inflight.dropped.add(job_id)  # its audio on the way is discarded
 
     def set_deadline(self, job_id: int, deadline_s: float) -> None:
-        """Admission, prefill and decode order (``engine.backend``; the scheduler's policy)."""
-        self.scheduler.set_deadline(job_id, deadline_s)
+        """Admission, prefill and decode order (``engine.backend``; the scheduler's policy);
+        the program hears how soon the job's audio is due (``Program.note_due``)."""
+        seq = self.scheduler.set_deadline(job_id, deadline_s)
+        note_due = getattr(self.program, "note_due", None)
+        if seq is not None and note_due is not None and seq.program_state is not None:
+            note_due(seq.program_state, deadline_s - self.scheduler.now())
 
     def totals(self) -> dict[str, int]:
         """Counters since start: steps launched, decode rows, decodes deferred (cap, horizon),

@@ -36,7 +36,7 @@ import torch
 from engine.backend import BackendInfo
 from engine.llm.sequence import SamplingParams
 
-__all__ = ["Collect", "LOADED_FRAME_INTERVAL_S", "OrpheusProgram", "OrpheusState", "Program"]
+__all__ = ["Collect", "FAST_START_WITHIN_S", "LOADED_FRAME_INTERVAL_S", "OrpheusProgram", "OrpheusState", "Program"]
 
 Collect = Callable[[], "list[np.ndarray | None]"]  # waits for a launched piece of work, gives its audio
 
@@ -47,6 +47,13 @@ Collect = Callable[[], "list[np.ndarray | None]"]  # waits for a launched piece 
 # 5th chunk, with frames of 57-77 ms while many streams started at once. Under light load (a
 # lone stream: 26 ms frames) the default ramp starts playback a frame sooner.
 LOADED_FRAME_INTERVAL_S = 0.035
+# A segment whose first audio is due later than this (a segment generated ahead of the one
+# being spoken, or one that starts while its stream's client holds that much audio) skips the
+# window decoder's fast-start ramp: the stateful codec alone gives its audio a few frames later
+# (its fixed delay, frames 1-4), which nobody waits for. Under load most segments are such:
+# on the H200 the ramp's float32 window decodes took about 3 ms of device time per step at 512
+# streams (docs/performance.md run 27). Four frames take about 0.35 s to generate at 12 ms steps.
+FAST_START_WITHIN_S = 0.5
 _STEP_EMA = 0.1  # weight of the newest step interval in the moving average
 _LOAD_STALE_S = 1.0  # no step reported for this long: the engine went idle, the load is gone
 
@@ -89,6 +96,11 @@ class Program(Protocol):
     def note_step_interval(self, seconds: float) -> None:
         """The time from one engine step to the next while steps run back to back (the backend
         calls it every such step): a program may adapt to the load, e.g. its start-up ramp."""
+        ...
+
+    def note_due(self, state: Any, due_in_s: float) -> None:
+        """The sequence's next audio is needed ``due_in_s`` from now (the backend passes on the
+        engine core's deadlines): a program may skip work that only serves an early start."""
         ...
 
 
@@ -301,6 +313,8 @@ class OrpheusProgram:
         for i, state in enumerate(states):
             state.frame = []
             if self.stream_codec is not None and not state.in_ramp:
+                if state.cursor is None:  # ended before its first frame (no ramp): no audio
+                    continue
                 state.cursor.finish()
                 flushing.append(i)
                 continue
@@ -321,6 +335,13 @@ class OrpheusProgram:
             return out
 
         return collect
+
+    def note_due(self, state: OrpheusState, due_in_s: float) -> None:
+        """Before a sequence's first frame: the fast-start ramp only if its first audio is due
+        within ``FAST_START_WITHIN_S`` (with the stateful codec; without it the window decoder
+        makes all the audio)."""
+        if self.stream_codec is not None and state.slot < 0 and state.decoder.num_frames == 0:
+            state.in_ramp = due_in_s <= FAST_START_WITHIN_S
 
     def release(self, state: OrpheusState) -> None:
         """Give the stream's codec slot back (idempotent)."""

@@ -181,14 +181,20 @@ class Scheduler:
         self._live: dict[int, Sequence] = {}  # waiting and running, by seq_id
         self._is_waiting_sorted = True
 
-    def set_deadline(self, seq_id: int, deadline_s: float) -> None:
-        """When this sequence's next audio is needed (unknown or finished ids are ignored)."""
+    def set_deadline(self, seq_id: int, deadline_s: float) -> Sequence | None:
+        """When this sequence's next audio is needed (unknown or finished ids are ignored);
+        the sequence, or None."""
         seq = self._live.get(seq_id)
         if seq is None:
-            return
+            return None
         seq.deadline_s = deadline_s
         if seq.status is SequenceStatus.WAITING:
             self._is_waiting_sorted = False
+        return seq
+
+    def now(self) -> float:
+        """The deadlines' clock."""
+        return self._clock()
 
     # -- queues ---------------------------------------------------------------------------
 

@@ -76,6 +76,7 @@ class TokenProgram:
     stop_ids: frozenset[int] = frozenset()
     tokens: dict[Any, list[int]] = field(default_factory=dict)
     step_intervals: list[float] = field(default_factory=list)
+    dues: list[tuple[Any, float]] = field(default_factory=list)  # (state, due_in_s) per note_due
     info: BackendInfo = BackendInfo("tokens", ("v",), "v", 24000)
 
     def validate(self, voice, options):
@@ -104,6 +105,9 @@ class TokenProgram:
 
     def note_step_interval(self, seconds):
         self.step_intervals.append(seconds)
+
+    def note_due(self, state, due_in_s):
+        self.dues.append((state, due_in_s))
 
 
 def make_backend(model, program=None, *, runner_kw=None, sched_kw=None) -> LMBackend:

@@ -152,3 +152,19 @@ def test_totals_count_rows_tokens_and_deferred_decodes(llm_model):
     assert t["decode_rows"] == 2 * 7  # the first token of each comes from its prefill
     assert t["deferred_decodes"] > 0  # one decode row per step: the other job waited
     assert t["lm_steps"] >= t["decode_rows"]
+
+
+def test_the_program_hears_how_soon_each_jobs_audio_is_due(llm_model):
+    """``set_deadline`` passes the deadline on to the program as seconds from the scheduler's
+    clock (the engine core's); unknown and finished jobs are ignored."""
+    backend = make_backend(llm_model)
+    backend.scheduler._clock = lambda: 100.0
+    _add(backend, 1)
+    _add(backend, 2)
+    backend.set_deadline(1, 100.15)
+    backend.set_deadline(2, 101.5)
+    backend.set_deadline(99, 0.0)
+    program = backend.program
+    assert program.dues[0][0] is program.tokens[1] and program.dues[0][1] == pytest.approx(0.15)
+    assert program.dues[1][0] is program.tokens[2] and program.dues[1][1] == pytest.approx(1.5)
+    assert len(program.dues) == 2

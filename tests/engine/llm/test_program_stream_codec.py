@@ -122,3 +122,44 @@ def test_loaded_ramp_for_segments_that_start_while_frames_are_slow(small_codec) 
     for _ in range(40):
         fixed.note_step_interval(slow)
     assert fixed.new_state("tara", {}).decoder.ramp_step_samples == 1024
+
+
+def test_a_segment_due_later_skips_the_ramp_and_gets_the_whole_decode(small_codec) -> None:
+    """A segment whose first audio is due beyond FAST_START_WITHIN_S (one generated ahead) runs
+    no window decode: its audio is the stateful codec's alone, the whole-sequence decode,
+    every sample once. The choice follows the deadline until the first frame, then holds; a
+    segment that ends before its first frame gives no audio and no error."""
+    from engine.llm.program import FAST_START_WITHIN_S
+    from models.orpheus.tokens import tokens_to_codes
+
+    _, stream = _programs(small_codec)
+    tokens = _tokens(6, 11)
+    ahead = stream.new_state("tara", {})
+    assert ahead.in_ramp
+    stream.note_due(ahead, FAST_START_WITHIN_S + 0.5)
+    assert not ahead.in_ramp
+    stream.note_due(ahead, FAST_START_WITHIN_S)  # due soon again before its first frame: ramp
+    assert ahead.in_ramp
+    stream.note_due(ahead, 2.0)
+    audio = []
+    for i, t in enumerate(tokens):
+        audio += [p for p in stream.postprocess([ahead], [t]) if p is not None]
+        if i >= 6:
+            stream.note_due(ahead, 0.0)  # from its first frame on the choice holds
+        assert not ahead.in_ramp
+    audio += [p for p in stream.finish([ahead]) if p is not None]
+    got = np.concatenate(audio)
+    full = small_codec.decode([c.unsqueeze(0) if c.dim() == 1 else c for c in tokens_to_codes(tokens)])[0].numpy()
+    assert got.shape == full.shape == (6 * 2048,)
+    np.testing.assert_allclose(got, full, atol=1e-4, rtol=0)
+    assert stream.totals()["window_decodes"] == 0 and stream.totals()["codec_frames"] == 6
+
+    soon = stream.new_state("tara", {})
+    stream.note_due(soon, 0.1)  # a stream's first segment: the fast-start ramp
+    first = [p for t in tokens[:21] for p in stream.postprocess([soon], [t]) if p is not None]
+    assert soon.in_ramp and stream.totals()["window_decodes"] > 0 and first
+
+    empty = stream.new_state("tara", {})
+    stream.note_due(empty, 2.0)
+    assert stream.finish([empty]) == [None]
+    assert len(stream._free_slots) == 2 and soon.slot >= 0 and soon.slot not in stream._free_slots
