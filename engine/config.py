@@ -30,7 +30,8 @@ class EngineConfig:
     max_num_seqs: int = 1024
     # Decode rows per step: -1 = auto (384 on CUDA, where served 384-row Orpheus-3B steps took
     # 11.1 ms (median) of the 12.2 ms real-time budget on one loan of an H200 and 11.5-11.8 ms on
-    # another, async_plan on: docs/performance.md, runs 24-26; no cap on the CPU), 0 = no cap.
+    # another, async_plan on: docs/performance.md, runs 24-26; 512 with fp8 weights, run 27; no
+    # cap on the CPU), 0 = no cap.
     max_num_decode_seqs: int = -1
     # Decode only the jobs whose audio is due within this many seconds, filling the step up to
     # decode_fill_seqs rows with the next deadlines (engine.llm.scheduler): -1 = auto (1.0 s and
@@ -53,7 +54,8 @@ class EngineConfig:
     # A step with decode rows and fresh prompts replays one CUDA graph for both (one pass over
     # the weights, engine.llm.mixed_graphs) instead of a decode graph and a prefill graph:
     # "on" / "off" (default: on an H200 the engine's steps with prompts were 3-4 ms shorter,
-    # but no more streams were on time when served; docs/performance.md, runs 14-15).
+    # but no more streams were on time when served; docs/performance.md, runs 14-15; with fp8
+    # weights at a cap of 512, fewer: run 27).
     mixed_graphs: str = "off"
     # The decode graphs' attention plans send the page ids to the device without waiting for
     # the step in flight (engine.llm.flashinfer_attention.GraphDecodeAttention): "on" / "off".
@@ -62,9 +64,9 @@ class EngineConfig:
     # streams over a 3 s ramp 99.9% on time against 98.6% off (docs/performance.md, run 24).
     async_plan: str = "on"
     # FlashInfer's decode kernel in the CUDA graphs: "cuda-cores" (default: its decode kernel)
-    # or "tensor-cores" (its prefill kernel; FlashInfer advises it for large query groups, and
-    # Orpheus has 3 query heads per KV head). Not yet measured on a GPU:
-    # benchmark.decode_attention compares the two, with bf16 and fp8 pages.
+    # or "tensor-cores" (its prefill kernel). On an H200 (benchmark.decode_attention, run 27)
+    # tensor cores were slower at the contexts served segments hold (128 and 256 tokens: 8-58%
+    # longer with bf16 pages) and faster only at 512 (11-15%).
     decode_attention: str = "cuda-cores"
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,

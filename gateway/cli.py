@@ -39,7 +39,7 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len)
     m.add_argument("--max-num-decode-seqs", type=int, default=EngineConfig.max_num_decode_seqs,
                    help="decode rows per step, earliest deadlines first; the rest wait a step "
-                        "(-1 auto: 384 on CUDA, no cap on the CPU; 0 no cap)")
+                        "(-1 auto: 384 on CUDA, 512 with --quantization fp8, no cap on the CPU; 0 no cap)")
     m.add_argument("--decode-horizon-s", type=float, default=EngineConfig.decode_horizon_s,
                    help="decode only jobs whose audio is due within this many seconds, so the "
                         "step is short for those that need audio now (-1 auto: 1.0 on CUDA, off "

@@ -10,12 +10,15 @@ from engine.llm.backend import LMBackend
 from engine.llm.model_runner import ModelRunner
 from engine.llm.scheduler import Scheduler
 
-__all__ = ["build_orpheus_backend"]
+__all__ = ["auto_decode_cap", "build_orpheus_backend"]
 
 log = logging.getLogger(__name__)
 
 RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-start ramp
 AUTO_DECODE_CAP_CUDA = 384  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs): 11.1-11.8 ms served on an H200 (runs 24-26)
+# With fp8 weights (--quantization fp8): served 512-row steps took 11.1-12.8 ms on an H200 once
+# segments generated ahead skipped the window decoder; 480 streams kept real time (run 27)
+AUTO_DECODE_CAP_CUDA_FP8 = 512
 AUTO_DECODE_HORIZON_S_CUDA = 1.0  # scheduler.decode_horizon_s on CUDA: = CoreConfig.lookahead_slack_s, so segments generated ahead only fill
 AUTO_RAMP_STEPS_CUDA = (1024, 1536)  # ramp_step_samples: light load, under load (OrpheusProgram)
 # scheduler.decode_fill_seqs: rows filled with the next deadlines while fewer are due. On an H200,
@@ -55,6 +58,17 @@ def _ramp_steps(ramp_step_samples: int, device: str) -> dict[str, int | None]:
         return {"ramp_step_samples": ramp_step_samples, "loaded_ramp_step_samples": None}
     light, loaded = AUTO_RAMP_STEPS_CUDA
     return {"ramp_step_samples": light, "loaded_ramp_step_samples": loaded if device == "cuda" else None}
+
+
+def auto_decode_cap(cap: int, device: str, fp8_weights: bool) -> int:
+    """``cap`` as given, or for -1 (auto) what a step keeps in real time, as measured on an
+    H200 (docs/performance.md): ``AUTO_DECODE_CAP_CUDA`` on CUDA, ``AUTO_DECODE_CAP_CUDA_FP8``
+    with fp8 weights, no cap (0) on the CPU."""
+    if cap >= 0:
+        return cap
+    if device != "cuda":
+        return 0
+    return AUTO_DECODE_CAP_CUDA_FP8 if fp8_weights else AUTO_DECODE_CAP_CUDA
 
 
 def build_orpheus_backend(
@@ -114,8 +128,8 @@ def build_orpheus_backend(
     fp32 on the CPU), "float32" or "bfloat16"; the ramp's window decodes stay fp32.
     ``codec_compile`` (default: with CUDA graphs): the stateful codec's channels-last step
     through ``torch.compile``. ``max_num_decode_seqs``: decode rows per step, earliest
-    deadlines first (``SchedulerConfig``); -1 (default) = ``AUTO_DECODE_CAP_CUDA`` on CUDA, no
-    cap on the CPU. ``decode_horizon_s`` / ``decode_fill_seqs``: decode only jobs due within the
+    deadlines first (``SchedulerConfig``); -1 (default) = ``AUTO_DECODE_CAP_CUDA`` on CUDA
+    (``AUTO_DECODE_CAP_CUDA_FP8`` with fp8 weights), no cap on the CPU. ``decode_horizon_s`` / ``decode_fill_seqs``: decode only jobs due within the
     horizon, filling up to that many rows (``SchedulerConfig``); -1 (default) =
     ``AUTO_DECODE_HORIZON_S_CUDA`` / ``AUTO_DECODE_FILL_CUDA`` on CUDA, off on the CPU.
     ``prefill_wait_s`` / ``prefill_batch_seqs``: under load, fresh prompts wait that long (once
@@ -230,9 +244,7 @@ def build_orpheus_backend(
             f"the KV cache ({num_pages} pages of {page_size}) cannot hold one sequence of "
             f"max_model_len={max_model_len}; lower max_model_len or give it more memory"
         )
-    decode_cap = pick(max_num_decode_seqs, "max_num_decode_seqs", -1)
-    if decode_cap < 0:  # auto: what a step keeps in real time (measured on an H200: docs/performance.md)
-        decode_cap = AUTO_DECODE_CAP_CUDA if device == "cuda" else 0
+    decode_cap = auto_decode_cap(pick(max_num_decode_seqs, "max_num_decode_seqs", -1), device, quantise_fp8)
     if runner_factory is None and device == "cuda":
         from engine.llm.cuda_graphs import CudaGraphModelRunner, flashinfer_attention_factory
 
