@@ -65,8 +65,8 @@ class EngineConfig:
     async_plan: str = "on"
     # FlashInfer's decode kernel in the CUDA graphs: "cuda-cores" (default: its decode kernel)
     # or "tensor-cores" (its prefill kernel). On an H200 (benchmark.decode_attention, run 27)
-    # tensor cores were slower at the contexts served segments hold (128 and 256 tokens: 8-58%
-    # longer with bf16 pages) and faster only at 512 (11-15%).
+    # tensor cores were slower at the contexts served segments hold (128 and 256 tokens: 12-59%
+    # longer with bf16 pages) and faster only at 512 (6-15% shorter).
     decode_attention: str = "cuda-cores"
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,
