@@ -25,6 +25,9 @@
 # during the second sweep) or off.
 # PYSPY_RECORD_S: with py-spy among the wheels, record the server's and the engine's stacks
 # 500 times a second for that long from the first sweep's start (OUT/pyspy.json.gz, speedscope).
+# VOXGATE_TORCH_PROFILE_DIR (with _MIN_ROWS, _STEPS) passes through to the server: a torch.profiler
+# window over its loaded steps (engine/torch_profile.py; run 27 used $OUT/a, 500 rows, 40 steps);
+# it stops the server while it writes, so that level's figures are not a measurement.
 # SAVE_CACHES=1: both caches, as this run left them, into OUT/fi_cache.tgz and OUT/inductor.tgz
 # (two of the eight returned files), to copy into .fi_cache/ here for the next fresh machine.
 set -uo pipefail
