@@ -74,8 +74,14 @@ class StepProfiler:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._prof = torch.profiler.profile(activities=activities)
-        self._prof.start()
+        prof = torch.profiler.profile(activities=activities)
+        try:
+            prof.start()
+        except Exception:  # a diagnostic must not stop the engine
+            log.exception("torch profiler: could not start; no trace")
+            self.done = True
+            return
+        self._prof = prof
         log.warning("torch profiler: recording %d engine steps", self.steps)
 
     def _finish(self) -> None:

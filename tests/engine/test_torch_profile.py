@@ -65,3 +65,21 @@ def test_the_engine_loop_arms_it_from_the_environment(monkeypatch, tmp_path) -> 
         assert loop.profiler.recording
         loop._step()
         assert loop.profiler.done and (tmp_path / "engine_trace.json.gz").exists()
+
+
+def test_a_profiler_that_cannot_start_leaves_the_engine_alone(monkeypatch, tmp_path, caplog) -> None:
+    import torch
+
+    class Broken:
+        def __init__(self, **kw) -> None: ...
+
+        def start(self) -> None:
+            raise RuntimeError("CUPTI unavailable")
+
+    monkeypatch.setattr(torch.profiler, "profile", Broken)
+    prof = StepProfiler(str(tmp_path), min_rows=0, steps=3)
+    prof.after_step(0)
+    assert prof.done and not prof.recording and prof.path is None
+    assert "could not start" in caplog.text
+    prof.after_step(5)  # and it stays off
+    assert not prof.recording
