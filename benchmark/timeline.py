@@ -23,7 +23,8 @@ __all__ = ["level_rows", "load_bench_json", "main"]
 
 
 def load_bench_json(path: str) -> dict[str, Any]:
-    """A ``voxgate bench --json`` file, gzipped (``.gz``) or not."""
+    """A ``voxgate bench --json`` file (or any JSON file: ``trace_summary`` reads Chrome traces
+    with it), gzipped (``.gz``) or not."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         return json.load(f)

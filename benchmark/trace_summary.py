@@ -12,20 +12,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
-import json
 import sys
 from typing import Any
 
 from benchmark.args import number_type
+from benchmark.timeline import load_bench_json
 
 __all__ = ["summarise", "main"]
-
-
-def _load(path: str) -> dict[str, Any]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return json.load(f)
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -96,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gap-us", type=number_type(float, 0.0), default=20.0, help="shortest idle gap counted")
     args = p.parse_args(argv)
     try:
-        s = summarise(_load(args.trace), steps=args.steps, top=args.top, gap_us=args.gap_us)
+        s = summarise(load_bench_json(args.trace), steps=args.steps, top=args.top, gap_us=args.gap_us)
     except (OSError, ValueError) as exc:
         print(f"trace_summary: {exc}", file=sys.stderr)
         return 2

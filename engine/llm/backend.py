@@ -97,7 +97,7 @@ class LMBackend:
         the program hears how soon the job's audio is due (``Program.note_due``)."""
         seq = self.scheduler.set_deadline(job_id, deadline_s)
         note_due = getattr(self.program, "note_due", None)
-        if seq is not None and note_due is not None and seq.program_state is not None:
+        if seq is not None and note_due is not None:
             note_due(seq.program_state, deadline_s - self.scheduler.now())
 
     def totals(self) -> dict[str, int]:

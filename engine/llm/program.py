@@ -340,7 +340,7 @@ class OrpheusProgram:
         """Before a sequence's first frame: the fast-start ramp only if its first audio is due
         within ``FAST_START_WITHIN_S`` (with the stateful codec; without it the window decoder
         makes all the audio)."""
-        if self.stream_codec is not None and state.slot < 0 and state.decoder.num_frames == 0:
+        if self.stream_codec is not None and state.cursor is None:  # (set at its first frame)
             state.in_ramp = due_in_s <= FAST_START_WITHIN_S
 
     def release(self, state: OrpheusState) -> None:
