@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from engine.llm.cuda_graphs import DEFAULT_CODEC_BUCKETS, BatchGraphs
+from engine.llm.cuda_graphs import STREAM_CODEC_BUCKETS, BatchGraphs
 from engine.llm.host_copy import start_host_copy
 from models.orpheus.snac_stream import StreamingSnac
 from models.orpheus.tokens import SAMPLES_PER_FRAME, TOKENS_PER_FRAME
@@ -38,7 +38,7 @@ class StreamingCodecGraphs:
     seconds on a GPU host) that every bucket then reuses.
     """
 
-    def __init__(self, snac: StreamingSnac, *, buckets: Sequence[int] = DEFAULT_CODEC_BUCKETS,
+    def __init__(self, snac: StreamingSnac, *, buckets: Sequence[int] = STREAM_CODEC_BUCKETS,
                  capture: bool = True, progress: bool = True, compile: bool | None = None) -> None:
         if compile is not None:
             snac.use_compile(compile)
@@ -58,6 +58,11 @@ class StreamingCodecGraphs:
     @property
     def is_graphed(self) -> bool:
         return self._graphs is not None
+
+    @property
+    def rows_replayed(self) -> int:
+        """Rows the graph replays computed since start, padding included (0 when eager)."""
+        return self._graphs.rows_replayed if self._graphs is not None else 0
 
     def _graph_step(self, slot1: torch.Tensor, frames: torch.Tensor, end_frames: torch.Tensor) -> torch.Tensor:
         slots = (slot1 - 1).remainder(self.snac.max_streams + 1)  # padding (0) -> scratch slot

@@ -240,8 +240,13 @@ class OrpheusProgram:
         return OrpheusState(decoder=self._codec_mod.StreamingDecoder(None, **kw))
 
     def totals(self) -> dict[str, int]:
-        """Counters since start: frames through the stateful codec, windows decoded (ramp)."""
-        return dict(self._totals)
+        """Counters since start: frames through the stateful codec, windows decoded (ramp), and
+        the stateful codec's replayed rows (its batch buckets: frames and flush rows plus padding)."""
+        out = dict(self._totals)
+        replayed = getattr(self.stream_codec, "rows_replayed", None)
+        if replayed is not None:
+            out["codec_rows_replayed"] = int(replayed)
+        return out
 
     def note_step_interval(self, seconds: float) -> None:
         self._step_interval_s += _STEP_EMA * (seconds - self._step_interval_s)

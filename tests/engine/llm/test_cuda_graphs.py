@@ -80,3 +80,39 @@ def test_slot_to_page_offset_inverts_flat_slots() -> None:
     """A flat slot page*P+off splits back into (page, off)."""
     page, off = slot_to_page_offset(torch.tensor([0, 15, 16, 16 * 7 + 3]), 16)
     assert page.tolist() == [0, 0, 1, 7] and off.tolist() == [0, 15, 0, 3]
+
+
+def test_stream_codec_buckets_keep_padding_small() -> None:
+    """The stateful codec's buckets pad fewer than 8 rows up to 128 rows, 16 up to 256 and 32
+    up to 512 (its cost is about linear in rows; power-of-two buckets waste up to half)."""
+    from engine.llm.cuda_graphs import STREAM_CODEC_BUCKETS
+
+    for n in range(1, 513):
+        pad = bucket_for(n, STREAM_CODEC_BUCKETS) - n
+        assert pad < (8 if n <= 128 else 16 if n <= 256 else 32), n
+
+
+class _FakeGraph:
+    """A captured graph stand-in: replay doubles the static input into the static output."""
+
+    def __init__(self, inp: torch.Tensor, out: torch.Tensor) -> None:
+        self.inp, self.out = inp, out
+
+    def replay(self) -> None:
+        self.out.copy_(self.inp * 2)
+
+
+def test_batch_graphs_count_rows_run_and_replayed() -> None:
+    """``run`` pads to the smallest bucket; ``rows_run`` counts the rows given, ``rows_replayed``
+    the bucket rows computed, so their difference is the padding."""
+    from engine.llm.cuda_graphs import BatchGraphs
+
+    graphs = BatchGraphs(lambda x: x * 2, [((3,), torch.float32)], buckets=(4, 8), device="cpu")
+    for b in graphs.buckets:  # what capture() would leave, without a GPU
+        inp, out = torch.zeros(b, 3), torch.zeros(b, 3)
+        graphs._graphs[b] = (_FakeGraph(inp, out), [inp], (out,))
+    (out,) = graphs.run(torch.ones(3, 3))
+    assert out.shape == (3, 3) and torch.equal(out, torch.full((3, 3), 2.0))
+    graphs.run(torch.ones(5, 3))
+    graphs.run(torch.ones(8, 3))
+    assert (graphs.rows_run, graphs.rows_replayed) == (16, 4 + 8 + 8)

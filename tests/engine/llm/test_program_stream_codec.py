@@ -153,6 +153,7 @@ def test_a_segment_due_later_skips_the_ramp_and_gets_the_whole_decode(small_code
     assert got.shape == full.shape == (6 * 2048,)
     np.testing.assert_allclose(got, full, atol=1e-4, rtol=0)
     assert stream.totals()["window_decodes"] == 0 and stream.totals()["codec_frames"] == 6
+    assert stream.totals()["codec_rows_replayed"] == 0  # eager on the CPU: no graph replays
 
     soon = stream.new_state("tara", {})
     stream.note_due(soon, 0.1)  # a stream's first segment: the fast-start ramp
