@@ -146,12 +146,12 @@ def test_hold_undue_prompts_reaches_the_scheduler(llm_tiny_dir, small_snac_dir):
 
 
 def test_auto_decode_cap_by_device_and_weights() -> None:
-    """-1 picks the measured cap: 384 on CUDA, 512 with fp8 weights, none on the CPU; a given
+    """-1 picks the measured cap: 384 on CUDA, 448 with fp8 weights, none on the CPU; a given
     cap (0 = none) is kept."""
     from engine.llm.build import AUTO_DECODE_CAP_CUDA, AUTO_DECODE_CAP_CUDA_FP8, auto_decode_cap
 
-    assert (AUTO_DECODE_CAP_CUDA, AUTO_DECODE_CAP_CUDA_FP8) == (384, 512)
+    assert (AUTO_DECODE_CAP_CUDA, AUTO_DECODE_CAP_CUDA_FP8) == (384, 448)
     assert auto_decode_cap(-1, "cuda", False) == 384
-    assert auto_decode_cap(-1, "cuda", True) == 512
+    assert auto_decode_cap(-1, "cuda", True) == 448
     assert auto_decode_cap(-1, "cpu", False) == 0
     assert auto_decode_cap(0, "cuda", True) == 0 and auto_decode_cap(200, "cuda", True) == 200
