@@ -33,6 +33,15 @@ def number_type(kind: type, lo: float | None = None, hi: float | None = None,
     return parse
 
 
+def choice_type(choices: tuple[str, ...]) -> Callable[[str], str]:
+    """One of ``choices`` (for ``list_type``: argparse's ``choices`` sees the whole list)."""
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return text
+    return parse
+
+
 def list_type(item: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     """Comma-separated levels: ``1,8,32``."""
     def parse(text: str) -> list[Any]:

@@ -25,23 +25,13 @@ from typing import Any
 
 import torch
 
-from benchmark.args import list_type, number_type
+from benchmark.args import choice_type, list_type, number_type
 
 __all__ = ["main"]
 
 HQ, HKV, D, PAGE = 24, 8, 128, 16
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 KERNELS = ("cuda-cores", "tensor-cores")
-
-
-def _choice_list(choices: tuple[str, ...]):  # noqa: ANN202
-    def parse(text: str) -> list[str]:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        bad = [t for t in items if t not in choices]
-        if not items or bad:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(choices)}, got {text!r}")
-        return items
-    return parse
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,8 +41,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # served 10 s streams hold short contexts (a segment's prompt and at most 170 generated
     # tokens); 512 is the figure of the physical limit
     p.add_argument("--context", type=list_type(positive), default=[128, 256, 512], help="tokens cached per row")
-    p.add_argument("--kv-dtype", type=_choice_list(tuple(KV_DTYPES)), default=["bf16", "fp8"])
-    p.add_argument("--kernel", type=_choice_list(KERNELS), default=list(KERNELS))
+    p.add_argument("--kv-dtype", type=list_type(choice_type(tuple(KV_DTYPES))), default=["bf16", "fp8"])
+    p.add_argument("--kernel", type=list_type(choice_type(KERNELS)), default=list(KERNELS))
     p.add_argument("--layers", type=positive, default=28, help="decode calls per graph, each over its own cache")
     p.add_argument("--replays", type=number_type(int, 3), default=30, help="timed replays")
     p.add_argument("--json", default="", help="write the figures here")

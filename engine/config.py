@@ -30,7 +30,7 @@ class EngineConfig:
     max_num_seqs: int = 1024
     # Decode rows per step: -1 = auto (384 on CUDA, where served 384-row Orpheus-3B steps took
     # 11.1 ms (median) of the 12.2 ms real-time budget on one loan of an H200 and 11.5-11.8 ms on
-    # another, async_plan on: docs/performance.md, runs 24-26; 512 with fp8 weights, run 27; no
+    # another, async_plan on: docs/performance.md, runs 24-26; 448 with fp8 weights, run 28; no
     # cap on the CPU), 0 = no cap.
     max_num_decode_seqs: int = -1
     # Decode only the jobs whose audio is due within this many seconds, filling the step up to

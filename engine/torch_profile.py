@@ -25,8 +25,8 @@ log = logging.getLogger("voxgate.engine")
 
 
 class StepProfiler:
-    """``before_step(decode_rows_so_far)`` / ``after_step(decode_rows_so_far)`` around each
-    engine step; records one window of steps, then stays off."""
+    """``after_step(decode_rows_in_step)`` after each engine step; records one window of steps,
+    then stays off."""
 
     def __init__(self, out_dir: str, *, min_rows: int = 1, steps: int = 50) -> None:
         if min_rows < 0 or steps < 1:

@@ -39,7 +39,7 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len)
     m.add_argument("--max-num-decode-seqs", type=int, default=EngineConfig.max_num_decode_seqs,
                    help="decode rows per step, earliest deadlines first; the rest wait a step "
-                        "(-1 auto: 384 on CUDA, 512 with --quantization fp8, no cap on the CPU; 0 no cap)")
+                        "(-1 auto: 384 on CUDA, 448 with --quantization fp8, no cap on the CPU; 0 no cap)")
     m.add_argument("--decode-horizon-s", type=float, default=EngineConfig.decode_horizon_s,
                    help="decode only jobs whose audio is due within this many seconds, so the "
                         "step is short for those that need audio now (-1 auto: 1.0 on CUDA, off "
@@ -66,7 +66,7 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                         "for the step in flight (on: engine steps 2-7%% shorter on an H200)")
     m.add_argument("--decode-attention", default=EngineConfig.decode_attention, choices=list(DECODE_ATTENTION_KERNELS),
                    help="FlashInfer's decode kernel in the CUDA graphs: its CUDA-core decode kernel, or "
-                        "its tensor-core prefill kernel (cuda-cores: tensor-cores not yet measured)")
+                        "its tensor-core prefill kernel (cuda-cores: tensor cores were slower at served contexts on an H200)")
     m.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
                    help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
                         "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, 1387; "

@@ -16,10 +16,10 @@ log = logging.getLogger(__name__)
 
 RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-start ramp
 AUTO_DECODE_CAP_CUDA = 384  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs): 11.1-11.8 ms served on an H200 (runs 24-26)
-# With fp8 weights (--quantization fp8), on an H200 (run 28): a cap of 512 let steps reach
-# 10.4-11.8 ms once every stream was due, so new streams barely outran real time and 500 streams
-# underran at their start (93.4% on time); 448 rows (10.4-11.1 ms) kept 500 and 512 streams on
-# time and still covered their demand; 384 rows did not cover 512 streams' (39.4%).
+# With fp8 weights (--quantization fp8), on H200s (docs/performance.md run 28): at cap 512, steps
+# of 11.2-11.8 ms once every stream was due left new streams barely above real time, and 500
+# streams underran at their start (93.4% on time; 87.2% at 512 streams in run 27); cap 448 kept
+# 500-512 streams on time on one GPU and 480-576 on another; 384 rows did not cover 512 streams' demand (39.4%).
 AUTO_DECODE_CAP_CUDA_FP8 = 448
 AUTO_DECODE_HORIZON_S_CUDA = 1.0  # scheduler.decode_horizon_s on CUDA: = CoreConfig.lookahead_slack_s, so segments generated ahead only fill
 AUTO_RAMP_STEPS_CUDA = (1024, 1536)  # ramp_step_samples: light load, under load (OrpheusProgram)
