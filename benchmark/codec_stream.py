@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     ends = torch.full((b,), OPEN_END_FRAMES, device=device)
 
     if args.graphs:
-        from engine.llm.codec_graphs import make_graph_decode_fn
-        from engine.llm.codec_stream_graphs import StreamingCodecGraphs
+        from models.orpheus.codec_graphs import make_graph_decode_fn
+        from models.orpheus.codec_stream_graphs import StreamingCodecGraphs
 
         window_fn = make_graph_decode_fn(dec, buckets=(b,), progress=False)
         step_fn = StreamingCodecGraphs(snac, buckets=(b,), progress=False).step
@@ -146,7 +146,7 @@ def _compare(dec: SnacDecoder, args: argparse.Namespace, device: torch.device) -
                                  channels_last=path != "ncw", compile=path == "compiled")
             snacs[path] = snac
             if args.graphs:
-                from engine.llm.codec_stream_graphs import StreamingCodecGraphs
+                from models.orpheus.codec_stream_graphs import StreamingCodecGraphs
 
                 steps[path] = StreamingCodecGraphs(snac, buckets=batches, progress=False).step
             else:

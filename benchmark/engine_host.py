@@ -25,7 +25,7 @@ from benchmark.args import list_type, number_type
 from engine.llm.backend import LMBackend
 from engine.llm.model_runner import ModelRunner
 from engine.llm.page_allocator import PageAllocator
-from engine.llm.program import OrpheusProgram
+from models.orpheus.program import OrpheusProgram
 from engine.llm.scheduler import Scheduler, SchedulerConfig
 from models.orpheus.loader import load_orpheus
 

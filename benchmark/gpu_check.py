@@ -354,7 +354,7 @@ def bench_engine_ttfa(report: dict[str, Any], args: argparse.Namespace) -> None:
         num_pages=2048, runner_factory=partial(CudaGraphModelRunner, max_model_len=2048), warmup=True,
     )
     report["engine_ttfa"] = _engine_ttfa(backend, args, "eager codec")
-    from engine.llm.codec_graphs import make_graph_decode_fn
+    from models.orpheus.codec_graphs import make_graph_decode_fn
 
     backend.program.decode_fn = make_graph_decode_fn(backend.program.codec, progress=False)
     report["engine_ttfa_codec_graph"] = _engine_ttfa(backend, args, "codec graph")

@@ -29,7 +29,7 @@ CODEC_DELAY_SAMPLES = 4757
 def ramp_chunk_sizes(step: int, *, first_lookahead: int = 1024, delay: int = CODEC_DELAY_SAMPLES
                      ) -> list[int]:
     """Samples released at frames 1, 2, ... until the first whole frame, as
-    ``engine.llm.program.OrpheusProgram`` releases them with a stateful codec: the window
+    ``models.orpheus.program.OrpheusProgram`` releases them with a stateful codec: the window
     decoder's ramp (``StreamingDecoder``) while it reaches further than the stateful codec's
     exact output (``k * 2048 - delay`` after k frames), then the latter."""
     ramp = StreamingDecoder(None, first_lookahead_samples=first_lookahead, ramp_step_samples=step)

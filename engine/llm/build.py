@@ -159,7 +159,7 @@ def build_orpheus_backend(
 
     from engine.llm.model_runner import kv_bytes_per_page, num_pages_for_memory
     from engine.llm.page_allocator import PageAllocator
-    from engine.llm.program import OrpheusProgram
+    from models.orpheus.program import OrpheusProgram
     from engine.llm.scheduler import SchedulerConfig
     from models.orpheus.codec import SnacDecoder
     from models.orpheus.loader import SNAC_HUB_ID, load_orpheus, load_snac
@@ -206,12 +206,12 @@ def build_orpheus_backend(
     # all of them from the stream's start), so 4-frame windows suffice: a third less work.
     window_frames = RAMP_WINDOW_FRAMES if use_stateful else None
     if decode_fn_enabled:
-        from engine.llm.codec_graphs import make_graph_decode_fn
+        from models.orpheus.codec_graphs import make_graph_decode_fn
 
         decode_fn = make_graph_decode_fn(codec, window_frames=window_frames)  # all streams' windows, one replay
     stream_codec = None
     if use_stateful:  # each frame through SNAC once (engine.llm.program)
-        from engine.llm.codec_stream_graphs import StreamingCodecGraphs
+        from models.orpheus.codec_stream_graphs import StreamingCodecGraphs
         from models.orpheus.snac_stream import StreamingSnac
 
         codec_dtype_name = pick(codec_dtype, "codec_dtype", "auto")

@@ -388,7 +388,7 @@ class CudaGraphModelRunner(ModelRunner):
         self.scratch_page = num_pages
         self.forward_fn: Callable[..., torch.Tensor] = model
         if fused:
-            from engine.llm.gpu_forward import FusedLlamaForward
+            from models.orpheus.fused_forward import FusedLlamaForward
 
             self.forward_fn = FusedLlamaForward.for_model(model)
         # Penalty state with one extra row (index max_num_seqs) that padding rows update; the

@@ -173,7 +173,7 @@ def _emulated_graph_runner(model, max_num_seqs: int = 8):
 
     from engine.llm.attention import torch_paged_attention_factory
     from engine.llm.cuda_graphs import CudaGraphModelRunner
-    from engine.llm.gpu_forward import FusedLlamaForward
+    from models.orpheus.fused_forward import FusedLlamaForward
     from tests.engine.llm.graph_emulation import emulate_replays
 
     runner = CudaGraphModelRunner(copy.deepcopy(model), model.config, device="cpu", dtype=torch.float32,

@@ -37,7 +37,7 @@ from engine.llm.fp8 import (
     resolve_fp8_options,
     to_fp8_saturated,
 )
-from engine.llm.gpu_forward import FusedLlamaForward
+from models.orpheus.fused_forward import FusedLlamaForward
 from engine.llm.model_runner import ModelRunner, kv_bytes_per_page
 from engine.llm.scheduler import ScheduledBatch
 from engine.llm.sequence import SamplingParams, Sequence

@@ -19,7 +19,7 @@ SAMPLED = dict(temperature=0.9, top_p=0.95, repetition_penalty=1.1)
 def _runner(model, *, mixed: bool, record: list[str]):
     from engine.llm.attention import torch_paged_attention_factory
     from engine.llm.cuda_graphs import CudaGraphModelRunner
-    from engine.llm.gpu_forward import FusedLlamaForward
+    from models.orpheus.fused_forward import FusedLlamaForward
     from tests.engine.llm.graph_emulation import emulate_mixed, emulate_replays
 
     runner = CudaGraphModelRunner(copy.deepcopy(model), model.config, device="cpu", dtype=torch.float32,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.llm.codec_stream_graphs import StreamingCodecGraphs
+from models.orpheus.codec_stream_graphs import StreamingCodecGraphs
 from models.orpheus.snac_stream import OPEN_END_FRAMES, StreamCursor, StreamingSnac
 from models.orpheus.tokens import codes_to_frames
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.llm.codec_stream_graphs import StreamingCodecGraphs
-from engine.llm.program import OrpheusProgram
+from models.orpheus.codec_stream_graphs import StreamingCodecGraphs
+from models.orpheus.program import OrpheusProgram
 from models.orpheus import tokens as tok
 from models.orpheus.snac_stream import StreamingSnac
 from tests.models.orpheus.orpheus_fixtures import build_tokenizer
@@ -100,7 +100,7 @@ def test_loaded_ramp_for_segments_that_start_while_frames_are_slow(small_codec) 
     interval makes a frame (7 steps) slower than LOADED_FRAME_INTERVAL_S, and the light ramp
     again when steps are fast or none has been reported for a second (idle); without one, the
     ramp never changes."""
-    from engine.llm.program import LOADED_FRAME_INTERVAL_S
+    from models.orpheus.program import LOADED_FRAME_INTERVAL_S
 
     program = OrpheusProgram(build_tokenizer(), small_codec, ramp_step_samples=1024, loaded_ramp_step_samples=1536)
     assert program.new_state("tara", {}).decoder.ramp_step_samples == 1024  # no steps seen yet
@@ -129,7 +129,7 @@ def test_a_segment_due_later_skips_the_ramp_and_gets_the_whole_decode(small_code
     no window decode: its audio is the stateful codec's alone, the whole-sequence decode,
     every sample once. The choice follows the deadline until the first frame, then holds; a
     segment that ends before its first frame gives no audio and no error."""
-    from engine.llm.program import FAST_START_WITHIN_S
+    from models.orpheus.program import FAST_START_WITHIN_S
     from models.orpheus.tokens import tokens_to_codes
 
     _, stream = _programs(small_codec)

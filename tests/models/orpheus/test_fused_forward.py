@@ -10,7 +10,7 @@ import torch
 from engine.llm.attention import KVCacheSpec, TorchPagedAttention, allocate_kv_caches, build_attention_metadata
 from engine.llm.attention import torch_paged_attention_factory
 from engine.llm.cuda_graphs import CudaGraphModelRunner, pad_decode_metadata
-from engine.llm.gpu_forward import FusedLlamaForward
+from models.orpheus.fused_forward import FusedLlamaForward
 from engine.llm.model_runner import ModelRunner
 from engine.llm.scheduler import ScheduledBatch
 from engine.llm.sequence import SamplingParams, Sequence
