@@ -44,6 +44,15 @@ GRAPH_REL_TOL = 1e-2  # graph replay vs eager, same dtype (split-KV order may di
 AUDIO_BASE, NUM_AUDIO_IDS, STOP_ID = 128266, 7 * 4096, 128258
 
 
+def _fused(model: torch.nn.Module, args: argparse.Namespace):
+    """The fused forward the Orpheus program serves with, or None (``--no-fused``: the model's own)."""
+    if not args.fused:
+        return None
+    from models.orpheus.fused_forward import FusedLlamaForward
+
+    return FusedLlamaForward.for_model(model)
+
+
 def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -244,7 +253,7 @@ def bench_full(report: dict[str, Any], args: argparse.Namespace) -> None:
     num_pages = max(batches) * per + 256
     t = time.perf_counter()
     runner = CudaGraphModelRunner(model, cfg, device="cuda", dtype=torch.bfloat16, num_pages=num_pages,
-                                  max_model_len=4096, max_num_seqs=512, capture=False, fused=args.fused)
+                                  max_model_len=4096, max_num_seqs=512, capture=False, graph_forward=_fused(model, args))
     for cache in runner.kv_caches:
         cache.normal_()  # random K/V: never time on zeros
     runner.capture(progress=True)
@@ -256,7 +265,7 @@ def bench_full(report: dict[str, Any], args: argparse.Namespace) -> None:
     audio_ids = torch.tensor([*range(AUDIO_BASE, AUDIO_BASE + NUM_AUDIO_IDS), STOP_ID])
     audio = CudaGraphModelRunner(model, cfg, device="cuda", dtype=torch.bfloat16, num_pages=num_pages,
                                  max_model_len=4096, max_num_seqs=512, vocab_ids=audio_ids, capture=False,
-                                 decode_buckets=batches, fused=args.fused)
+                                 decode_buckets=batches, graph_forward=_fused(model, args))
     for cache in audio.kv_caches:
         cache.normal_()
     audio.capture(progress=True)

@@ -256,7 +256,10 @@ def build_orpheus_backend(
             from engine.llm.mixed_graphs import mixed_decode_buckets
 
             mixed = pick(mixed_graphs, "mixed_graphs", "off")
+            from models.orpheus.fused_forward import FusedLlamaForward
+
             runner_factory = functools.partial(CudaGraphModelRunner, max_model_len=max_model_len,
+                                               graph_forward=FusedLlamaForward.for_model(model),
                                                mixed=mixed in (True, "on"),
                                                mixed_decode_buckets=mixed_decode_buckets(decode_cap),
                                                async_plan=pick(async_plan, "async_plan", "on") in (True, "on"),

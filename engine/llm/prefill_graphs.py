@@ -63,6 +63,12 @@ class GraphPrefillAttention:
         self._backends = ([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if dev.type == "cuda"
                           else [SDPBackend.MATH])
 
+    @property
+    def seg(self) -> torch.Tensor:
+        """Each token's prompt index within the packed step, int64 [num_tokens] (padding: past
+        the last prompt)."""
+        return self._seg
+
     def begin_step(self, slots: torch.Tensor, seg: torch.Tensor | None = None) -> None:
         """Stage the padded slots [num_tokens] and sequence indices [num_tokens] (outside the graph).
 

@@ -12,7 +12,7 @@ __all__ = ["PENDING", "SamplingParams", "Sequence", "SequenceStatus"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-sequence sampling settings. ``temperature == 0`` means greedy.
+    """Per-sequence sampling settings. ``temperature == 0`` means greedy; ``top_k`` 0 is off.
 
     ``seed`` with the sequence's step counter fixes its random stream, independent of the
     batch it shares. ``max_tokens`` counts generated tokens (the stop token included).
@@ -23,6 +23,7 @@ class SamplingParams:
     repetition_penalty: float = 1.3
     seed: int = 0
     max_tokens: int = 1200
+    top_k: int = 0  # 0 = off
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -33,6 +34,8 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
 
 
 PENDING = -1  # an output id whose token is still on the device (asynchronous steps)

@@ -103,7 +103,7 @@ def test_graph_step_function_samples_like_the_eager_runner() -> None:
             extras = [torch.cat([torch.full((3,), v), z]) for v in (0.8, 0.9, 1.3)]
             extras += [torch.tensor([11, 11, 11, 0]), torch.tensor([s.num_output_tokens for s in gseqs] + [0]),
                        torch.tensor([s.slot + 1 for s in gseqs] + [0]), torch.zeros(4, dtype=torch.int64),
-                       torch.tensor([True, True, True, False])]
+                       torch.tensor([True, True, True, False]), torch.zeros(4, dtype=torch.int64)]
             with torch.inference_mode():
                 toks["graph"] = runner._graph_step(ids, meta.positions, pad_attn, *extras)[0][:3]
         assert toks["graph"].tolist() == toks["eager"].tolist()
@@ -127,7 +127,7 @@ def test_prefill_step_function_matches_eager_prefill() -> None:
                                   page_size=PAGE, max_num_seqs=8, capture=False,
                                   attention_backend_factory=torch_paged_attention_factory)
     runner.forward_fn = FusedLlamaForward(runner.model, compile=False)
-    runner._seen_rows[2, :50] = True  # a predecessor's penalty state in the slot: must be forgotten
+    runner.head.seen_rows[2, :50] = True  # a predecessor's penalty state in the slot: must be forgotten
     (e_seq,), (g_seq,) = _seqs([21], params), _seqs([21], params)
     e_seq.slot = g_seq.slot = 2
     batch = ScheduledBatch(seqs=[e_seq], num_new_tokens=[21], is_sampled=[True], num_decode_seqs=0)
