@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from engine.llm.build import build_orpheus_backend
+    from models.orpheus.build import build_orpheus_backend
 
     backend = build_orpheus_backend(
         args.model, device=args.device, load_format=args.load_format,

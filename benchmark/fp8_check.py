@@ -312,7 +312,7 @@ def check_flashinfer_prefill(report: dict[str, Any]) -> None:
 
 def check_engine(report: dict[str, Any], models: dict[str, Any], args: argparse.Namespace) -> None:
     """build_orpheus_backend(kv_cache_dtype="fp8", quantization="fp8") starts and serves jobs."""
-    from engine.llm.build import build_orpheus_backend
+    from models.orpheus.build import build_orpheus_backend
 
     models.clear()  # free the check's models first (the builder sizes the KV cache from free memory)
     torch.cuda.empty_cache()

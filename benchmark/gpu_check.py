@@ -356,7 +356,7 @@ def bench_engine_ttfa(report: dict[str, Any], args: argparse.Namespace) -> None:
     """Time to first audio through the real ``LMBackend`` (scheduler, runner, program, codec)."""
     from functools import partial
 
-    from engine.llm.build import build_orpheus_backend
+    from models.orpheus.build import build_orpheus_backend
 
     backend = build_orpheus_backend(
         args.engine_model, device="cuda", load_format="dummy", max_num_seqs=64, max_model_len=2048,

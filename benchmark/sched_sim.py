@@ -152,7 +152,7 @@ def simulate(concurrency: int, *, ramp_s: float, duration_s: float, model: StepM
     step, ``horizon_s`` the decode horizon, ``fill`` the decode fill (None: the CUDA defaults)."""
     from engine.core import CoreConfig, EngineCore
     from engine.llm.backend import LMBackend
-    from engine.llm.build import AUTO_DECODE_CAP_CUDA, AUTO_DECODE_FILL_CUDA, AUTO_DECODE_HORIZON_S_CUDA, \
+    from models.orpheus.build import AUTO_DECODE_CAP_CUDA, AUTO_DECODE_FILL_CUDA, AUTO_DECODE_HORIZON_S_CUDA, \
         AUTO_PREFILL_BATCH_CUDA, AUTO_PREFILL_WAIT_S_CUDA
     from engine.llm.page_allocator import PageAllocator
     from engine.llm.scheduler import Scheduler, SchedulerConfig
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=number_type(float, lo=0), default=15.0, help="new streams start for (s)")
     ap.add_argument("--max-tokens", type=number_type(int, lo=7), default=287, help="per segment (default 287)")
     ap.add_argument("--cap", type=number_type(int, lo=1), default=None,
-                    help="decode rows per step (default: the CUDA default, engine.llm.build)")
+                    help="decode rows per step (default: the CUDA default, models.orpheus.build)")
     ap.add_argument("--horizon", type=number_type(float, lo=0), default=None,
                     help="decode horizon in s (default: the CUDA default; 0 = off)")
     ap.add_argument("--fill", type=number_type(int, lo=0), default=None,

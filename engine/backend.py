@@ -21,6 +21,9 @@ Contract:
   next audio is needed (the engine core keeps it current: a stream's first audio soon, a playing
   stream's when its client would run dry, a segment generated ahead later). A backend that
   can choose what to run next serves the earliest deadline first; one without it is FIFO.
+- Input streaming (``info.input_streaming``): the engine core gives each stream's turn one job
+  and feeds it ``push_text(job_id, text, flush=..., final=...)`` as text arrives; the backend
+  speaks it as the model takes it, and ends the job after ``final``.
 - A job ends with exactly one ``JobOutput`` whose ``is_finished`` is true (possibly carrying
   the last audio) or whose ``error`` is set. An error fails that job only.
 """
@@ -52,6 +55,9 @@ class BackendInfo:
     sample_rate: int
     # Names and ranges of the per-stream options a client may set, for docs and errors.
     options: dict[str, Any] = field(default_factory=dict)
+    # The backend takes a stream's text as it arrives (native input streaming): one job per
+    # turn, fed by ``push_text``, instead of one job per segment.
+    input_streaming: bool = False
 
 
 @dataclass(frozen=True)

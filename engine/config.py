@@ -6,18 +6,17 @@ from dataclasses import dataclass, field
 
 from engine.core import CoreConfig
 
-__all__ = ["EngineConfig", "BUILTIN_MODELS"]
+__all__ = ["EngineConfig"]
 
-BUILTIN_MODELS = ("hibari", "synthetic", "orpheus")
 # FlashInfer decode kernels the CUDA graphs can capture (EngineConfig.decode_attention)
 DECODE_ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    # "hibari" (embedded CPU voice), "synthetic" (tones paced at real time, for tests and
-    # benchmarks), "orpheus" (canopylabs/orpheus-3b-0.1-ft), or a local path / hub id of an
-    # Orpheus-family checkpoint.
+    # A name, hub id or local checkpoint that models.registry resolves to a program: "hibari"
+    # (embedded CPU voice), "synthetic" (tones paced at real time, for tests and benchmarks),
+    # "orpheus" (canopylabs/orpheus-3b-0.1-ft), ...
     model: str = "hibari"
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     load_format: str = "auto"  # "auto" | "dummy" (random weights from the known config)
@@ -91,6 +90,12 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model must be a name, a path or a hub id")
+        from models.registry import check_requirements, resolve
+
+        resolved = resolve(self.model)  # an unknown name lists what is served
+        check_requirements(resolved)  # a missing package names the extra to install
+        if self.device == "cuda" and resolved.entry.device == "cpu":
+            raise ValueError(f"--model {resolved.entry.name} runs on the CPU only; --device cuda does not apply")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.load_format not in ("auto", "dummy"):

@@ -129,6 +129,8 @@ class EngineCore:
         # Stream key -> PCM format of the Audio made in the current step, whose ``pcm`` holds
         # the samples until ``step`` encodes them all at once (``_encode_step_audio``).
         self._step_formats: dict[int, str] = {}
+        # A backend that takes text as it arrives gets one job per turn (no segmenter).
+        self._input_streaming = bool(getattr(backend.info, "input_streaming", False))
 
     # --- commands --------------------------------------------------------------------------
 
@@ -156,6 +158,8 @@ class EngineCore:
             return []  # the gateway validates; late text for a gone stream is dropped
         if stream.t_first_text is None and text.strip():
             stream.t_first_text = self._clock()
+        if self._input_streaming:
+            return self._stream_text(stream, text)
         stream.pending.extend(stream.segmenter.push(text))
         return self._submit(stream)
 
@@ -163,6 +167,8 @@ class EngineCore:
         stream = self._streams.get(key)
         if stream is None or stream.is_ended:
             return []
+        if self._input_streaming:
+            return self._stream_text(stream, "", flush=True)
         stream.pending.extend(stream.segmenter.flush())
         return self._submit(stream)
 
@@ -171,6 +177,10 @@ class EngineCore:
         if stream is None or stream.is_ended:
             return []
         stream.is_ended = True
+        if self._input_streaming:
+            if stream.jobs:
+                self.backend.push_text(stream.jobs[0].job_id, "", final=True)  # type: ignore[attr-defined]
+            return self._maybe_done(stream)
         stream.pending.extend(stream.segmenter.end())
         return self._submit(stream) + self._maybe_done(stream)
 
@@ -234,6 +244,26 @@ class EngineCore:
             self._job_owner[job.job_id] = stream.key
             self.backend.add_job(job.job_id, segment.text, stream.voice, stream.options)
             self._schedule(stream, job)
+        return []
+
+    def _stream_text(self, stream: _Stream, text: str, *, flush: bool = False) -> list[Message]:
+        """Input streaming: the turn's one job gets the text as it comes (its span grows)."""
+        if not stream.jobs:
+            if not text:
+                return []
+            job = _Job(self._next_job_id, Segment(text, 0, len(text)))
+            self._next_job_id += 1
+            stream.jobs.append(job)
+            self._job_owner[job.job_id] = stream.key
+            self.backend.add_job(job.job_id, text, stream.voice, stream.options)
+            if flush:
+                self.backend.push_text(job.job_id, "", flush=True)  # type: ignore[attr-defined]
+            self._schedule(stream, job)
+            return []
+        job = stream.jobs[0]
+        seg = job.segment
+        job.segment = Segment(seg.text + text, 0, seg.end + len(text))
+        self.backend.push_text(job.job_id, text, flush=flush)  # type: ignore[attr-defined]
         return []
 
     def _schedule(self, stream: _Stream, job: _Job) -> None:

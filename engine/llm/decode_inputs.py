@@ -71,7 +71,9 @@ class DecodeInputBuilder:
         ps = self.page_size
         # one pass over the rows: slot, the new token's position, the token (a decode row's is
         # its sequence's last), tokens generated so far, allowed row
-        per_row = np.array([(s.slot, s.num_computed_tokens, s.output_ids[-1] if s.output_ids else s.prompt_ids[-1],
+        per_row = np.array([(s.slot, s.num_computed_tokens,
+                             s.next_input if s.next_input is not None else
+                             s.output_ids[-1] if s.output_ids else s.prompt_ids[-1],
                              len(s.output_ids), s.allowed_row) for s in seqs], np.int64).reshape(n, 5)
         slots = per_row[:, 0]
         pos = per_row[:, 1]

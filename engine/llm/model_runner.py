@@ -87,6 +87,9 @@ def host_input_ids(batch: ScheduledBatch, feed: torch.Tensor | None) -> list[int
     ids: list[int] = []
     prev = None
     for s, n in zip(batch.seqs, batch.num_new_tokens):
+        if s.next_input is not None and not s.is_prefill:  # the program's input for this position
+            ids.append(s.next_input)
+            continue
         toks = s.token_slice(s.num_computed_tokens, s.num_computed_tokens + n)
         if toks and toks[-1] == PENDING:
             if feed is None or s.pending_row < 0:

@@ -9,6 +9,7 @@ batches of requests: the backend hands it one sequence's state per row. The runt
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -17,7 +18,7 @@ import torch
 from engine.backend import BackendInfo
 from engine.llm.sequence import SamplingParams
 
-__all__ = ["Collect", "Program"]
+__all__ = ["Collect", "LoadContext", "Program", "ProgramModel", "ServingDefaults", "SlotProgram", "StreamingProgram"]
 
 Collect = Callable[[], "list[np.ndarray | None]"]  # waits for a launched piece of work, gives its audio
 
@@ -43,9 +44,10 @@ class Program(Protocol):
         the position by one, as every allowed audio token does)."""
         ...
 
-    def launch_postprocess(self, states: list[Any], tokens: list[int]) -> Collect:
-        """One generated (non-stop) token per row: its bookkeeping now, its audio started;
-        ``collect()`` gives the new audio per row (None if none)."""
+    def launch_postprocess(self, states: list[Any], tokens: list[Any]) -> Collect:
+        """One generated (non-stop) token per row (a list of codebooks per row when the head
+        samples a frame): its bookkeeping now, its audio started; ``collect()`` gives the new
+        audio per row (None if none)."""
         ...
 
     def launch_finish(self, states: list[Any]) -> Collect:
@@ -66,3 +68,91 @@ class Program(Protocol):
         """The sequence's next audio is needed ``due_in_s`` from now (the backend passes on the
         engine core's deadlines): a program may skip work that only serves an early start."""
         ...
+
+
+class StreamingProgram(Program, Protocol):
+    """Optional hooks of a program that takes its text while it speaks (native input streaming).
+
+    A job is then a whole turn: ``add_job``'s text and later ``push_text`` calls reach
+    ``push_text``; the sequence starts once ``prompt_ids`` can build its prompt, and each decode
+    row's input is ``next_input`` (the next text token, say), not the last token sampled. When
+    ``next_input`` has nothing yet (the text ran out on a turn that has not ended) the sequence
+    pauses: it keeps its pages and slot and resumes when text arrives. Pausing must never change
+    the tokens: the same text gives the same inputs whenever it arrives.
+    """
+
+    input_streaming: bool  # True
+    # KV tokens reserved at admission (the turn's length is unknown; it grows page by page), or None
+    reserve_tokens: int | None
+
+    def push_text(self, state: Any, text: str, *, flush: bool, final: bool) -> None:
+        """More text of the turn (``flush``: release a word cut short too; ``final``: the last).
+        Raise ``ValueError`` for text the model cannot speak: that job fails alone."""
+        ...
+
+    def prompt_ids(self, state: Any) -> list[int] | None:
+        """The prompt, once the text received allows it (None: wait for more)."""
+        ...
+
+    def next_input(self, state: Any, position: int) -> int | None:
+        """The input id of the decode row that generates output ``position`` (0-based; outputs
+        still on the device count), or None while the text it needs has not arrived."""
+        ...
+
+
+class SlotProgram(Program, Protocol):
+    """Optional hook of a program whose model keeps per-slot device state (a speaker vector the
+    embedding reads, say): called before a sequence's first step, with its batch slot."""
+
+    def bind_slot(self, state: Any, slot: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class ServingDefaults:
+    """A program's scheduling defaults for the automatic (-1) settings on CUDA, as measured for
+    its model (``docs/performance.md``); on the CPU the runtime turns these features off."""
+
+    decode_cap: int = 0  # max_num_decode_seqs (0: no cap): the largest batch whose step keeps real time
+    decode_cap_fp8: int = 0  # the same with fp8 weights
+    decode_horizon_s: float = 1.0
+    decode_fill_seqs: int = 256
+    prefill_wait_s: float = 0.05  # with prefill graphs (no mixed graphs)
+    prefill_batch_seqs: int = 8
+
+
+@dataclass
+class LoadContext:
+    """What the runtime tells a program's ``load`` (``engine.llm.build``)."""
+
+    model_id: str  # the short name, hub id or local path that selected the program
+    device: str  # "cuda" or "cpu" (resolved)
+    dtype: torch.dtype
+    load_format: str  # "auto" | "dummy"
+    max_num_seqs: int
+    max_model_len: int
+    quantise_fp8: bool  # quantise the decoder's linears to fp8 (engine.llm.fp8) before graph_forward is built
+    use_graphs: bool  # the CUDA-graph runner will serve (CUDA, FlashInfer, graphs enabled)
+    setting: Callable[[str, Any], Any]  # a program-specific setting: keyword override, then EngineConfig, then default
+
+
+@dataclass
+class ProgramModel:
+    """A loaded program, as its ``load`` returns it to the runtime.
+
+    ``model`` is the eager step's ``forward(ids [T], positions [T], attn)`` (``uses_token_rows``:
+    also each token's state row [T]) returning hidden states [T, H]; ``kv_shape`` has
+    ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``.
+    ``head``: the ``TokenHead`` (None: ``SingleTokenHead`` over ``model.compute_logits`` with the
+    program's ``vocab_ids`` / ``allowed_table``). ``graph_forward``: the forward captured in the
+    CUDA graphs (None: ``model``). ``supports_mixed_graphs``: the forward may run decode rows
+    and packed prompts in one pass.
+    """
+
+    program: Any  # Program
+    model: Any
+    kv_shape: Any
+    head: Any = None
+    graph_forward: Callable[..., torch.Tensor] | None = None
+    uses_token_rows: bool = False
+    supports_mixed_graphs: bool = True
+    defaults: ServingDefaults = field(default_factory=ServingDefaults)

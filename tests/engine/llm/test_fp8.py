@@ -429,7 +429,7 @@ def test_cli_maps_fp8_flags_and_rejects_cpu() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_build_orpheus_backend_refuses_fp8_on_cpu_before_loading() -> None:
     """build_orpheus_backend with an fp8 option on the CPU fails at start-up with a ValueError."""
-    from engine.llm.build import build_orpheus_backend
+    from models.orpheus.build import build_orpheus_backend
 
     for kw in (dict(kv_cache_dtype="fp8"), dict(quantization="fp8")):
         with pytest.raises(ValueError, match="CUDA"):
