@@ -4,7 +4,7 @@ The stand-in ``flashinfer`` module below implements the two wrappers' documented
 (paged NHD cache, decode over whole sequences, prefill causal to the end of each sequence) in
 plain torch, so the backend's slicing of mixed batches and its fixed-buffer graph mode are
 checked against ``TorchPagedAttention`` without a GPU. The real kernels are checked on the GPU
-by ``benchmark.gpu_check`` and ``tests/engine/llm/test_gpu.py``.
+by ``benchmark.gpu.gpu_check`` and ``tests/engine/llm/test_gpu.py``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from benchmark.trace_summary import format_summary, main, summarise
+from benchmark.gpu.trace_summary import format_summary, main, summarise
 
 
 def _kernel(name: str, ts: float, dur: float, stream: int) -> dict:

@@ -1,5 +1,5 @@
 """FlashInfer paged decode attention alone, on the GPU: the CUDA-core kernel against the
-tensor-core one, bf16 and fp8 KV pages (``python -m benchmark.decode_attention``).
+tensor-core one, bf16 and fp8 KV pages (``python -m benchmark.gpu.decode_attention``).
 
 Orpheus-3B's shape (24 query heads, 8 KV heads, head_dim 128, pages of 16 tokens). Each case
 captures ``--layers`` decode calls in one CUDA graph (as the engine's decode step does, one
@@ -7,7 +7,7 @@ per layer, each over its own layer's cache) and times replays with CUDA events; 
 median time per layer and the KV bytes read per second, and writes every figure to ``--json``.
 Pages are handed out in a random order, as after a while of serving.
 
-    python -m benchmark.decode_attention --batch 256,384,512 --context 128,256,512 --kv-dtype bf16,fp8
+    python -m benchmark.gpu.decode_attention --batch 256,384,512 --context 128,256,512 --kv-dtype bf16,fp8
 
 A case that FlashInfer refuses (a kernel without that dtype) prints its error and the run goes
 on. The kernels are JIT-compiled on first use (the tensor-core one is FlashInfer's prefill

@@ -1,6 +1,6 @@
 """Where the GPU's time went in a torch.profiler Chrome trace (``engine.torch_profile``'s
 ``engine_trace.json.gz`` from a served engine, or any such trace):
-``python -m benchmark.trace_summary engine_trace.json.gz --steps 50``.
+``python -m benchmark.gpu.trace_summary engine_trace.json.gz --steps 50``.
 
 Prints the window the kernels span, how much of it the GPU was busy (the union of every
 kernel on every stream) and idle, each CUDA stream's busy time, the idle gaps between kernels

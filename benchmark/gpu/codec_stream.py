@@ -5,14 +5,14 @@ Full-width SNAC 24 kHz with random weights. Both sides decode one new frame for 
 window per stream (``StreamingDecoder``'s ``WindowRequest``), the new one runs the frame once
 through the per-slot state (``StreamingSnac.step``). Prints medians of ``--runs`` calls.
 
-    python -m benchmark.codec_stream --batch 16 --runs 7 [--device cpu] [--dtype float32]
-    python -m benchmark.codec_stream --device cuda --graphs --batch 256 --runs 50 --dtype bfloat16
+    python -m benchmark.gpu.codec_stream --batch 16 --runs 7 [--device cpu] [--dtype float32]
+    python -m benchmark.gpu.codec_stream --device cuda --graphs --batch 256 --runs 50 --dtype bfloat16
 
 ``--compare`` times ``StreamingSnac.step`` paths side by side instead (no window decode), for
 several batch sizes and dtypes in one run: ``ncw`` (the original [B, C, T] step), ``nwc``
 (channels-last, eager) and ``compiled`` (channels-last under ``torch.compile``):
 
-    python -m benchmark.codec_stream --compare --device cuda --graphs --batches 16 64 128 \
+    python -m benchmark.gpu.codec_stream --compare --device cuda --graphs --batches 16 64 128 \
         --dtypes float32 bfloat16 --paths ncw nwc compiled --runs 30
 """
 

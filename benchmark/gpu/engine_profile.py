@@ -11,9 +11,9 @@ and starting their codec work); ``other`` is the rest. Medians over the measured
 also prefills N prompts (prompts do not wait for company here): with ``--mixed-graphs on`` they
 ride in the decode rows' graph, with ``off`` they get a prefill replay of their own.
 
-    python -m benchmark.engine_profile --batch 1,64,128,256 --steps 100 [--profile 256] [--json F]
-    python -m benchmark.engine_profile --batch 256,320 --prompts-per-step 4 --mixed-graphs compare
-    python -m benchmark.engine_profile --batch 64,256 --async-plan compare
+    python -m benchmark.gpu.engine_profile --batch 1,64,128,256 --steps 100 [--profile 256] [--json F]
+    python -m benchmark.gpu.engine_profile --batch 256,320 --prompts-per-step 4 --mixed-graphs compare
+    python -m benchmark.gpu.engine_profile --batch 64,256 --async-plan compare
 
 ``--model tiny --device cpu`` runs the same path on the CPU (for tests of this script).
 """
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                              "on, as the engine's default); compare: both, one after the other on the same engine")
     parser.add_argument("--decode-attention", default="cuda-cores", choices=["cuda-cores", "tensor-cores"],
                         help="FlashInfer's decode kernel in the graphs (fixed at capture: one per run; "
-                             "benchmark.decode_attention compares the kernels alone)")
+                             "benchmark.gpu.decode_attention compares the kernels alone)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="engine.llm.fp8 (CUDA)")
     parser.add_argument("--quantization", default="none", choices=["none", "fp8"], help="engine.llm.fp8 (CUDA)")
     parser.add_argument("--json", default=None, help="write the figures here")

@@ -1,4 +1,4 @@
-"""fp8 option check on one GPU: ``python -m benchmark.fp8_check --json fp8.json [--quick]``.
+"""fp8 option check on one GPU: ``python -m benchmark.gpu.fp8_check --json fp8.json [--quick]``.
 
 What it measures, on random ("dummy") Orpheus-3B weights, the same weights for every variant
 (bf16; kv-fp8 = fp8 KV cache; w-fp8 = fp8 decoder weights; w+kv-fp8 = both):
@@ -25,7 +25,7 @@ What it measures, on random ("dummy") Orpheus-3B weights, the same weights for e
    start-up time, KV pages, whether every job finished without an error (and its audio).
 
 Prints a table at the end (and after each section) and writes every figure to ``--json``.
-Reuses ``benchmark.gpu_check``'s helpers.
+Reuses ``benchmark.gpu.gpu_check``'s helpers.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from benchmark.args import list_type, number_type
-from benchmark.gpu_check import (
+from benchmark.gpu.gpu_check import (
     AUDIO_BASE,
     NUM_AUDIO_IDS,
     PAGE,
@@ -404,7 +404,7 @@ def table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmark.fp8_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmark.gpu.fp8_check", description=__doc__.splitlines()[0])
     p.add_argument("--json", required=True, help="path of the JSON report")
     p.add_argument("--quick", action="store_true", help="fewer batches, steps and replays")
     p.add_argument("--batches", type=list_type(number_type(int, 1)), default=None,

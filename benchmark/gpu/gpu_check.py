@@ -1,4 +1,4 @@
-"""GPU check and figures for the Orpheus engine on one GPU (``python -m benchmark.gpu_check``).
+"""GPU check and figures for the Orpheus engine on one GPU (``python -m benchmark.gpu.gpu_check``).
 
 1. Correctness on a tiny random checkpoint (head_dim 128, GQA 3:1 like Orpheus):
    GPU path (bf16 weights and KV cache, FlashInfer) against the CPU path (fp32,
@@ -495,7 +495,7 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmark.gpu_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmark.gpu.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"), help="folder for gpu_check.json")
     p.add_argument("--skip-full", action="store_true", help="only the tiny correctness checks")
     p.add_argument("--batches", type=list_type(number_type(int, 1)), default=[1, 8, 64, 256],
