@@ -1,7 +1,5 @@
-"""``voxgate bench``: the command line, mapped onto ``BenchConfig``.
-
-``main(argv)`` is the entry point the ``voxgate`` CLI dispatches to.
-"""
+"""``voxgate bench``'s command line, mapped onto ``BenchConfig``; ``main(argv)`` is what ``voxgate``
+dispatches to."""
 
 from __future__ import annotations
 
