@@ -1,3 +1,5 @@
+"""Tests for benchmark.gpu.trace_summary: where the GPU's time went in a Chrome trace."""
+
 from __future__ import annotations
 
 import gzip
