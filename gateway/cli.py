@@ -1,5 +1,4 @@
-"""The ``voxgate`` command: ``voxgate serve`` runs the gateway and its engine; ``voxgate bench``
-runs the latency benchmark client."""
+"""The ``voxgate`` command line: ``voxgate serve`` (gateway and engine) and ``voxgate bench``."""
 
 from __future__ import annotations
 
@@ -7,106 +6,254 @@ import argparse
 import asyncio
 import logging
 import signal
+import subprocess
 import sys
 from dataclasses import fields
+from typing import Callable
 
 from engine.config import DECODE_ATTENTION_KERNELS, EngineConfig
 from engine.core import CoreConfig
 from gateway.config import GatewayConfig
 
-__all__ = ["main", "build_parser", "configs_from_args"]
+__all__ = ["main", "build_parser", "configs_from_args", "check_device", "probe_cuda", "CPU_ONLY_MODELS"]
 
 log = logging.getLogger("voxgate")
 
 
+# Models that run on the CPU only (``--device cuda`` is an error for them).
+CPU_ONLY_MODELS = ("hibari", "synthetic")
+
+_DESCRIPTION = """\
+voxgate: a real-time streaming TTS gateway. Text goes in over a WebSocket, a word
+at a time; speech comes out as audio frames while the text is still arriving."""
+
+_EPILOG = """\
+examples:
+  voxgate serve                          the embedded CPU voice (hibari) on port 8000
+  voxgate serve --model orpheus          Orpheus 3B on the GPU
+  voxgate serve --model orpheus --load-format dummy
+                                         Orpheus 3B with random weights, no download
+  voxgate serve --model tiny --load-format dummy --device cpu
+                                         a 2-layer toy Orpheus, random weights: smoke tests
+  voxgate bench -c 1,8,32 -n 50          latency at 1, 8 and 32 concurrent streams
+
+voxgate serve --help lists every setting; docs: README.md, docs/protocol.md,
+docs/orpheus.md, docs/benchmark.md."""
+
+_SERVE_DESCRIPTION = """\
+Run the WebSocket gateway (ws://HOST:PORT/v1/stream; the demo page at /, /health,
+/metrics) and its engine process. The basic options come first; the two GPU groups
+at the end size and tune the Orpheus engine."""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; every option's help ends with its default, unless the help
+    already names it or the option is an on/off flag."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.nargs == 0 or action.default is argparse.SUPPRESS
+                or "default" in text or not action.option_strings):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def _add_serve_args(sp: argparse.ArgumentParser) -> None:
-    g = sp.add_argument_group("network")
-    g.add_argument("--host", default=GatewayConfig.host, help="address to bind (default 127.0.0.1)")
-    g.add_argument("--port", type=int, default=GatewayConfig.port, help="port; 0 picks a free one")
+    # Groups print in the order they are made: the basic ones first, GPU tuning last.
     m = sp.add_argument_group("model")
+    g = sp.add_argument_group("network")
+    lim = sp.add_argument_group("limits")
+    st = sp.add_argument_group("streaming")
+    dbg = sp.add_argument_group("logging and debugging")
+    gpu = sp.add_argument_group(
+        "engine memory and precision (GPU)",
+        "Orpheus on CUDA: how much of the GPU the engine takes, in which precision.")
+    tune = sp.add_argument_group(
+        "engine tuning (GPU)",
+        "How the Orpheus engine schedules its steps. The defaults were measured on an\n"
+        "H200 (docs/performance.md, docs/orpheus.md): change them only to measure.")
+
     m.add_argument("--model", default=EngineConfig.model,
-                   help="hibari (embedded CPU voice, default), synthetic (test tones), orpheus, "
-                        "or a local path / hub id of an Orpheus checkpoint")
-    m.add_argument("--device", default=EngineConfig.device, choices=["auto", "cpu", "cuda"])
+                   help="hibari: the embedded English voice (CPU); synthetic: tones paced at "
+                        "real time (tests, gateway benchmarks); orpheus: Orpheus 3B "
+                        "(canopylabs/orpheus-3b-0.1-ft); tiny: a 2-layer toy Orpheus with "
+                        "Orpheus's vocabulary, for smoke tests (needs --load-format dummy); "
+                        "or a local directory / hub id of an Orpheus checkpoint")
+    m.add_argument("--device", default=EngineConfig.device, choices=["auto", "cpu", "cuda"],
+                   help="auto: CUDA when torch sees a GPU, else the CPU; hibari and synthetic "
+                        "run on the CPU only")
     m.add_argument("--load-format", default=EngineConfig.load_format, choices=["auto", "dummy"],
-                   help="dummy: random weights from the known config, no files (benchmarking)")
+                   help="auto: read the checkpoint; dummy: random weights from the known "
+                        "config, no files (benchmarks, smoke tests)")
     m.add_argument("--dtype", default=EngineConfig.dtype,
-                   choices=["auto", "bfloat16", "float16", "float32"])
-    m.add_argument("--codec", dest="codec_path", default=None,
-                   help="SNAC codec: local dir or hub id (default hubertsiuzdak/snac_24khz)")
-    m.add_argument("--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization)
-    m.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
-    m.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len)
-    m.add_argument("--max-num-decode-seqs", type=int, default=EngineConfig.max_num_decode_seqs,
-                   help="decode rows per step, earliest deadlines first; the rest wait a step "
-                        "(-1 auto: 384 on CUDA, 448 with --quantization fp8, no cap on the CPU; 0 no cap)")
-    m.add_argument("--decode-horizon-s", type=float, default=EngineConfig.decode_horizon_s,
-                   help="decode only jobs whose audio is due within this many seconds, so the "
-                        "step is short for those that need audio now (-1 auto: 1.0 on CUDA, off "
-                        "on the CPU; 0 off)")
-    m.add_argument("--decode-fill-seqs", type=int, default=EngineConfig.decode_fill_seqs,
-                   help="with a decode horizon, rows decoded anyway, earliest deadlines first "
-                        "(-1 auto: 256 on CUDA)")
-    m.add_argument("--prefill-wait-s", type=float, default=EngineConfig.prefill_wait_s,
-                   help="under load, a new prompt waits up to this long for others to share its "
-                        "prefill pass (-1 auto: 0.05 with CUDA graphs; 0 off)")
-    m.add_argument("--prefill-batch-seqs", type=int, default=EngineConfig.prefill_batch_seqs,
-                   help="prompts that go at once without waiting (-1 auto: 8 with CUDA graphs)")
-    m.add_argument("--hold-undue-prompts", default=EngineConfig.hold_undue_prompts, choices=["on", "off"],
-                   help="under load, prompts not due within the decode horizon (segments generated "
-                        "ahead) wait until due or until a step has room (off: not measured on a GPU)")
-    m.add_argument("--async-steps", default=EngineConfig.async_steps, choices=["auto", "on", "off"],
-                   help="launch each LM step before the previous step's tokens reach the host, "
-                        "rows continuing from them on the device (auto: on with CUDA graphs)")
-    m.add_argument("--mixed-graphs", default=EngineConfig.mixed_graphs, choices=["on", "off"],
-                   help="a step with decode rows and fresh prompts replays one CUDA graph (one pass "
-                        "over the weights) instead of two (off: on an H200 no more streams kept real time)")
-    m.add_argument("--async-plan", default=EngineConfig.async_plan, choices=["on", "off"],
-                   help="the decode graphs' attention plans send page ids to the GPU without waiting "
-                        "for the step in flight (on: engine steps 2-7%% shorter on an H200)")
-    m.add_argument("--decode-attention", default=EngineConfig.decode_attention, choices=list(DECODE_ATTENTION_KERNELS),
-                   help="FlashInfer's decode kernel in the CUDA graphs: its CUDA-core decode kernel, or "
-                        "its tensor-core prefill kernel (cuda-cores: tensor cores were slower at served contexts on an H200)")
-    m.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
-                   help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
-                        "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, 1387; "
-                        "0 auto: 1024, or 1536 while frames take over 35 ms, on CUDA)")
-    m.add_argument("--no-cuda-graphs", dest="enable_cuda_graphs", action="store_false")
-    m.add_argument("--kv-cache-dtype", default=EngineConfig.kv_cache_dtype, choices=["auto", "fp8"],
-                   help="fp8: KV cache pages in float8_e4m3fn, half the bytes (CUDA, bf16 only; "
-                        "see docs/orpheus.md 'fp8 option')")
-    m.add_argument("--quantization", default=EngineConfig.quantization, choices=["none", "fp8"],
-                   help="fp8: decoder linear weights in fp8 with per-channel scales, row-wise fp8 "
-                        "GEMMs (CUDA, compute capability >= 8.9)")
+                   choices=["auto", "bfloat16", "float16", "float32"],
+                   help="Orpheus weights and activations; auto: bfloat16 on CUDA, float32 on "
+                        "the CPU")
+    m.add_argument("--codec", dest="codec_path", default=None, metavar="DIR_OR_HUB_ID",
+                   help="SNAC codec for Orpheus: a local directory or hub id "
+                        "(default: hubertsiuzdak/snac_24khz)")
     m.add_argument("--synthetic-fast", dest="synthetic_realtime", action="store_false",
                    help="synthetic model: emit audio as fast as possible instead of at real time")
-    m.add_argument("--lookahead-jobs", type=int, default=CoreConfig.lookahead_jobs,
-                   help="segments generated ahead of the one being spoken")
-    lim = sp.add_argument_group("limits")
-    lim.add_argument("--max-streams", type=int, default=CoreConfig.max_streams,
+
+    g.add_argument("--host", default=GatewayConfig.host,
+                   help="address to bind; 0.0.0.0 for every interface")
+    g.add_argument("--port", type=int, default=GatewayConfig.port, help="port; 0 picks a free one")
+
+    lim.add_argument("--max-streams", type=int, default=CoreConfig.max_streams, metavar="N",
                      help="streams open at once over all connections; more get a retryable "
                           "`capacity` error (set it to the capacity `voxgate bench` measured)")
-    for name in ("max_text_chars_per_stream", "max_streams_per_connection", "max_frame_bytes",
-                 "max_outbox_bytes", "max_connections"):
-        lim.add_argument("--" + name.replace("_", "-"), type=int,
-                         default=getattr(GatewayConfig, name))
-    lim.add_argument("--idle-timeout-s", type=float, default=GatewayConfig.idle_timeout_s)
-    lim.add_argument("--engine-start-timeout-s", type=float,
-                     default=GatewayConfig.engine_start_timeout_s)
-    sp.add_argument("--debug-timestamps", action="store_true",
-                    help="add engine_t (engine emit time, CLOCK_MONOTONIC) to audio messages")
-    sp.add_argument("--log-level", default="INFO",
-                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    lim.add_argument("--max-streams-per-connection", type=int, metavar="N",
+                     default=GatewayConfig.max_streams_per_connection,
+                     help="streams open at once on one WebSocket; more get a `capacity` error")
+    lim.add_argument("--max-connections", type=int, metavar="N",
+                     default=GatewayConfig.max_connections,
+                     help="WebSocket connections at once; more are closed with 1013 (try again later)")
+    lim.add_argument("--max-text-chars-per-stream", type=int, metavar="N",
+                     default=GatewayConfig.max_text_chars_per_stream,
+                     help="text characters one stream may send in all")
+    lim.add_argument("--max-frame-bytes", type=int, metavar="BYTES",
+                     default=GatewayConfig.max_frame_bytes,
+                     help="largest client frame; larger ones close the connection with 1009")
+    lim.add_argument("--max-outbox-bytes", type=int, metavar="BYTES",
+                     default=GatewayConfig.max_outbox_bytes,
+                     help="audio waiting for one slow client; past it the connection closes "
+                          "with 1008")
+    lim.add_argument("--idle-timeout-s", type=float, metavar="S",
+                     default=GatewayConfig.idle_timeout_s,
+                     help="a connection with no frame and no open stream for this long is "
+                          "closed with 1001")
+    lim.add_argument("--engine-start-timeout-s", type=float, metavar="S",
+                     default=GatewayConfig.engine_start_timeout_s,
+                     help="how long the engine may take to load and warm up before start-up fails")
+
+    st.add_argument("--lookahead-jobs", type=int, default=CoreConfig.lookahead_jobs, metavar="N",
+                    help="segments of a stream generated ahead of the one being spoken")
+
+    dbg.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                     help="log level of the gateway and engine processes")
+    dbg.add_argument("--debug-timestamps", action="store_true",
+                     help="add engine_t (engine emit time, CLOCK_MONOTONIC) to audio messages")
+
+    gpu.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",
+                     default=EngineConfig.gpu_memory_utilization,
+                     help="fraction of the GPU's memory for weights, KV cache and graphs")
+    gpu.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs, metavar="N",
+                     help="segments generating at once (KV cache and batch slots); a stream "
+                          "holds two, the one spoken and the one generated ahead")
+    gpu.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len, metavar="TOKENS",
+                     help="prompt and audio tokens per segment")
+    gpu.add_argument("--quantization", default=EngineConfig.quantization, choices=["none", "fp8"],
+                     help="fp8: decoder linear weights in fp8 with per-channel scales, row-wise "
+                          "fp8 GEMMs (CUDA, compute capability >= 8.9)")
+    gpu.add_argument("--kv-cache-dtype", default=EngineConfig.kv_cache_dtype, choices=["auto", "fp8"],
+                     help="fp8: KV cache pages in float8_e4m3fn, half the bytes (CUDA, bf16 only; "
+                          "see docs/orpheus.md 'fp8 option')")
+    gpu.add_argument("--no-cuda-graphs", dest="enable_cuda_graphs", action="store_false",
+                     help="run the model eagerly instead of replaying captured CUDA graphs "
+                          "(slower; for debugging)")
+
+    tune.add_argument("--max-num-decode-seqs", type=int, metavar="N",
+                      default=EngineConfig.max_num_decode_seqs,
+                      help="decode rows per step, earliest deadlines first; the rest wait a step "
+                           "(-1 auto: 384 on CUDA, 448 with --quantization fp8, no cap on the "
+                           "CPU; 0 no cap)")
+    tune.add_argument("--decode-horizon-s", type=float, default=EngineConfig.decode_horizon_s,
+                      metavar="S",
+                      help="decode only jobs whose audio is due within this many seconds, so the "
+                           "step is short for those that need audio now (-1 auto: 1.0 on CUDA, "
+                           "off on the CPU; 0 off)")
+    tune.add_argument("--decode-fill-seqs", type=int, default=EngineConfig.decode_fill_seqs,
+                      metavar="N",
+                      help="with a decode horizon, rows decoded anyway, earliest deadlines first "
+                           "(-1 auto: 256 on CUDA)")
+    tune.add_argument("--prefill-wait-s", type=float, default=EngineConfig.prefill_wait_s,
+                      metavar="S",
+                      help="under load, a new prompt waits up to this long for others to share "
+                           "its prefill pass (-1 auto: 0.05 with CUDA graphs; 0 off)")
+    tune.add_argument("--prefill-batch-seqs", type=int, default=EngineConfig.prefill_batch_seqs,
+                      metavar="N",
+                      help="prompts that go at once without waiting (-1 auto: 8 with CUDA graphs)")
+    tune.add_argument("--hold-undue-prompts", default=EngineConfig.hold_undue_prompts,
+                      choices=["on", "off"],
+                      help="under load, prompts not due within the decode horizon (segments "
+                           "generated ahead) wait until due or until a step has room (off: not "
+                           "measured on a GPU)")
+    tune.add_argument("--async-steps", default=EngineConfig.async_steps, choices=["auto", "on", "off"],
+                      help="launch each LM step before the previous step's tokens reach the host, "
+                           "rows continuing from them on the device (auto: on with CUDA graphs)")
+    tune.add_argument("--mixed-graphs", default=EngineConfig.mixed_graphs, choices=["on", "off"],
+                      help="a step with decode rows and fresh prompts replays one CUDA graph (one "
+                           "pass over the weights) instead of two (off: on an H200 no more "
+                           "streams kept real time)")
+    tune.add_argument("--async-plan", default=EngineConfig.async_plan, choices=["on", "off"],
+                      help="the decode graphs' attention plans send page ids to the GPU without "
+                           "waiting for the step in flight (on: engine steps 2-7%% shorter on an "
+                           "H200)")
+    tune.add_argument("--decode-attention", default=EngineConfig.decode_attention,
+                      choices=list(DECODE_ATTENTION_KERNELS),
+                      help="FlashInfer's decode kernel in the CUDA graphs: its CUDA-core decode "
+                           "kernel, or its tensor-core prefill kernel (cuda-cores: tensor cores "
+                           "were slower at served contexts on an H200)")
+    tune.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
+                      metavar="SAMPLES",
+                      help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
+                           "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, "
+                           "1387; 0 auto: 1024, or 1536 while frames take over 35 ms, on CUDA)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="voxgate", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the WebSocket gateway and its engine")
+    parser = argparse.ArgumentParser(prog="voxgate", description=_DESCRIPTION, epilog=_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench}",
+                                title="commands")
+    serve = sub.add_parser("serve", help="run the WebSocket gateway and its engine",
+                           description=_SERVE_DESCRIPTION, formatter_class=_HelpFormatter,
+                           usage="%(prog)s [options]  (all of them below)")
     _add_serve_args(serve)
     sub.add_parser("bench", help="the latency benchmark client (voxgate bench --help)",
                    add_help=False)
     return parser
+
+
+def check_device(config: EngineConfig, *,
+                 cuda_probe: Callable[[], str | None] | None = None) -> str | None:
+    """Why ``config.device`` cannot work here, in one line, or None. ``--device cuda`` needs a
+    model that runs on a GPU and a GPU that torch sees (probed in a child process, so that
+    the gateway never imports torch)."""
+    if config.device != "cuda":
+        return None
+    if config.model in CPU_ONLY_MODELS:
+        return (f"--device cuda: the {config.model} model runs on the CPU only "
+                "(use --device auto or cpu, or an Orpheus model for the GPU)")
+    return (cuda_probe or probe_cuda)()
+
+
+# Run in a child process: importing torch (and initialising CUDA) stays out of the gateway.
+_PROBE = """\
+import sys
+try:
+    import torch
+except ImportError:
+    sys.exit("torch is not installed")
+if torch.version.cuda is None:
+    sys.exit(f"torch {torch.__version__} is a CPU build")
+if not torch.cuda.is_available():
+    sys.exit(f"torch {torch.__version__} sees no CUDA GPU")
+"""
+
+
+def probe_cuda(timeout_s: float = 120.0) -> str | None:
+    """None when torch sees a CUDA GPU, else why not (one line)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return f"--device cuda: torch did not answer within {timeout_s:g} s whether it sees a GPU"
+    if done.returncode == 0:
+        return None
+    lines = (done.stderr.strip() or "unknown error").splitlines()
+    return (f"--device cuda: {lines[-1]}; use --device cpu (or auto), or install the GPU "
+            "stack (pip install -e \".[gpu]\") on a machine with an NVIDIA GPU")
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[GatewayConfig, EngineConfig]:
@@ -163,6 +310,12 @@ def _run(coro: object) -> int:
     return uvloop.run(coro)  # type: ignore[arg-type]
 
 
+def _usage_error(message: str) -> int:
+    """One line on stderr and exit status 2, as argparse does for a bad flag."""
+    print(f"voxgate serve: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
@@ -176,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         gateway_config, engine_config = configs_from_args(args)
     except ValueError as exc:
-        parser.error(str(exc))
+        return _usage_error(str(exc))
+    problem = check_device(engine_config)
+    if problem is not None:
+        return _usage_error(problem)
     return _run(_serve(gateway_config, engine_config, args.log_level))
 
 

@@ -1,8 +1,5 @@
-"""Fixtures: a tiny random Orpheus-vocab Llama checkpoint (HF layout), our model on its weights,
-and helpers to build a runner / scheduler / LMBackend around it.
-
-The checkpoint builder is shared with tests/models/orpheus (same tiny config and tokenizer).
-"""
+"""Fixtures: a tiny random Orpheus-vocabulary Llama checkpoint (shared with tests/models/orpheus),
+our model on its weights, and builders of a runner, scheduler and LMBackend around it."""
 
 from __future__ import annotations
 

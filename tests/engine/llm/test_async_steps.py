@@ -1,7 +1,5 @@
-"""Asynchronous steps (``LMBackend(async_steps=True)``): step N+1 is scheduled and launched
-before step N's tokens reach the host. The tokens and the audio must be those of the
-synchronous loop: every row is sampled from its own noise, so a wasted row (a sequence that
-stopped at N, still in N+1) changes no other row."""
+"""Asynchronous steps (``LMBackend(async_steps=True)``) give the tokens and audio of the
+synchronous loop."""
 
 from __future__ import annotations
 
@@ -11,6 +9,8 @@ import torch
 from engine.llm.sequence import PENDING
 from tests.engine.llm.conftest import TokenProgram, drain, make_backend, make_orpheus_program
 
+# Every row is sampled from its own noise, so a wasted row (a sequence that stopped at step N,
+# still in N+1, launched before N's tokens reached the host) changes no other row.
 SAMPLED = dict(temperature=0.9, top_p=0.95, repetition_penalty=1.1)
 
 

@@ -1,11 +1,5 @@
-"""CPU tests of the FlashInfer backend's planning and K/V writes, against a torch stand-in.
-
-The stand-in ``flashinfer`` module below implements the two wrappers' documented semantics
-(paged NHD cache, decode over whole sequences, prefill causal to the end of each sequence) in
-plain torch, so the backend's slicing of mixed batches and its fixed-buffer graph mode are
-checked against ``TorchPagedAttention`` without a GPU. The real kernels are checked on the GPU
-by ``benchmark.gpu_check`` and ``tests/engine/llm/test_gpu.py``.
-"""
+"""CPU tests of the FlashInfer backend's planning and K/V writes against a torch stand-in of its
+wrappers (the real kernels: tests/engine/llm/test_gpu.py and ``benchmark.gpu.gpu_check``)."""
 
 from __future__ import annotations
 
@@ -36,6 +30,9 @@ def _attend(q, cache, pages, kv_len, causal):  # noqa: ANN001
 
 
 class _FakeWrapper:
+    """FlashInfer's wrappers as documented, in plain torch: a paged NHD cache, decode over whole
+    sequences, prefill causal to the end of each sequence."""
+
     def __init__(self, workspace, layout, use_cuda_graph=False, paged_kv_indptr_buffer=None,  # noqa: ANN001
                  paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None, use_tensor_cores=False) -> None:
         assert layout == "NHD"

@@ -1,10 +1,5 @@
-"""fp8 option: weight/activation quantisation, fp8 linears in the model and the fused forward,
-the fp8 KV cache through the paged attention backends, and the option's validation.
-
-Numerics are checked against float references (the unquantised matmul, the fp32 model, fp32
-attention) with bounds derived from e4m3's 3 mantissa bits, never against numbers this code
-produced. The real ``torch._scaled_mm`` GPU path is checked in the GPU-marked tests at the end.
-"""
+"""fp8 option: quantisation, fp8 linears, the fp8 KV cache and the option's validation, against
+float references with bounds from e4m3's precision (GPU-marked tests at the end)."""
 
 from __future__ import annotations
 

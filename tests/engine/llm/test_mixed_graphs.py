@@ -1,8 +1,5 @@
-"""``MixedGraphs``: decode rows and fresh prompts in one graph replay (one pass over the
-weights). On the CPU the replay is emulated (the step function runs on the graph's static
-buffers), so what is tested is the packing: decode rows padded to a bucket, prompts packed and
-padded behind them, one sampler call, outputs split back; the tokens must be those of the two
-separate replays."""
+"""``MixedGraphs``: decode rows and fresh prompts packed into one (CPU-emulated) replay give the
+tokens of two separate replays."""
 
 from __future__ import annotations
 

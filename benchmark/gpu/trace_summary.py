@@ -1,12 +1,7 @@
-"""Where the GPU's time went in a torch.profiler Chrome trace (``engine.torch_profile``'s
-``engine_trace.json.gz`` from a served engine, or any such trace):
-``python -m benchmark.trace_summary engine_trace.json.gz --steps 50``.
+"""Where the GPU's time went in a torch.profiler Chrome trace (the served engine's
+``engine_trace.json.gz``): busy and idle time, streams, gaps, top kernels, per step.
 
-Prints the window the kernels span, how much of it the GPU was busy (the union of every
-kernel on every stream) and idle, each CUDA stream's busy time, the idle gaps between kernels
-(count, total, longest), and the kernels with the most device time, in ms per step (the
-window's figures divided by ``--steps``).
-"""
+    python -m benchmark.gpu.trace_summary engine_trace.json.gz --steps 40"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``benchmark.engine_profile`` on the CPU with the tiny random Orpheus: the phases are timed
+"""``benchmark.gpu.engine_profile`` on the CPU with the tiny random Orpheus: the phases are timed
 and, with ``--prompts-per-step``, every measured step also carries that many fresh prompts."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmark.engine_profile import main
+from benchmark.gpu.engine_profile import main
 
 pytestmark = pytest.mark.slow
 

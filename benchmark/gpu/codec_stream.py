@@ -1,20 +1,7 @@
-"""SNAC decode cost per frame: window re-decode (``decode_requests``) vs stateful ``StreamingSnac``.
+"""SNAC decode cost per frame on the GPU or CPU: the window re-decode against the stateful
+``StreamingSnac``, or (``--compare``) the stateful step's implementations (benchmark/gpu/README.md).
 
-Full-width SNAC 24 kHz with random weights. Both sides decode one new frame for each of
-``--batch`` streams per call, side by side in one run: the old path re-decodes a 6-frame
-window per stream (``StreamingDecoder``'s ``WindowRequest``), the new one runs the frame once
-through the per-slot state (``StreamingSnac.step``). Prints medians of ``--runs`` calls.
-
-    python -m benchmark.codec_stream --batch 16 --runs 7 [--device cpu] [--dtype float32]
-    python -m benchmark.codec_stream --device cuda --graphs --batch 256 --runs 50 --dtype bfloat16
-
-``--compare`` times ``StreamingSnac.step`` paths side by side instead (no window decode), for
-several batch sizes and dtypes in one run: ``ncw`` (the original [B, C, T] step), ``nwc``
-(channels-last, eager) and ``compiled`` (channels-last under ``torch.compile``):
-
-    python -m benchmark.codec_stream --compare --device cuda --graphs --batches 16 64 128 \
-        --dtypes float32 bfloat16 --paths ncw nwc compiled --runs 30
-"""
+    python -m benchmark.gpu.codec_stream --device cuda --graphs --batch 256 --runs 50 --dtype bfloat16"""
 
 from __future__ import annotations
 
@@ -48,7 +35,7 @@ def _timed(fn, device: torch.device) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--runs", type=int, default=7)
     p.add_argument("--device", default="cpu")

@@ -1,22 +1,7 @@
-"""Where one engine step's time goes, on the real Orpheus backend (GPU machine).
+"""Where one engine step's time goes, phase by phase, on the real Orpheus backend (GPU machine;
+``--model tiny --device cpu`` on the CPU); benchmark/gpu/README.md.
 
-Builds ``build_orpheus_backend`` (Orpheus-3B, ``--load-format dummy`` random weights by default),
-keeps ``B`` jobs decoding, and times each ``LMBackend.step`` and its phases: ``schedule``,
-``launch`` (inputs, attention plan, graph replay: host work), ``collect`` (the previous step's
-audio: waits for its codec work, then chunks), ``wait`` (for this step's tokens: the GPU time
-not hidden behind the host work), ``update``, ``audio_in`` (host bookkeeping of the new tokens
-and starting their codec work); ``other`` is the rest. Medians over the measured steps.
-
-``--prompts-per-step N`` adds N fresh one-token jobs before every measured step, so each step
-also prefills N prompts (prompts do not wait for company here): with ``--mixed-graphs on`` they
-ride in the decode rows' graph, with ``off`` they get a prefill replay of their own.
-
-    python -m benchmark.engine_profile --batch 1,64,128,256 --steps 100 [--profile 256] [--json F]
-    python -m benchmark.engine_profile --batch 256,320 --prompts-per-step 4 --mixed-graphs compare
-    python -m benchmark.engine_profile --batch 64,256 --async-plan compare
-
-``--model tiny --device cpu`` runs the same path on the CPU (for tests of this script).
-"""
+    python -m benchmark.gpu.engine_profile --batch 1,64,128,256 --steps 100 [--json F]"""
 
 from __future__ import annotations
 
@@ -182,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                              "on, as the engine's default); compare: both, one after the other on the same engine")
     parser.add_argument("--decode-attention", default="cuda-cores", choices=["cuda-cores", "tensor-cores"],
                         help="FlashInfer's decode kernel in the graphs (fixed at capture: one per run; "
-                             "benchmark.decode_attention compares the kernels alone)")
+                             "benchmark.gpu.decode_attention compares the kernels alone)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="engine.llm.fp8 (CUDA)")
     parser.add_argument("--quantization", default="none", choices=["none", "fp8"], help="engine.llm.fp8 (CUDA)")
     parser.add_argument("--json", default=None, help="write the figures here")

@@ -1,18 +1,7 @@
-"""FlashInfer paged decode attention alone, on the GPU: the CUDA-core kernel against the
-tensor-core one, bf16 and fp8 KV pages (``python -m benchmark.decode_attention``).
+"""FlashInfer's paged decode attention alone at Orpheus-3B's shape, CUDA-core against tensor-core
+kernel, bf16 and fp8 pages, in CUDA graphs (GPU only; benchmark/gpu/README.md).
 
-Orpheus-3B's shape (24 query heads, 8 KV heads, head_dim 128, pages of 16 tokens). Each case
-captures ``--layers`` decode calls in one CUDA graph (as the engine's decode step does, one
-per layer, each over its own layer's cache) and times replays with CUDA events; prints the
-median time per layer and the KV bytes read per second, and writes every figure to ``--json``.
-Pages are handed out in a random order, as after a while of serving.
-
-    python -m benchmark.decode_attention --batch 256,384,512 --context 128,256,512 --kv-dtype bf16,fp8
-
-A case that FlashInfer refuses (a kernel without that dtype) prints its error and the run goes
-on. The kernels are JIT-compiled on first use (the tensor-core one is FlashInfer's prefill
-kernel: about 1.5 min the first time on the H200 machine).
-"""
+    python -m benchmark.gpu.decode_attention --batch 256,384,512 --context 128,256,512 --kv-dtype bf16,fp8"""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""GPU check and figures for the Orpheus engine on one GPU (``python -m benchmark.gpu_check``).
+"""The Orpheus engine on one GPU: the GPU path against the CPU path on a tiny checkpoint, then step
+time, time to first audio and codec time at Orpheus-3B size (benchmark/gpu/README.md).
 
-1. Correctness on a tiny random checkpoint (head_dim 128, GQA 3:1 like Orpheus):
-   GPU path (bf16 weights and KV cache, FlashInfer) against the CPU path (fp32,
-   ``TorchPagedAttention``) over prefill, decode and mixed steps; CUDA-graph replay against
-   eager on the GPU; the SNAC decoder as a CUDA graph against eager.
-2. Figures at full Orpheus-3B size, random weights (``load_format="dummy"``), bf16:
-   decode step time per batch size (graph replay, and the runner's whole ``execute``),
-   single-stream time to first audio, SNAC decode time per chunk.
-
-Prints a table last and writes every figure to ``<out>/gpu_check.json``.
-"""
+    python -m benchmark.gpu.gpu_check --out OUT [--skip-full]"""
 
 from __future__ import annotations
 
@@ -504,7 +496,7 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmark.gpu_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmark.gpu.gpu_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"), help="folder for gpu_check.json")
     p.add_argument("--skip-full", action="store_true", help="only the tiny correctness checks")
     p.add_argument("--batches", type=list_type(number_type(int, 1)), default=[1, 8, 64, 256],

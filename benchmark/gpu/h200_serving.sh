@@ -7,7 +7,7 @@
 # underruns (timeline_bench.txt, benchmark.timeline); then, if OVERHEAD_LEVELS is set, the gateway's added latency
 # with the synthetic engine.
 #
-#   bash benchmark/h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]
+#   bash benchmark/gpu/h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]
 #
 # LEVELS2: a second sweep on the same server, first starts spread over RAMP2_S (default 10 s).
 # SUMMARY_ONLY=1: the text outputs in one summary.txt (the JSON files stay), so two runs of
@@ -31,7 +31,7 @@
 # SAVE_CACHES=1: both caches, as this run left them, into OUT/fi_cache.tgz and OUT/inductor.tgz
 # (two of the eight returned files), to copy into .fi_cache/ here for the next fresh machine.
 set -uo pipefail
-out=${1:?usage: h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]}
+out=${1:?usage: benchmark/gpu/h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]}
 levels=${2:-1,32,128,256}
 max_tokens=${3:-287}  # 41 frames = 3.5 s per segment; a 30-50 word prompt is ~3 segments
 mkdir -p "$out"
@@ -50,11 +50,11 @@ lscpu | grep -E 'Model name|^CPU\(s\)' | tee -a "$out/gpu.txt"
 if [ -n "${PROFILE_BATCHES:-}" ]; then
   echo "== codec: window re-decode vs stateful step (64 rows)"
   for dt in float32 bfloat16; do
-    timeout 60 python3 -m benchmark.codec_stream --device cuda --graphs --batch 64 --runs 30 --dtype $dt 2>&1 \
+    timeout 60 python3 -m benchmark.gpu.codec_stream --device cuda --graphs --batch 64 --runs 30 --dtype $dt 2>&1 \
       | grep -v Warn | tail -3 | tee -a "$out/codec.txt"
   done
   echo "== engine step profile"
-  timeout 200 python3 -m benchmark.engine_profile --batch "$PROFILE_BATCHES" --steps 40 --json "$out/profile.json" \
+  timeout 200 python3 -m benchmark.gpu.engine_profile --batch "$PROFILE_BATCHES" --steps 40 --json "$out/profile.json" \
     > "$out/profile.log" 2>&1
   grep -A12 "engine step on" "$out/profile.log" | tee "$out/profile.txt"
 fi

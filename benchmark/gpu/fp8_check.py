@@ -1,32 +1,7 @@
-"""fp8 option check on one GPU: ``python -m benchmark.fp8_check --json fp8.json [--quick]``.
+"""The fp8 options on one GPU: logit deviation, K/V range, decode step time and memory for bf16,
+fp8 KV cache, fp8 weights and both (benchmark/gpu/README.md).
 
-What it measures, on random ("dummy") Orpheus-3B weights, the same weights for every variant
-(bf16; kv-fp8 = fp8 KV cache; w-fp8 = fp8 decoder weights; w+kv-fp8 = both):
-
-1. Logit deviation. ``--prompts`` prompts are prefilled together, then ``--steps`` decode steps
-   run, every variant fed the same tokens (the fp32 run's greedy picks), so only the numerics
-   differ. Per variant: max |logit - reference|, relative error ||logits - ref|| / ||ref|| (worst
-   step), and top-1 agreement (over the full vocabulary and over the 28,672 audio ids), against
-   bf16 and against an fp32 reference (fp32 weights, torch attention) that puts bf16's own error
-   in scale. Prefill uses the torch paged attention on the GPU (it reads K/V back from the
-   cache, fp8 included); decode steps are the engine's CUDA graphs (fused forward, FlashInfer
-   decode, sampler). Random weights: a real checkpoint's deviation may differ.
-2. K/V range in the bf16 run's cache (the fp8 KV cache stores values with scale 1.0): max |K|,
-   max |V|, the fraction beyond 448 (would saturate) and below 2^-6 (e4m3 subnormals).
-3. Decode step time: one whole decode step (fused forward, audio-ids head, sampler) replayed as
-   one CUDA graph, ``--context``-token contexts of random K/V, median of CUDA-event timed
-   replays, per batch size and variant.
-4. Memory: decoder-layer weight bytes and KV bytes per page, bf16 vs fp8.
-5. (only with ``--flashinfer-prefill``) The engine's eager FlashInfer
-   attention (decode + prefill rows in one step, as mixed steps run) over fp8 pages against the
-   torch paged attention on the same pages (FlashInfer JIT-compiles its fp8 prefill: ~1.5 min).
-6. (only with ``--engine``) The serving path: ``build_orpheus_backend`` with both fp8 options
-   (dummy weights, CUDA graphs, warm-up), then ``--engine-jobs`` jobs run to the end together:
-   start-up time, KV pages, whether every job finished without an error (and its audio).
-
-Prints a table at the end (and after each section) and writes every figure to ``--json``.
-Reuses ``benchmark.gpu_check``'s helpers.
-"""
+    python -m benchmark.gpu.fp8_check --json fp8.json [--quick] [--engine] [--flashinfer-prefill]"""
 
 from __future__ import annotations
 
@@ -41,7 +16,7 @@ from typing import Any
 import torch
 
 from benchmark.args import list_type, number_type
-from benchmark.gpu_check import (
+from benchmark.gpu.gpu_check import (
     AUDIO_BASE,
     NUM_AUDIO_IDS,
     PAGE,
@@ -404,7 +379,7 @@ def table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmark.fp8_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmark.gpu.fp8_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", required=True, help="path of the JSON report")
     p.add_argument("--quick", action="store_true", help="fewer batches, steps and replays")
     p.add_argument("--batches", type=list_type(number_type(int, 1)), default=None,

@@ -8,12 +8,11 @@ import pytest
 
 
 @pytest.mark.parametrize("module, args", [
-    ("benchmark.gpu_check", ["--batches", "1,x"]),
-    ("benchmark.gpu_check", ["--ttfa-lookahead", "-5"]),
-    ("benchmark.fp8_check", ["--batches", "0"]),
-    ("benchmark.sampler_bench", ["--batch", ","]),
-    ("benchmark.decode_attention", ["--batch", "256,0"]),
-    ("benchmark.decode_attention", ["--kernel", "cuda-cores,tpu"]),
+    ("benchmark.gpu.gpu_check", ["--batches", "1,x"]),
+    ("benchmark.gpu.gpu_check", ["--ttfa-lookahead", "-5"]),
+    ("benchmark.gpu.fp8_check", ["--batches", "0"]),
+    ("benchmark.gpu.decode_attention", ["--batch", "256,0"]),
+    ("benchmark.gpu.decode_attention", ["--kernel", "cuda-cores,tpu"]),
 ])
 def test_bad_lists_are_refused_with_a_message(module, args, capsys) -> None:
     main = importlib.import_module(module).main

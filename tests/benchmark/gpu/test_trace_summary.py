@@ -1,3 +1,5 @@
+"""Tests for benchmark.gpu.trace_summary: where the GPU's time went in a Chrome trace."""
+
 from __future__ import annotations
 
 import gzip
@@ -5,7 +7,7 @@ import json
 
 import pytest
 
-from benchmark.trace_summary import format_summary, main, summarise
+from benchmark.gpu.trace_summary import format_summary, main, summarise
 
 
 def _kernel(name: str, ts: float, dur: float, stream: int) -> dict:
