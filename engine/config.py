@@ -95,7 +95,7 @@ class EngineConfig:
         resolved = resolve(self.model)  # an unknown name lists what is served
         check_requirements(resolved)  # a missing package names the extra to install
         if self.device == "cuda" and resolved.entry.device == "cpu":
-            raise ValueError(f"--model {resolved.entry.name} runs on the CPU only; --device cuda does not apply")
+            raise ValueError(f"--device cuda does not apply to --model {resolved.entry.name}: it runs on the CPU only")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.load_format not in ("auto", "dummy"):

@@ -15,13 +15,10 @@ from engine.config import DECODE_ATTENTION_KERNELS, EngineConfig
 from engine.core import CoreConfig
 from gateway.config import GatewayConfig
 
-__all__ = ["main", "build_parser", "configs_from_args", "check_device", "probe_cuda", "CPU_ONLY_MODELS"]
+__all__ = ["main", "build_parser", "configs_from_args", "check_device", "probe_cuda"]
 
 log = logging.getLogger("voxgate")
 
-
-# Models that run on the CPU only (``--device cuda`` is an error for them).
-CPU_ONLY_MODELS = ("hibari", "synthetic")
 
 _DESCRIPTION = """\
 voxgate: a real-time streaming TTS gateway. Text goes in over a WebSocket, a word
@@ -218,13 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
 def check_device(config: EngineConfig, *,
                  cuda_probe: Callable[[], str | None] | None = None) -> str | None:
     """Why ``config.device`` cannot work here, in one line, or None. ``--device cuda`` needs a
-    model that runs on a GPU and a GPU that torch sees (probed in a child process, so that
-    the gateway never imports torch)."""
+    GPU that torch sees (probed in a child process, so that the gateway never imports torch);
+    a CPU-only model with it is refused by ``EngineConfig`` (``models.registry``)."""
     if config.device != "cuda":
         return None
-    if config.model in CPU_ONLY_MODELS:
-        return (f"--device cuda: the {config.model} model runs on the CPU only "
-                "(use --device auto or cpu, or an Orpheus model for the GPU)")
     return (cuda_probe or probe_cuda)()
 
 

@@ -107,7 +107,7 @@ def no_serving(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "_run", refuse)
 
 
-@pytest.mark.parametrize("model", cli.CPU_ONLY_MODELS)
+@pytest.mark.parametrize("model", ["hibari", "synthetic"])
 def test_device_cuda_with_a_cpu_only_model_is_a_one_line_error(
         model: str, no_serving: None, capsys: pytest.CaptureFixture[str]) -> None:
     """`--device cuda` with hibari or synthetic exits 2 with one line naming the model."""
