@@ -91,3 +91,81 @@ def reference_outputs(root: Path, work: Path) -> dict:
     jobs_file.write_text(json.dumps(JOBS))
     run_reference(["run", str(root), str(jobs_file), str(out)], timeout_s=900)
     return torch.load(out)
+
+
+def load_ours(root: Path, name: str):
+    from models.qwen3_tts.loader import load_qwen3_tts
+
+    return load_qwen3_tts(root / name, dtype=torch.float32)
+
+
+def our_prompt(loaded, job: dict, xvector: torch.Tensor | None = None):
+    """(Prompt, embeds [P, H]) for a generation job, built by our prompt code."""
+    from models.qwen3_tts.prompt import build_prompt
+
+    tok, cfg, talker = loaded.tokenizer, loaded.config, loaded.model.talker
+    clone = job["mode"] == "clone"
+    p = build_prompt(cfg, tok.text_ids(job["text"]), role_ids=tok.role_ids, language=job["language"],
+                     speaker=None if clone else job["speaker"], xvector=clone,
+                     instruct_ids=tok.instruct_ids(job["instruct"]) if job.get("instruct") else None,
+                     dual_track=not job["non_streaming"])
+    packed = torch.tensor(p.packed, dtype=torch.int64)
+    xv = None
+    if clone:
+        xv = torch.zeros(len(p.packed), cfg.talker.hidden_size)
+        xv[p.xvector_rows] = xvector
+    with torch.no_grad():
+        return p, talker.embed_prompt(packed, xv)
+
+
+def text_track_id(prompt, config, k: int) -> int:
+    """The text-track id of decode row k (0 = the first frame's feedback)."""
+    if k < len(prompt.text_track):
+        return prompt.text_track[k]
+    if k == len(prompt.text_track) and prompt.eos_pending:
+        return config.tts_eos_token_id
+    return config.tts_pad_token_id
+
+
+def greedy_generate(loaded, prompt, embeds: torch.Tensor, max_frames: int, *, repetition_penalty: float = 1.05,
+                    eos_scale: float | None = None) -> torch.Tensor:
+    """Our own loop over our modules, greedy: codes [frames, 16] up to (not including) eos."""
+    from tests.models.orpheus.dense_attention import DenseAttention
+
+    from models.qwen3_tts.code_predictor import MIN_FRAMES_BEFORE_EOS, code0_mask, decode_frame
+
+    talker, cfg = loaded.model.talker, loaded.config
+    eos = cfg.talker.codec_eos_token_id
+    head = talker.codec_head.weight
+    saved = head[eos].clone()
+    if eos_scale:
+        head.data[eos] *= eos_scale
+    seen: list[int] = []
+
+    def sample(logits: torch.Tensor, salt: int) -> torch.Tensor:
+        if salt == 0 and seen and repetition_penalty != 1.0:  # HF's penalty over generated code-0 ids
+            idx = torch.tensor(sorted(set(seen)))
+            col = logits[:, idx]
+            logits = logits.clone()
+            logits[:, idx] = torch.where(col < 0, col * repetition_penalty, col / repetition_penalty)
+        return logits.argmax(-1)
+
+    allowed = code0_mask(cfg.talker)
+    attn = DenseAttention(cfg.talker.num_hidden_layers)
+    frames = []
+    try:
+        with torch.no_grad():
+            n = embeds.shape[0]
+            h = talker(embeds, torch.arange(n), attn)[-1:]
+            for k in range(max_frames):
+                codes = decode_frame(talker, h, sample, allowed=allowed,
+                                     eos_ok=torch.tensor([k >= MIN_FRAMES_BEFORE_EOS]))
+                seen.append(int(codes[0, 0]))
+                if int(codes[0, 0]) == eos:
+                    break
+                frames.append(codes[0])
+                x = talker.embed_decode(torch.tensor([text_track_id(prompt, cfg, k)]), codes)
+                h = talker(x, torch.tensor([n + k]), attn)
+    finally:
+        head.data[eos] = saved
+    return torch.stack(frames) if frames else torch.zeros(0, 16, dtype=torch.int64)
