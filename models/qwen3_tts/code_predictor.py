@@ -130,12 +130,15 @@ def code0_mask(config: TalkerConfig, device: torch.device | str | None = None) -
 
 
 def decode_frame(talker: nn.Module, hidden: Tensor, sample: SampleFn, *, allowed: Tensor,
-                 eos_ok: Tensor | None = None) -> Tensor:
+                 eos_ok: Tensor | None = None, slots: Tensor | None = None,
+                 last_codes: Tensor | None = None) -> Tensor:
     """One frame per row: talker hidden [B, H] -> codes [B, G] (codebook 0 may be eos).
 
     ``allowed`` is ``code0_mask(...)`` (pass one tensor, built once). ``eos_ok`` bool [B]: rows that
     may stop now (the reference forbids eos before frame ``MIN_FRAMES_BEFORE_EOS``); None = all.
-    Salt 0 samples codebook 0, salt k codebook k.
+    Salt 0 samples codebook 0, salt k codebook k. With ``slots`` [B] and ``last_codes``
+    [num_slots, G] (the per-slot device state the next decode row embeds), the codes are also
+    written there (padding rows should point at a scratch slot).
     """
     cfg = talker.config
     logits = talker.codec_logits(hidden)  # [B, V] float32
@@ -146,4 +149,9 @@ def decode_frame(talker: nn.Module, hidden: Tensor, sample: SampleFn, *, allowed
         mask = mask & ~(eos[None, :] & ~eos_ok[:, None])
     code0 = sample(logits.masked_fill(~mask, float("-inf")), 0)  # [B]
     rest = talker.code_predictor.predict(hidden, talker.model.codec_embedding(code0), sample)  # [B, G-1]
-    return torch.cat((code0[:, None], rest), dim=1)
+    codes = torch.cat((code0[:, None], rest), dim=1)
+    if last_codes is not None:
+        if slots is None:
+            raise ValueError("decode_frame: last_codes needs slots")
+        last_codes.index_copy_(0, slots, codes)
+    return codes

@@ -223,6 +223,10 @@ class Talker(nn.Module):
         """Decode rows: text-track ids [B] and the previous frame's codes [B, G] -> [B, H]."""
         return self.embed_codes(last_codes) + self.embed_text(text_ids)
 
+    def embed_decode_slots(self, text_ids: Tensor, slots: Tensor, last_codes: Tensor) -> Tensor:
+        """Decode rows from the per-slot state: text ids [B], slots [B], last_codes [S, G] -> [B, H]."""
+        return self.embed_decode(text_ids, last_codes.index_select(0, slots))
+
     # -- stack and head -----------------------------------------------------------------------
     def forward(self, embeds: Tensor, positions: Tensor, attn: AttentionBackend) -> Tensor:
         """embeds [T, H], positions [T] -> final-normed hidden [T, H]."""

@@ -82,3 +82,23 @@ def test_decode_frame_batch_rows_are_independent(ckpt_root):
     assert batch.tolist() == torch.cat(rows).tolist()
     assert batch.shape == (3, 16)
     assert int(batch[:, 0].max()) < 2048 or int(batch[:, 0].max()) == loaded.config.talker.codec_eos_token_id
+
+
+def test_decode_frame_writes_last_codes_and_slot_embedding_matches(ckpt_root):
+    """decode_frame writes each row's codes into last_codes[slot]; embed_decode_slots reads them."""
+    from models.qwen3_tts.code_predictor import code0_mask, decode_frame
+
+    loaded = load_ours(ckpt_root, "custom")
+    talker = loaded.model.talker
+    last = torch.zeros(5, 16, dtype=torch.int64)
+    slots = torch.tensor([3, 1])
+    h = torch.randn(2, 64, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        codes = decode_frame(talker, h, lambda x, s: x.argmax(-1), allowed=code0_mask(loaded.config.talker),
+                             slots=slots, last_codes=last)
+        text = torch.tensor([151671, 151673])
+        a = talker.embed_decode_slots(text, slots, last)
+        b = talker.embed_decode(text, codes)
+    assert last[3].tolist() == codes[0].tolist() and last[1].tolist() == codes[1].tolist()
+    assert last[0].abs().sum() == 0
+    torch.testing.assert_close(a, b)
