@@ -93,6 +93,17 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     lim.add_argument("--idle-timeout-s", type=float, default=GatewayConfig.idle_timeout_s)
     lim.add_argument("--engine-start-timeout-s", type=float,
                      default=GatewayConfig.engine_start_timeout_s)
+    lim.add_argument("--engine-watchdog-s", type=float, default=GatewayConfig.engine_watchdog_s,
+                     help="with streams open and no output or heartbeat from the engine for this "
+                          "many seconds, kill and restart it (its streams get engine_restarted); "
+                          "0 off (default %(default)g)")
+    lim.add_argument("--max-engine-restarts", type=int, default=GatewayConfig.max_engine_restarts,
+                     help="engine deaths tolerated within --engine-restart-window-s; one more and "
+                          "the server tells its clients (engine_failed) and exits with status 1 "
+                          "(default %(default)d)")
+    lim.add_argument("--engine-restart-window-s", type=float,
+                     default=GatewayConfig.engine_restart_window_s,
+                     help="the window of --max-engine-restarts, seconds (default %(default)g)")
     sp.add_argument("--debug-timestamps", action="store_true",
                     help="add engine_t (engine emit time, CLOCK_MONOTONIC) to audio messages")
     sp.add_argument("--log-level", default="INFO",
@@ -148,11 +159,18 @@ async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     server_task = asyncio.create_task(gateway.serve_forever())
-    await stop.wait()
-    print("voxgate: shutting down", flush=True)
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(gateway.engine.wait_failed())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    is_failed = waits[1].done()
+    for task in waits:
+        task.cancel()
+    if is_failed:  # clients were told (engine_failed); exit non-zero for a supervisor to restart
+        print(f"voxgate: error: {gateway.engine.last_error}; exiting", file=sys.stderr, flush=True)
+    else:
+        print("voxgate: shutting down", flush=True)
     await gateway.stop()
     server_task.cancel()
-    return 0
+    return 1 if is_failed else 0
 
 
 def _run(coro: object) -> int:
