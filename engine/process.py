@@ -227,6 +227,7 @@ class EngineLoop:
         if num_running is not None:
             running = num_running()
         totals: dict[str, float] = {"steps": self._num_steps, "busy_s": self._busy_s}
+        totals.update(self.core.sample_totals())
         backend_totals = getattr(backend, "totals", None)
         if backend_totals is not None:
             totals.update(backend_totals())
