@@ -197,3 +197,46 @@ def test_slot_state_is_per_sequence_on_the_cpu_graph_path() -> None:
     slots = backend.program.slots
     assert slots.last_codes.shape == (9, 16) and slots.xvectors.shape[0] == 9
     torch.testing.assert_close(slots.last_codes, torch.zeros_like(slots.last_codes))
+
+
+@pytest.mark.parametrize("async_steps", [False, True], ids=["sync", "async-steps"])
+def test_the_cuda_graph_path_gives_the_eager_frames(async_steps: bool) -> None:
+    """``CudaGraphModelRunner``'s path emulated on the CPU (decode input tables with the program's
+    next inputs, packed prompts with per-token slot rows, the head in the step function) gives the
+    eager runner's frames, with and without asynchronous steps."""
+    from engine.llm.attention import torch_paged_attention_factory
+    from engine.llm.cuda_graphs import CudaGraphModelRunner
+    from tests.engine.llm.graph_emulation import emulate_replays
+
+    counts = {"eager": 0}
+
+    def factory(model, shape, **kw):  # noqa: ANN001, ANN003, ANN202
+        runner = CudaGraphModelRunner(model, shape, capture=False, prefill_buckets=(32,), max_model_len=512,
+                                      attention_backend_factory=torch_paged_attention_factory, **kw)
+        emulate_replays(runner, num_tokens=32)
+        real = runner._execute_eager
+
+        def count(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            counts["eager"] += 1
+            return real(*a, **k)
+
+        runner._execute_eager = count
+        return runner
+
+    texts = ["Graphs must not change a thing.", "Nor for this one, which joins later on.", "Short."]
+    runs = []
+    for backend in (_backend(), _backend(runner_factory=factory, async_steps=async_steps)):
+        frames = _record(backend)
+        outs: list = []
+        for i, text in enumerate(texts):
+            words = text.split(" ")
+            _add(backend, i, words[0], dict(SAMPLED, seed=20 + i, max_tokens=12 + 3 * i))
+            for w in words[1:]:
+                outs.extend(backend.step())
+                backend.push_text(i, " " + w)
+            backend.push_text(i, "", final=True)
+        _drain(backend, outs)
+        assert not [o.error for o in outs if o.error is not None]
+        runs.append(frames)
+    assert counts["eager"] == 0
+    assert runs[0] == runs[1]
