@@ -17,8 +17,9 @@ CODEC_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, *range(96, 513, 32), *range(576, 20
 
 
 def load(ctx: LoadContext) -> ProgramModel:
-    """Talker + code predictor on ``ctx.device`` in ``ctx.dtype``; the codec in float32 (setting
-    ``codec_dtype``: "float32" (default) or "bfloat16"); the speaker encoder on Base checkpoints."""
+    """Talker + code predictor on ``ctx.device`` in ``ctx.dtype``; the codec in ``codec_dtype``
+    ("auto": bfloat16 on CUDA, float32 on the CPU; "float32", "bfloat16"); the speaker encoder on
+    Base checkpoints."""
     import torch
 
     from engine.llm.fp8 import quantise_decoder_linears_
@@ -26,8 +27,12 @@ def load(ctx: LoadContext) -> ProgramModel:
     from models.qwen3_tts.loader import load_qwen3_tts
     from models.qwen3_tts.program import Qwen3Forward, Qwen3Head, Qwen3Program, Qwen3Slots, StandInTokenizer
 
-    codec_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "auto": torch.float32}[
-        ctx.setting("codec_dtype", "auto")]
+    name = ctx.setting("codec_dtype", "auto")
+    if name == "auto":
+        name = "bfloat16" if ctx.device == "cuda" else "float32"
+    if name not in ("float32", "bfloat16"):
+        raise ValueError(f"codec_dtype must be auto, float32 or bfloat16, got {name!r}")
+    codec_dtype = getattr(torch, name)
     model_id = ctx.model_id
     loaded = load_qwen3_tts(model_id, device=ctx.device, dtype=ctx.dtype, codec_dtype=codec_dtype,
                             load_format=ctx.load_format)
