@@ -29,6 +29,7 @@ from engine.llm.token_head import RowInputs
 
 __all__ = [
     "DEFAULT_DECODE_BUCKETS",
+    "decode_buckets_up_to",
     "DEFAULT_CODEC_BUCKETS",
     "STREAM_CODEC_BUCKETS",
     "bucket_for",
@@ -42,6 +43,12 @@ __all__ = [
 # Steps of 32 rows above 64: a step is padded to its bucket, and at 300-500 rows a power-of-two
 # bucket would waste up to a third of the GPU's work on padding rows.
 DEFAULT_DECODE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, *range(96, 513, 32))
+
+
+def decode_buckets_up_to(limit: int) -> tuple[int, ...]:
+    """``DEFAULT_DECODE_BUCKETS``, then every 64 rows above 512 up to ``limit`` (a step's most
+    decode rows: the decode cap, or every slot without one)."""
+    return (*DEFAULT_DECODE_BUCKETS, *range(576, -(-limit // 64) * 64 + 1, 64))
 DEFAULT_CODEC_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # The stateful codec's batches: every stream that completed a frame this step, about one in
 # seven of the running streams (73 at 512 streams). Its compiled step costs about linearly in
