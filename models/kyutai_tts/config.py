@@ -286,10 +286,10 @@ def load_config(d: str | Path, **kw: Any) -> KyutaiTTSConfig:
 TTS_1_6B_EN_FR = KyutaiTTSConfig(lm=LMConfig(), condition=ConditionConfig(), tts=TTSConfig())
 
 # Toy widths with the real layout (32 codebooks of 2,048 with the real delays and weight
-# schedule, demuxed look-ahead stream, cross-attention to 5 voices): tests and CPU runs. The
-# window is 24 frames and the audio delay 6 frames so that short test runs cross both.
+# schedule, demuxed look-ahead stream, cross-attention to 5 voices, the 500-frame window): tests
+# and CPU runs. The audio delay is 6 frames (not 16) so that short test runs have audio.
 TINY = KyutaiTTSConfig(
-    lm=LMConfig(dim=64, text_card=160, num_heads=4, num_layers=2, context=24, depformer_dim=32,
+    lm=LMConfig(dim=64, text_card=160, num_heads=4, num_layers=2, depformer_dim=32,
                 depformer_num_heads=2, depformer_num_layers=2, depformer_dim_feedforward=48,
                 depformer_low_rank_embeddings=8),
     condition=ConditionConfig(speaker_dim=16, cfg_dim=4, control_dim=64, voice_frames=10),

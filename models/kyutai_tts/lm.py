@@ -132,6 +132,16 @@ class KyutaiLM(nn.Module):
                 raise ValueError(f"num_active must be in [1, {self.config.lm.n_q}], got {num_active}")
             self.num_active = num_active
 
+    def set_voice_frames(self, frames: int) -> None:
+        """The frames of the voice embeddings it will be given (a property of the voice files, not
+        of the checkpoint: 125 for the published voices); sets the cross-attention length."""
+        from dataclasses import replace
+
+        if frames != self.config.condition.voice_frames:
+            cond = replace(self.config.condition, voice_frames=frames)
+            self.config = replace(self.config, condition=cond)
+            self.condition_provider.config = cond
+
     def cross_kv_weights(self) -> list[Tensor]:
         """Each layer's cross-attention key/value projection [2 * dim, dim] (for ``VoiceBank.load``)."""
         dim = self.config.lm.dim

@@ -29,10 +29,11 @@ from models.kyutai_tts.text import TextTokenizer
 from models.mimi.codec import Mimi
 from models.mimi.loader import load_mimi, normalize_keys
 
-__all__ = ["DEFAULT_HUB_ID", "Loaded", "HashTokenizer", "load_kyutai_tts", "load_lm_weights", "load_voice",
+__all__ = ["DEFAULT_HUB_ID", "VOICES_HUB_ID", "Loaded", "HashTokenizer", "load_kyutai_tts", "load_lm_weights", "load_voice",
            "init_random_"]
 
 DEFAULT_HUB_ID = "kyutai/tts-1.6b-en_fr"
+VOICES_HUB_ID = "kyutai/tts-voices"  # the published voices (Kyutai's server reads them from here)
 _PATTERNS = ["config.json", "*.safetensors", "*.model"]
 
 
@@ -41,6 +42,7 @@ class Loaded(NamedTuple):
     mimi: Mimi
     tokenizer: Any  # TextTokenizer, or HashTokenizer for a dummy load without one
     config: KyutaiTTSConfig
+    root: Path | None = None  # the checkpoint folder (None: a preset)
 
 
 class HashTokenizer:
@@ -149,7 +151,8 @@ def load_kyutai_tts(path_or_hub_id: str | os.PathLike = DEFAULT_HUB_ID, *, devic
         lm.to_empty(device=device)
         init_random_(lm, seed=seed)
         mimi = load_mimi(config=config.mimi, load_format="dummy", device=device, dtype=mimi_dtype, seed=seed)
-        return Loaded(_finish(_cast(lm, dtype), device), mimi, tokenizer or HashTokenizer(config.lm.text_card), config)
+        return Loaded(_finish(_cast(lm, dtype), device), mimi, tokenizer or HashTokenizer(config.lm.text_card), config,
+                      d if d.is_dir() else None)
     from models.orpheus.loader import resolve_dir
 
     d = resolve_dir(path_or_hub_id, allow_patterns=_PATTERNS, what="Kyutai TTS model", cache_dir=cache_dir)
@@ -161,4 +164,4 @@ def load_kyutai_tts(path_or_hub_id: str | os.PathLike = DEFAULT_HUB_ID, *, devic
     load_lm_weights(lm, d / config.moshi_name, device=device, dtype=dtype)
     mimi = load_mimi(d / config.mimi_name, config=config.mimi, device=device, dtype=mimi_dtype)
     tokenizer = TextTokenizer.from_file(d / config.tokenizer_name)
-    return Loaded(_finish(lm, device), mimi, tokenizer, config)
+    return Loaded(_finish(lm, device), mimi, tokenizer, config, d)

@@ -65,6 +65,12 @@ def load_ours(root: Path, n_q: int = 32):
     return load_kyutai_tts(root, dtype=torch.float32, n_q=n_q, voice_frames=VOICE_FRAMES)
 
 
+def voice_file(root: Path, name: str) -> Path:
+    """A voice embedding of the tiny checkpoint (named as kyutai/tts-voices names them)."""
+    sig = TINY.model_id
+    return root / "voices" / f"{name}.{sig['sig']}@{sig['epoch']}.safetensors"
+
+
 def cfg_value(cfg: float | None) -> str | None:
     return None if cfg is None else format(cfg, ".1f")
 

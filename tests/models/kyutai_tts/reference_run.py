@@ -108,8 +108,10 @@ def build(out: Path, spec: dict) -> None:
     mimi_ref = _mimi_reference()
     mimi_ref.save_mimi(mimi_ref.build_mimi(spec["mimi_config"], spec["seed"] + 1), out / cfg["mimi_name"])
     train_tokenizer(out / cfg["tokenizer_name"], spec["vocab_size"])
+    (out / "voices").mkdir(exist_ok=True)
+    suffix = f".{cfg['model_id']['sig']}@{cfg['model_id']['epoch']}.safetensors"
     for name, (dim, frames) in spec["voices"].items():
-        save_file({"speaker_wavs": torch.randn(1, dim, frames, generator=gen)}, str(out / f"{name}.safetensors"))
+        save_file({"speaker_wavs": torch.randn(1, dim, frames, generator=gen)}, str(out / "voices" / (name + suffix)))
 
 
 def _load(root: Path, n_q: int):
@@ -126,9 +128,13 @@ def _load(root: Path, n_q: int):
     return tts
 
 
+def _voice(tts, root: Path, name: str) -> Path:
+    return root / "voices" / (name + tts.voice_suffix)
+
+
 def _generate(tts, root: Path, job: dict) -> dict:
     entries = tts.prepare_script([job["text"]], padding_between=1)
-    attrs = tts.make_condition_attributes([root / f"{job['voice']}.safetensors"], cfg_coef=job["cfg"])
+    attrs = tts.make_condition_attributes([_voice(tts, root, job["voice"])], cfg_coef=job["cfg"])
     states: list = []
     rest: deque = deque()
     if job["mode"] == "reveal":  # the machine sees 3 entries at a time, topped up after each step
@@ -169,7 +175,7 @@ def _generate(tts, root: Path, job: dict) -> dict:
 
 def _conditions(tts, root: Path, job: dict) -> dict:
     """The condition tensors moshi computes: the sum vector and the cross-attention source."""
-    attrs = tts.make_condition_attributes([root / f"{v}.safetensors" for v in job["voices"]], cfg_coef=job["cfg"])
+    attrs = tts.make_condition_attributes([_voice(tts, root, v) for v in job["voices"]], cfg_coef=job["cfg"])
     ct = tts.lm.condition_provider.prepare_and_provide([attrs])
     return {"sum": tts.lm.fuser.get_sum(ct)[0, 0], "cross": tts.lm.fuser.get_cross(ct)[0]}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.models.kyutai_tts.kyutai_fixtures import GEN_JOBS, Driver, cfg_value, frames_of, load_ours
+from tests.models.kyutai_tts.kyutai_fixtures import GEN_JOBS, Driver, cfg_value, frames_of, load_ours, voice_file
 
 from models.kyutai_tts.loader import load_voice
 from models.kyutai_tts.text import script_to_entries
@@ -14,7 +14,7 @@ from models.kyutai_tts.text import script_to_entries
 def _ours(root, job: dict, *, arrive_every: int | None = None):
     loaded = load_ours(root, n_q=job["n_q"])
     drv = Driver(loaded)
-    drv.load_voice(1, [load_voice(root / f"{job['voice']}.safetensors")])
+    drv.load_voice(1, [load_voice(voice_file(root, job["voice"]))])
     entries = script_to_entries(loaded.tokenizer, job["text"])
     arrive = None if arrive_every is None else [3 + i * arrive_every for i in range(len(entries))]
     stream = drv.add(0, entries, voice_row=1, cfg=cfg_value(job["cfg"]), arrive_at=arrive)
@@ -74,8 +74,8 @@ def test_batched_streams_equal_each_alone(tts_ckpt, tts_reference):
     words, batched in the same steps, each equal their own reference generation."""
     loaded = load_ours(tts_ckpt, n_q=8)
     drv = Driver(loaded, max_slots=3, bank_rows=2)
-    drv.load_voice(0, [load_voice(tts_ckpt / "voice_b.safetensors")])
-    drv.load_voice(1, [load_voice(tts_ckpt / "voice_a.safetensors")])
+    drv.load_voice(0, [load_voice(voice_file(tts_ckpt, "voice_b"))])
+    drv.load_voice(1, [load_voice(voice_file(tts_ckpt, "voice_a"))])
     job_b, job_a = GEN_JOBS["once8_nocfg"], GEN_JOBS["once8_a"]
     eb = script_to_entries(loaded.tokenizer, job_b["text"])
     s_b = drv.add(2, eb, voice_row=0, cfg=None, arrive_at=[5 + 6 * i for i in range(len(eb))])

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from tests.models.kyutai_tts.kyutai_fixtures import JOBS, load_ours
+from tests.models.kyutai_tts.kyutai_fixtures import JOBS, load_ours, voice_file
 
 from models.kyutai_tts.config import TTS_1_6B_EN_FR, KyutaiTTSConfig
 from models.kyutai_tts.depformer import decode_frame
@@ -23,7 +23,7 @@ def test_conditions_equal_reference(tts_ckpt, tts_reference):
     job, ref = JOBS["conditions"], tts_reference["conditions"]
     cp = lm.condition_provider
     torch.testing.assert_close(cp.sum_condition("1.5"), ref["sum"], atol=1e-6, rtol=1e-6)
-    voices = [load_voice(tts_ckpt / f"{v}.safetensors") for v in job["voices"]]
+    voices = [load_voice(voice_file(tts_ckpt, v)) for v in job["voices"]]
     torch.testing.assert_close(cp.cross_source(voices), ref["cross"], atol=1e-6, rtol=1e-6)
 
 
