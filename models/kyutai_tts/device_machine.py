@@ -83,14 +83,18 @@ class DeviceMachine:
             else:
                 ew.append(-1)
         dev = self.entry_word.device
+
+        def put(values: list) -> Tensor:  # no host sync: the copy is queued behind the step in flight
+            return torch.tensor(values, dtype=torch.int64).to(dev, non_blocking=True)
+
         if entries:
-            idx = torch.tensor([(first_entry + i) % self.ENTRIES for i in range(len(entries))], device=dev)
-            self.entry_word[slot].index_copy_(0, idx, torch.tensor(ew, device=dev))
-            self.entry_pad[slot].index_copy_(0, idx, torch.tensor(ep, device=dev))
+            idx = put([(first_entry + i) % self.ENTRIES for i in range(len(entries))])
+            self.entry_word[slot].index_copy_(0, idx, put(ew))
+            self.entry_pad[slot].index_copy_(0, idx, put(ep))
         if rows_w:
-            widx = torch.tensor(rows_w, device=dev)
-            self.word_tok[slot].index_copy_(0, widx, torch.tensor(toks, device=dev))
-            self.word_len[slot].index_copy_(0, widx, torch.tensor(lens, device=dev))
+            widx = put(rows_w)
+            self.word_tok[slot].index_copy_(0, widx, put(toks))
+            self.word_len[slot].index_copy_(0, widx, put(lens))
         n_e, n_w = totals if totals is not None else (UNBOUNDED, UNBOUNDED)
         self.num_entries[slot] = n_e
         self.num_words[slot] = n_w

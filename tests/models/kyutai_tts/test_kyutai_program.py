@@ -266,3 +266,15 @@ def test_the_cuda_graph_path_gives_the_eager_tokens(async_steps: bool) -> None:
         runs.append(rows)
     assert counts["eager"] == 0
     assert runs[0] == runs[1]
+
+
+def test_the_registry_serves_kyutai_tts(tts_ckpt) -> None:
+    """--model kyutai-tts, kyutai-tts-tiny, kyutai/tts-* hub ids and a local checkpoint folder
+    (config.json's model_type "tts") resolve to this program."""
+    from models.registry import resolve
+
+    assert resolve("kyutai-tts").model_id == "kyutai/tts-1.6b-en_fr"
+    assert resolve("kyutai-tts-tiny").model_id == "tiny"
+    assert resolve("kyutai/tts-0.75b-en-public").entry.name == "kyutai-tts"
+    local = resolve(str(tts_ckpt))
+    assert local.entry.name == "kyutai-tts" and local.model_id == str(tts_ckpt)
