@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{b:5d} rows: talker {talker_ms:7.2f} ms  frame head {head_ms:7.2f} ms  codec fp32 {codec_ms:7.2f} / "
               f"bf16 {codec16_ms:7.2f} ms  sum (bf16 codec) {row['sum_bf16_ms']:7.2f} ms  (real time: <= 80 ms)",
               flush=True)
-        del attn
+        attn = None
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
