@@ -83,6 +83,8 @@ def _run(m: nn.Module, x: Tensor, pad) -> Tensor:
         for sub in m.block:
             h = _run(sub, h, pad)
         return x + h
+    if isinstance(m, (_EncoderBlock, _DecoderBlock)):
+        m = m.block
     if isinstance(m, nn.Sequential):
         for sub in m:
             x = _run(sub, x, pad)
@@ -191,6 +193,16 @@ class AudioVAE(nn.Module):
         h = _run(self.encoder.block, x, _zero_pad)
         return _run(self.encoder.fc_mu, h, _zero_pad)
 
+    def encode_patches(self, wav: Tensor, patch_size: int, *, left_pad: bool = False) -> Tensor:
+        """Reference audio wav [S] at ``sample_rate`` -> patches [T, P, D] (float32), padded to
+        whole patches with zeros on the right (a reference voice) or the left (a continuation
+        prompt, so its last patch ends where the audio does), as the reference does."""
+        n = patch_size * self.config.hop_length
+        extra = -wav.shape[-1] % n
+        wav = F.pad(wav, (extra, 0) if left_pad else (0, extra))
+        mu = self.encode(wav[None])[0].float()  # [D, T * P]
+        return mu.view(mu.shape[0], -1, patch_size).permute(1, 2, 0).contiguous()
+
     def decode(self, z: Tensor) -> Tensor:
         """z [B, D, T] -> audio [B, T * decode_hop] in [-1, 1] (the decoder's dtype)."""
         dtype = self.decoder.model[-2].weight.dtype
@@ -232,6 +244,8 @@ class VAEStream:
             raise ValueError(f"VAEStream.step takes {self.chunk_frames} frames, got {z.shape[-1]}")
 
         def pad(conv: nn.Module, x: Tensor) -> Tensor:
+            if conv.ctx == 0:
+                return x
             st = self.state[id(conv)]
             full = torch.cat((st.index_select(0, slots), x), dim=-1)  # [N, C, ctx + n]
             st.index_copy_(0, slots, full[..., full.shape[-1] - conv.ctx:])

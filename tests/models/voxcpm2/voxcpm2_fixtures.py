@@ -108,23 +108,25 @@ def injected(noise: torch.Tensor):
     return fn
 
 
-def our_prompt(loaded, job: dict, ref: dict):
-    """(Prompt, prompt patches [N, P, D] or None, first condition or None) for a job."""
+def our_patches(loaded, job: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(reference patches, continuation patches) of a job, encoded by our VAE encoder."""
+    vae, p = loaded.vae, loaded.config.patch_size
+    with torch.no_grad():
+        ref = vae.encode_patches(torch.tensor(job["ref_wav"]), p) if job.get("ref_wav") else None
+        cont = vae.encode_patches(torch.tensor(job["prompt_wav"]), p, left_pad=True) if job.get("prompt_wav") else None
+    return ref, cont
+
+
+def our_prompt(loaded, job: dict):
+    """(Prompt, prompt patches [N, P, D] or None, first condition or None) for a job, all ours."""
     from models.voxcpm2.prompt import build_prompt
 
-    tok = loaded.tokenizer
-    text_ids = tok.ids(job.get("prompt_text", "") + job["text"])
-    parts, r, c = [], 0, 0
-    if "ref_audio_feat" in ref:
-        parts.append(ref["ref_audio_feat"])
-        r = len(ref["ref_audio_feat"])
-    if "audio_feat" in ref:
-        parts.append(ref["audio_feat"])
-        c = len(ref["audio_feat"])
-    p = build_prompt(text_ids, ref_patches=r, prompt_patches=c)
-    feats = torch.cat(parts) if parts else None
-    cond = ref["audio_feat"][-1] if c else None
-    return p, feats, cond
+    ref, cont = our_patches(loaded, job)
+    text_ids = loaded.tokenizer.ids(job.get("prompt_text", "") + job["text"])
+    p = build_prompt(text_ids, ref_patches=0 if ref is None else len(ref),
+                     prompt_patches=0 if cont is None else len(cont))
+    parts = [x for x in (ref, cont) if x is not None]
+    return p, (torch.cat(parts) if parts else None), (None if cont is None else cont[-1])
 
 
 def generate(loaded, prompt, feats: torch.Tensor | None, *, noise, seed: int, timesteps: int, cfg: float,
