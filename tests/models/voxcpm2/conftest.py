@@ -31,3 +31,9 @@ def reference(ckpt_root, tmp_path_factory) -> dict:
 def ours(ckpt_root):
     """Our load of the tiny checkpoint (float32)."""
     return load_ours(ckpt_root)
+
+
+@pytest.fixture(scope="session")
+def ours_lora(ckpt_root):
+    """Our load of the tiny checkpoint with the reference-format adapter folded in."""
+    return load_ours(ckpt_root, lora=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.models.voxcpm2.voxcpm2_fixtures import (
-    GEN_JOBS, JOBS, generate, injected, load_ours, our_patches, our_prompt, to_vae,
+    GEN_JOBS, JOBS, generate, injected, our_patches, our_prompt, to_vae,
 )
 
 REL = 1e-5
@@ -16,10 +16,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
-def _ours(ckpt_root, ours, key: str) -> tuple[torch.Tensor, object]:
+def _ours(request, key: str) -> tuple[object, dict]:
     job = GEN_JOBS[key]
-    loaded = load_ours(ckpt_root, lora=True) if job.get("lora") else ours
-    return loaded, job
+    return request.getfixturevalue("ours_lora" if job.get("lora") else "ours"), job
 
 
 def _run(loaded, job, ref) -> torch.Tensor:
@@ -46,9 +45,9 @@ def test_prompt_patches_equal_reference(ours, reference):
 
 
 @pytest.mark.parametrize("key", sorted(GEN_JOBS))
-def test_latents_equal_reference(ckpt_root, ours, reference, key):
+def test_latents_equal_reference(request, reference, key):
     """With the reference's noise, every generated patch equals the reference's, to its stop."""
-    loaded, job = _ours(ckpt_root, ours, key)
+    loaded, job = _ours(request, key)
     ref = reference[key]
     got = _run(loaded, job, ref)
     assert got.shape == ref["latents"].shape
@@ -56,10 +55,10 @@ def test_latents_equal_reference(ckpt_root, ours, reference, key):
 
 
 @pytest.mark.parametrize("key", sorted(GEN_JOBS))
-def test_audio_equals_reference(ckpt_root, ours, reference, key):
+def test_audio_equals_reference(request, reference, key):
     """Our latents decoded by our VAE (continuation: after the reference's 3 context patches,
     whose audio is cut) equal the reference's waveform."""
-    loaded, job = _ours(ckpt_root, ours, key)
+    loaded, job = _ours(request, key)
     ref = reference[key]
     lat = _run(loaded, job, ref)
     _, cont = our_patches(loaded, job)
