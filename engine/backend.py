@@ -58,6 +58,9 @@ class BackendInfo:
     # The backend takes a stream's text as it arrives (native input streaming): one job per
     # turn, fed by ``push_text``, instead of one job per segment.
     input_streaming: bool = False
+    # "loaded" (the checkpoint's weights) or "random" (``--load-format dummy``: noise, for
+    # benchmarks); said wherever the model is named (hello, /health, the start-up line).
+    weights: str = "loaded"
 
 
 @dataclass(frozen=True)

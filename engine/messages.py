@@ -129,6 +129,7 @@ class Hello(Message):
     sample_rate: int
     options: dict[str, Any] = field(default_factory=dict)
     device: str = ""  # what the engine computes on (engine.device_info)
+    weights: str = "loaded"  # or "random" (--load-format dummy)
 
 
 @dataclass(frozen=True)

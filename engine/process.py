@@ -240,7 +240,7 @@ class EngineLoop:
 def _hello(backend: Backend) -> m.Hello:
     info = backend.info
     return m.Hello(info.model, list(info.voices), info.default_voice, info.sample_rate,
-                   dict(info.options), describe_device())
+                   dict(info.options), describe_device(), getattr(info, "weights", "loaded"))
 
 
 def engine_main(config: EngineConfig, inbox: ShmQueue, outbox: ShmQueue, log_level: str) -> None:

@@ -291,7 +291,8 @@ async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     hello = gateway.engine.hello
     if hello is not None and hello.device:
-        print(f"voxgate: model {hello.model} on {hello.device}", flush=True)
+        weights = " (random weights: --load-format dummy, noise)" if hello.weights == "random" else ""
+        print(f"voxgate: model {hello.model}{weights} on {hello.device}", flush=True)
     print(f"voxgate: serving on http://{shown}:{gateway.port}/ (demo page); "
           f"WebSocket ws://{shown}:{gateway.port}/v1/stream", flush=True)
     stop = asyncio.Event()

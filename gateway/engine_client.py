@@ -150,6 +150,7 @@ class EngineSupervisor:
                        "last_error": self.last_error,
                        "last_heard_s": round(self.watchdog.silent_s(), 3)},
             "model": hello.model if hello else None,
+            "weights": hello.weights if hello else None,
             "model_loaded": self.is_ready(),
         }
         if self.stats is not None:
@@ -216,9 +217,9 @@ class EngineSupervisor:
         if self.watchdog.timeout_s > 0:
             self._watchdog_task = asyncio.create_task(self._watch_silence(proc))
         self._metrics.engine_up.set(1)
-        self._metrics.engine_info.info({"model": hello.model, "device": hello.device})
-        log.info("engine ready: model %s on %s, voices %s, %d Hz", hello.model, hello.device or "?",
-                 hello.voices, hello.sample_rate)
+        self._metrics.engine_info.info({"model": hello.model, "device": hello.device, "weights": hello.weights})
+        log.info("engine ready: model %s (%s weights) on %s, voices %s, %d Hz", hello.model, hello.weights,
+                 hello.device or "?", hello.voices, hello.sample_rate)
 
     def _teardown(self) -> None:
         for task in (self._reader, self._watcher, self._flusher, self._watchdog_task):

@@ -314,7 +314,8 @@ def encode_client_message(msg: dict[str, Any], encoding: Encoding = Encoding.MSG
 
 
 def hello(*, model: str, voices: list[str], sample_rate: int, default_voice: str,
-          options: dict[str, Any], limits: dict[str, Any], device: str = "") -> dict[str, Any]:
+          options: dict[str, Any], limits: dict[str, Any], device: str = "",
+          weights: str = "loaded") -> dict[str, Any]:
     return {
         "type": "hello",
         "protocol": PROTOCOL_VERSION,
@@ -326,6 +327,7 @@ def hello(*, model: str, voices: list[str], sample_rate: int, default_voice: str
         "options": options,
         "limits": limits,
         "device": device,
+        "weights": weights,
     }
 
 

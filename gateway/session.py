@@ -122,7 +122,8 @@ class Session:
     def greeting(self) -> dict[str, Any]:
         h = self._hello
         return p.hello(model=h.model, voices=list(h.voices), sample_rate=h.sample_rate,
-                       default_voice=h.default_voice, options=h.options, limits=self._limits, device=h.device)
+                       default_voice=h.default_voice, options=h.options, limits=self._limits, device=h.device,
+                       weights=h.weights)
 
     @property
     def num_active_streams(self) -> int:

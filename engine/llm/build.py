@@ -9,6 +9,7 @@ knows which model it builds.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import logging
@@ -165,12 +166,19 @@ def build_lm_backend(
     def setting(name: str, default: Any) -> Any:
         return pick(program_settings.get(name), name, default)
 
+    import time
+
+    t0 = time.monotonic()
+    weights = "random weights" if load_format == "dummy" else "weights from the checkpoint"
+    log.info("loading %s (%s) on %s in %s ...", model_path_or_id, weights, device, dtype_name)
     loaded = load(LoadContext(
         model_id=str(model_path_or_id), device=device, dtype=torch_dtype, load_format=load_format,
         max_num_seqs=max_num_seqs, max_model_len=max_model_len, quantise_fp8=quantise_fp8,
         use_graphs=use_graphs, setting=setting,
     ))
     program, shape, defaults = loaded.program, loaded.kv_shape, loaded.defaults
+    log.info("loaded in %.1f s; building the KV cache%s", time.monotonic() - t0,
+             " and capturing CUDA graphs" if use_graphs and runner_factory is None else "")
 
     pages_per_seq = -(-max_model_len // page_size)
     if num_pages is None:
@@ -255,6 +263,11 @@ def build_lm_backend(
     )
     backend = LMBackend(program, runner, scheduler,
                         async_steps=_resolve_async(pick(async_steps, "async_steps", "auto"), runner))
+    if load_format == "dummy":
+        backend.info = dataclasses.replace(backend.info, weights="random")
     if warmup:
+        t1 = time.monotonic()
+        log.info("warming up (one short job end to end) ...")
         backend.warmup()
+        log.info("warm in %.1f s (%.1f s since loading began)", time.monotonic() - t1, time.monotonic() - t0)
     return backend
