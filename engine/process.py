@@ -20,7 +20,7 @@ import time
 import traceback
 
 from engine import messages as m
-from engine.admission import StepSampler
+from engine.step_time import StepSampler
 from engine.backend import Backend
 from engine.config import EngineConfig
 from engine.device_info import describe_device
