@@ -99,6 +99,8 @@ class GatewayMetrics:
             "The engine's fit of its step time, t = base + per_row * decode rows + "
             "per_prompt_token * prompt tokens, by term (ms and us)", ["term"], registry=r)
         self._admission_seen: dict[str, float] = {}  # engine counters at the last report
+        self.admission_capacity.set(math.nan)  # nothing reported yet
+        self.admission_headroom.set(math.nan)
 
     # SessionMetrics
     def observe_ttfa(self, seconds: float) -> None:
