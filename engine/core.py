@@ -6,8 +6,12 @@ Segments of one stream are spoken in order: the head segment's audio goes out as
 while up to ``lookahead_jobs`` later segments may already be generating, their audio held back
 until the segment before them has finished.
 
+A stream is admitted at its first job against the capacity measured from the backend's steps
+(``engine.admission``, fed by ``note_step``): past it the stream waits, its segments held, or
+is refused with a retryable ``capacity`` error; ``poll`` lets waiting streams in.
+
 The process wrapper (``engine.process``) feeds ``open``/``add_text``/``flush``/``end``/``cancel``
-from the queue and sends what ``step`` and those calls return.
+from the queue and sends what ``step``, ``poll`` and those calls return.
 """
 
 from __future__ import annotations

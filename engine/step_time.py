@@ -33,28 +33,22 @@ _STALL_ARM_SAMPLES = 8  # steps seen before any is used (their median is the fir
 _STALL_FIT_SAMPLES = 32  # the stall filter compares with the fit once it stands on this many
 
 
-class _Band:
-    """Exponentially forgetting sums of one band of row counts: weight, x = rows, p = prompt
-    tokens, y = seconds, and their products."""
+_SUMS = ("w", "x", "p", "y", "xx", "xp", "pp", "xy", "py", "yy")  # the order of _Band.sums
 
-    __slots__ = ("w", "x", "p", "y", "xx", "xp", "pp", "xy", "py", "yy", "t_last")
+
+class _Band:
+    """Exponentially forgetting sums of one band of row counts (``_SUMS``): weight, x = rows,
+    p = prompt tokens, y = seconds, and their products."""
+
+    __slots__ = ("sums", "t_last")
 
     def __init__(self) -> None:
-        self.w = self.x = self.p = self.y = 0.0
-        self.xx = self.xp = self.pp = self.xy = self.py = self.yy = 0.0
+        self.sums = [0.0] * len(_SUMS)
         self.t_last = 0.0
 
     def add(self, x: float, p: float, y: float, keep: float, t: float) -> None:
-        self.w = self.w * keep + 1.0
-        self.x = self.x * keep + x
-        self.p = self.p * keep + p
-        self.y = self.y * keep + y
-        self.xx = self.xx * keep + x * x
-        self.xp = self.xp * keep + x * p
-        self.pp = self.pp * keep + p * p
-        self.xy = self.xy * keep + x * y
-        self.py = self.py * keep + p * y
-        self.yy = self.yy * keep + y * y
+        new = (1.0, x, p, y, x * x, x * p, p * p, x * y, p * y, y * y)
+        self.sums = [s * keep + v for s, v in zip(self.sums, new)]
         self.t_last = t
 
 
@@ -95,7 +89,7 @@ class StepTimeModel:
     """
 
     def __init__(self, *, bucket_rows: int = 8, bucket_samples: int = 32, half_life_s: float = 30.0,
-                 stall_factor: float = 5.0, refit_every: int = 16, scale_samples: int = 64) -> None:
+                 stall_factor: float = 5.0, refit_every: int = 32, scale_samples: int = 64) -> None:
         if min(bucket_rows, bucket_samples, refit_every, scale_samples) < 1:
             raise ValueError("bucket_rows, bucket_samples, refit_every and scale_samples must be >= 1")
         if not (half_life_s > 0 and stall_factor > 1):
@@ -171,11 +165,11 @@ class StepTimeModel:
     def refit(self) -> None:
         """Fit the weighted samples (each band weighed by how recently it was visited)."""
         self._since_fit = 0
-        s = dict.fromkeys(_Band.__slots__[:-1], 0.0)
+        acc = [0.0] * len(_SUMS)
         for band in self._bands.values():
             f = 0.5 ** ((self._t - band.t_last) / self.half_life_s)
-            for name in s:
-                s[name] += f * getattr(band, name)
+            acc = [a + f * b for a, b in zip(acc, band.sums)]
+        s = dict(zip(_SUMS, acc))
         w = s["w"]
         if w <= 0:
             self._fit = None
