@@ -150,6 +150,12 @@ class EngineCore:
         self._step_formats: dict[int, str] = {}
         # A backend that takes text as it arrives gets one job per turn (no segmenter).
         self._input_streaming = bool(getattr(backend.info, "input_streaming", False))
+        # Sample accounting (Stats totals, for the soak): the backend's audio is sent in Audio,
+        # dropped (made for a stream since cancelled, or held back for one that failed), or
+        # held for a stream still open.
+        self.num_samples_made = 0
+        self.num_samples_sent = 0
+        self.num_samples_dropped = {"cancelled": 0, "failed": 0}
 
     # --- commands --------------------------------------------------------------------------
 
@@ -208,7 +214,7 @@ class EngineCore:
         if stream is None:
             return []
         self.admission.release(key)
-        self._abort_jobs(stream)
+        self._abort_jobs(stream, "cancelled")
         return [self._done(stream, "cancelled")]
 
     # --- admission -------------------------------------------------------------------------
@@ -279,10 +285,14 @@ class EngineCore:
         out: list[Message] = []
         self._step_formats.clear()
         for result in self.backend.step():
+            if result.pcm is not None:
+                self.num_samples_made += result.pcm.size
             key = self._job_owner.get(result.job_id)
             stream = self._streams.get(key) if key is not None else None
             if stream is None:
                 self._job_owner.pop(result.job_id, None)
+                if result.pcm is not None:
+                    self.num_samples_dropped["cancelled"] += result.pcm.size
                 continue
             out.extend(self._on_output(stream, result))
         if self._step_formats:
@@ -309,6 +319,12 @@ class EngineCore:
 
     def stream_keys(self) -> list[int]:
         return list(self._streams)
+
+    def sample_totals(self) -> dict[str, float]:
+        """Samples made by the backend, sent in Audio, and dropped by reason, since start."""
+        totals = {"samples_made": self.num_samples_made, "samples_sent": self.num_samples_sent}
+        totals.update({f"samples_dropped_{why}": n for why, n in self.num_samples_dropped.items()})
+        return totals  # type: ignore[return-value]
 
     # --- internals -------------------------------------------------------------------------
 
@@ -379,11 +395,15 @@ class EngineCore:
         if result.error is not None:
             self._streams.pop(stream.key, None)
             self.admission.release(stream.key)
-            self._abort_jobs(stream)
+            self._abort_jobs(stream, "failed")
+            if result.pcm is not None:
+                self.num_samples_dropped["failed"] += result.pcm.size
             err = result.error
             return [Error(stream.key, err.code, err.message, err.retryable)]
         job = next((j for j in stream.jobs if j.job_id == result.job_id), None)
         if job is None:
+            if result.pcm is not None:
+                self.num_samples_dropped["cancelled"] += result.pcm.size
             return []
         out: list[Message] = []
         if result.pcm is not None and result.pcm.size:
@@ -423,6 +443,7 @@ class EngineCore:
         if stream.t_first_audio is None:
             stream.t_first_audio = now
         stream.samples += int(pcm.size)
+        self.num_samples_sent += int(pcm.size)
         self._step_formats[stream.key] = stream.fmt
         return Audio(stream.key, pcm, (job.segment.start, job.segment.end), now)  # type: ignore[arg-type]
 
@@ -446,8 +467,9 @@ class EngineCore:
             timings["queue_wait_ms"] = wait * 1000.0
         return Done(stream.key, reason, stream.samples, timings)
 
-    def _abort_jobs(self, stream: _Stream) -> None:
+    def _abort_jobs(self, stream: _Stream, reason: str) -> None:
         for job in stream.jobs:
+            self.num_samples_dropped[reason] += sum(pcm.size for pcm in job.held)
             self.backend.abort_job(job.job_id)
             self._job_owner.pop(job.job_id, None)
         stream.jobs.clear()

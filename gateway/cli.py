@@ -128,6 +128,16 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                      default=GatewayConfig.engine_start_timeout_s,
                      help="how long the engine may take to load and warm up before start-up fails")
 
+    lim.add_argument("--engine-watchdog-s", type=float, metavar="S", default=GatewayConfig.engine_watchdog_s,
+                     help="with streams open and no output or heartbeat from the engine for this "
+                          "many seconds, kill and restart it (its streams get engine_restarted); 0 off")
+    lim.add_argument("--max-engine-restarts", type=int, metavar="N", default=GatewayConfig.max_engine_restarts,
+                     help="engine deaths tolerated within --engine-restart-window-s; one more and "
+                          "the server tells its clients (engine_failed) and exits with status 1")
+    lim.add_argument("--engine-restart-window-s", type=float, metavar="S",
+                     default=GatewayConfig.engine_restart_window_s,
+                     help="the window of --max-engine-restarts, seconds")
+
     adm.add_argument("--admission", dest="admission_policy", default=AdmissionConfig.policy,
                      choices=list(ADMISSION_POLICIES),
                      help="past capacity, queue: a new stream waits for room (bounded by the two "
@@ -321,11 +331,18 @@ async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     server_task = asyncio.create_task(gateway.serve_forever())
-    await stop.wait()
-    print("voxgate: shutting down", flush=True)
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(gateway.engine.wait_failed())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    is_failed = waits[1].done()
+    for task in waits:
+        task.cancel()
+    if is_failed:  # clients were told (engine_failed); exit non-zero for a supervisor to restart
+        print(f"voxgate: error: {gateway.engine.last_error}; exiting", file=sys.stderr, flush=True)
+    else:
+        print("voxgate: shutting down", flush=True)
     await gateway.stop()
     server_task.cancel()
-    return 0
+    return 1 if is_failed else 0
 
 
 def _run(coro: object) -> int:

@@ -70,6 +70,9 @@ class _Connection:
         self.close_reason = ""
         self.last_activity = time.monotonic()
         self.is_sending = False  # the writer task is inside ws.send
+        # Called when the outbox overflows (after it is emptied); the Gateway sets it to carry
+        # out Session.on_slow_consumer.
+        self.on_overflow = lambda: self.request_close(1008, "slow consumer")
         # The direct write needs these attributes of websockets' asyncio connection; without
         # them (another implementation) every frame goes through the writer task.
         self._can_write_direct = all(hasattr(ws, name) for name in
@@ -118,7 +121,7 @@ class _Connection:
         if self.outbox_bytes > self.max_outbox_bytes:
             self.outbox.clear()
             self.outbox_bytes = 0
-            self.request_close(1008, "slow consumer: the client is not reading its audio")
+            self.on_overflow()
             return
         self.wakeup.set()
 
@@ -201,7 +204,7 @@ class Gateway:
     def _on_engine_lost(self) -> None:
         self._by_key.clear()
         for conn in list(self._connections):
-            self._apply(conn, conn.session.on_engine_lost())
+            self._apply(conn, conn.session.on_engine_lost(is_final=self.engine.is_failed))
 
     def _apply(self, conn: _Connection, actions: list[Action]) -> None:
         """Carry out a session's actions that need no waiting (engine sends are queued)."""
@@ -228,6 +231,11 @@ class Gateway:
         self._apply(conn, conn.session.close())
         asyncio.get_running_loop().call_later(_CLOSE_GRACE_S, conn.ws.transport.abort)
 
+    def _on_slow_consumer(self, conn: _Connection) -> None:
+        """The outbox overflowed: cancel the streams, error, close 1008 (Session), cut off later."""
+        self._apply(conn, conn.session.on_slow_consumer())
+        asyncio.get_running_loop().call_later(_CLOSE_GRACE_S, conn.ws.transport.abort)
+
     def _update_stream_gauge(self) -> None:
         """Set at scrape time: summing per action would cost O(connections) per audio chunk."""
         self.metrics.active_streams.set(sum(c.session.num_active_streams
@@ -250,6 +258,7 @@ class Gateway:
             debug_timestamps=self.config.debug_timestamps,
         )
         conn = _Connection(ws, session, encoding, self.config.max_outbox_bytes)
+        conn.on_overflow = lambda: self._on_slow_consumer(conn)
         self._connections.add(conn)
         self.metrics.connections.set(len(self._connections))
         conn.push(session.greeting())

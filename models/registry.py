@@ -55,6 +55,17 @@ ENTRIES: tuple[ModelEntry, ...] = (
                default_id="canopylabs/orpheus-3b-0.1-ft", aliases={"tiny": "tiny", "orpheus-3b": "orpheus-3b"},
                hub_prefixes=("canopylabs/orpheus",), architectures=("LlamaForCausalLM",),
                requires=("torch", "transformers", "snac", "safetensors", "tokenizers"), extra="orpheus"),
+    ModelEntry("qwen3-tts", "lm", "models.qwen3_tts.build:load",
+               "Qwen3-TTS 12 Hz (1.7B / 0.6B; CustomVoice speakers, Base for cloned voices), text taken "
+               "word by word while it speaks; 'qwen3-tts-tiny' is a tiny random one (--load-format dummy)", "gpu",
+               default_id="Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice",
+               aliases={"qwen3-tts-tiny": "tiny", "qwen3-tts-tiny-base": "tiny-base",
+                        "qwen3-tts-1.7b": "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice",
+                        "qwen3-tts-1.7b-base": "Qwen/Qwen3-TTS-12Hz-1.7B-Base",
+                        "qwen3-tts-0.6b": "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice",
+                        "qwen3-tts-0.6b-base": "Qwen/Qwen3-TTS-12Hz-0.6B-Base"},
+               hub_prefixes=("qwen/qwen3-tts",), architectures=("Qwen3TTSForConditionalGeneration", "qwen3_tts"),
+               requires=("torch", "safetensors", "tokenizers"), extra="qwen3-tts"),
 )
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Serving figures on the GPU machine, in one device call (issue 5): optionally the codec
-# benchmark and the engine step profile (PROFILE_BATCHES), then Orpheus-3B (random weights)
-# served by `voxgate serve`: single-stream time to first audio over SINGLE_N short requests,
+# benchmark and the engine step profile (PROFILE_BATCHES), then MODEL (default orpheus: Orpheus-3B;
+# qwen3-tts: Qwen3-TTS 1.7B; random weights) served by `voxgate serve`: single-stream time to first audio over SINGLE_N short requests,
 # `voxgate bench` at LEVELS concurrent streams (first starts spread over RAMP_S), GPU
 # utilisation from nvidia-smi, the server's figures second by second beside the clients'
 # underruns (timeline_bench.txt, benchmark.timeline); then, if OVERHEAD_LEVELS is set, the gateway's added latency
@@ -14,7 +14,8 @@
 # this script (an A/B, into OUT/a and OUT/b) fit the device's eight returned files.
 # MAX_NUM_SEQS: the engine's jobs at once (default 1024: a stream holds two, its spoken segment
 # and the one generated ahead). SERVE_ARGS: more `voxgate serve` options (scheduling settings to compare). SINGLE_N=0 skips
-# the single-stream requests. STACKS_EVERY_S: with py-spy among the wheels, dump the server's
+# the single-stream requests (SINGLE_MAX_TOKENS tokens each, default 84; SINGLE_TOKEN_RATE: the
+# same again with the text streamed word by word at that many words/s). STACKS_EVERY_S: with py-spy among the wheels, dump the server's
 # and the engine's Python stacks that often into stacks.txt (what a slow engine is doing).
 # COMMIT: the commit the JSON files name (VOXGATE_COMMIT), where the machine's copy of the tree
 # carries another .git (the GPU machine's does: give COMMIT=$(git rev-parse HEAD) from here).
@@ -59,8 +60,8 @@ if [ -n "${PROFILE_BATCHES:-}" ]; then
   grep -A12 "engine step on" "$out/profile.log" | tee "$out/profile.txt"
 fi
 
-echo "== orpheus serve"
-python3 -m gateway.cli serve --model orpheus --load-format dummy --device cuda \
+echo "== ${MODEL:-orpheus} serve"
+python3 -m gateway.cli serve --model "${MODEL:-orpheus}" --load-format dummy --device cuda \
   --max-num-seqs "${MAX_NUM_SEQS:-1024}" --port 8765 --log-level WARNING ${SERVE_ARGS:-} > "$out/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 300); do
@@ -87,8 +88,14 @@ fi
 if [ "${SINGLE_N:-50}" -gt 0 ]; then
   echo "== single stream, ${SINGLE_N:-50} short requests"
   python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c 1 -n "${SINGLE_N:-50}" --warmup 2 \
-    --option max_tokens=84 --min-words 5 --max-words 12 --no-progress \
+    --option max_tokens="${SINGLE_MAX_TOKENS:-84}" --min-words 5 --max-words 12 --no-progress \
     --json "$out/single.json" 2>&1 | tail -8 | tee "$out/single.txt"
+  if [ -n "${SINGLE_TOKEN_RATE:-}" ]; then  # the same, text streamed word by word at that many words/s
+    echo "== single stream, text at ${SINGLE_TOKEN_RATE} words/s"
+    python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c 1 -n "${SINGLE_N:-50}" --warmup 2 \
+      --option max_tokens="${SINGLE_MAX_TOKENS:-84}" --min-words 5 --max-words 12 --no-progress \
+      --token-rate "$SINGLE_TOKEN_RATE" --json "$out/single_words.json" 2>&1 | tail -8 | tee -a "$out/single.txt"
+  fi
 fi
 sweep() {  # NAME LEVELS RAMP_S: one voxgate bench sweep into NAME.json.gz, NAME.txt, timeline of NAME
   echo "== levels $2, first starts spread over $3 s"

@@ -189,7 +189,7 @@ def build_lm_backend(
         )
     decode_cap = auto_decode_cap(pick(max_num_decode_seqs, "max_num_decode_seqs", -1), device, quantise_fp8, defaults)
     if runner_factory is None and device == "cuda":
-        from engine.llm.cuda_graphs import CudaGraphModelRunner, flashinfer_attention_factory
+        from engine.llm.cuda_graphs import CudaGraphModelRunner, decode_buckets_up_to, flashinfer_attention_factory
 
         if not has_flashinfer:
             log.warning("flashinfer is not installed: plain torch paged attention, no CUDA graphs")
@@ -201,6 +201,7 @@ def build_lm_backend(
                 log.warning("this program does not support mixed graphs: --mixed-graphs ignored")
                 mixed = False
             runner_factory = functools.partial(CudaGraphModelRunner, max_model_len=max_model_len,
+                                               decode_buckets=decode_buckets_up_to(decode_cap or max_num_seqs),
                                                graph_forward=loaded.graph_forward, mixed=mixed,
                                                mixed_decode_buckets=mixed_decode_buckets(decode_cap),
                                                async_plan=pick(async_plan, "async_plan", "on") in (True, "on"),

@@ -7,7 +7,7 @@ bucket; a step with ``n`` rows replays the smallest bucket ``>= n`` with the ext
 they read and write one reserved scratch page of the KV cache and their outputs are dropped.
 
 ``BatchGraphs`` does the same for any function of batched tensors with fixed trailing shapes
-(the SNAC decoder over a batch of code windows).
+(a codec over a batch of code windows).
 
 Outputs of ``run`` are views of the graph's static output buffers: consume or copy them before
 the next replay of the same bucket.
@@ -29,6 +29,7 @@ from engine.llm.token_head import RowInputs
 
 __all__ = [
     "DEFAULT_DECODE_BUCKETS",
+    "decode_buckets_up_to",
     "DEFAULT_CODEC_BUCKETS",
     "STREAM_CODEC_BUCKETS",
     "bucket_for",
@@ -42,6 +43,12 @@ __all__ = [
 # Steps of 32 rows above 64: a step is padded to its bucket, and at 300-500 rows a power-of-two
 # bucket would waste up to a third of the GPU's work on padding rows.
 DEFAULT_DECODE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, *range(96, 513, 32))
+
+
+def decode_buckets_up_to(limit: int) -> tuple[int, ...]:
+    """``DEFAULT_DECODE_BUCKETS``, then every 64 rows above 512 up to ``limit`` (a step's most
+    decode rows: the decode cap, or every slot without one)."""
+    return (*DEFAULT_DECODE_BUCKETS, *range(576, -(-limit // 64) * 64 + 1, 64))
 DEFAULT_CODEC_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # The stateful codec's batches: every stream that completed a frame this step, about one in
 # seven of the running streams (73 at 512 streams). Its compiled step costs about linearly in
@@ -156,7 +163,7 @@ class BatchGraphs:
         address. These graphs replay on the codec's CUDA stream while the LM's graphs (captured
         on the default capture stream) run on another, so a shared workspace would be written by
         two GEMMs at once: the likely cause of engine steps that kept the GPU at 100% SM and 0%
-        memory traffic for 40-115 s on the H200 (docs/performance.md).
+        memory traffic for 40-115 s on the H200 (docs/performance_history.md).
         """
         pool = torch.cuda.graph_pool_handle()
         self.capture_stream = torch.cuda.Stream(self.device)
@@ -351,7 +358,8 @@ class CudaGraphModelRunner(ModelRunner):
     a step with both goes through one ``MixedGraphs`` replay where it fits (one pass over the
     weights instead of two). Other steps
     (chunked or continued prefills, more decode rows than the largest bucket) run eagerly. ``max_model_len`` bounds a graphed row's context (it
-    sizes the page-index buffers). ``fused`` uses ``FusedLlamaForward`` (fewer kernels).
+    sizes the page-index buffers). ``graph_forward``: the program's forward for the graphs (a fused
+    one, fewer kernels), else the model's.
     ``async_plan``: the graphs' attention plans send the page ids to the device without waiting
     for the step in flight (``GraphDecodeAttention``; ``set_async_plan`` switches it later).
     ``decode_attention``: "cuda-cores" (default) or "tensor-cores", FlashInfer's decode kernel in

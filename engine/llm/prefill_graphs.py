@@ -59,7 +59,7 @@ class GraphPrefillAttention:
         self._mask: torch.Tensor | None = None
         # A bf16 kernel that takes the mask (memory-efficient attention) on CUDA: the math
         # fallback computes in float32, two GEMMs and a softmax per layer that took about 1.1 ms
-        # of a step with 384 prompt tokens (H200 kernel table, docs/performance.md run 14)
+        # of a step with 384 prompt tokens (H200 kernel table, docs/performance_history.md run 14)
         self._backends = ([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if dev.type == "cuda"
                           else [SDPBackend.MATH])
 

@@ -10,8 +10,8 @@ whole sampler can be captured in a CUDA graph.
 
 Repetition penalty (CTRL / HF / vLLM formula: positive logits divided by the penalty, negative
 ones multiplied) applies to the tokens this sequence has *generated* (``seen``), not to its
-prompt. For Orpheus this is the same as penalising prompt + output, as vLLM does, because the
-prompt's text ids lie outside the audio vocabulary the head is restricted to.
+prompt. For a head restricted to audio ids this is the same as penalising prompt + output, as
+vLLM does, because the prompt's text ids lie outside the vocabulary the head samples.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ Policy (written down because callers depend on it):
   not due within the decode horizon out of a step with at least ``decode_fill_seqs`` decode
   rows, riders included: in a burst of starts each new stream brings two prompts, its first
   segment's and the one generated ahead, and on the H200 steps with about three prompts were
-  the slowest of a 3 s ramp (docs/performance.md, run 17). The segment ahead is prefilled once
+  the slowest of a 3 s ramp (docs/performance_history.md, run 17). The segment ahead is prefilled once
   its stream's head has ended and it is due, or when a step has room again.
 """
 

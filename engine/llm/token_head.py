@@ -96,7 +96,7 @@ class SingleTokenHead:
         if allowed_table is not None and allowed_table.shape[-1] != num_cols:
             raise ValueError(f"allowed_table has {allowed_table.shape[-1]} columns, logits have {num_cols}")
         self.allowed_table = None if allowed_table is None else allowed_table.to(self.device, torch.bool)
-        # The sampler works on each row's allowed columns only (Orpheus: 4,097 of 28,673).
+        # The sampler works on each row's allowed columns only (e.g. 4,097 of 28,673 columns).
         self.allowed_cols: torch.Tensor | None = None  # int64 [R, M]
         self.allowed_valid: torch.Tensor | None = None  # bool [R, M]
         if self.allowed_table is not None:

@@ -15,7 +15,7 @@ __all__ = ["ORPHEUS_DEFAULTS", "build_orpheus_backend", "load"]
 
 RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-start ramp
 AUTO_DECODE_CAP_CUDA = 384  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs): 11.1-11.8 ms served on an H200 (runs 24-26)
-# With fp8 weights (--quantization fp8), on H200s (docs/performance.md run 28): at cap 512, steps
+# With fp8 weights (--quantization fp8), on H200s (docs/performance_history.md run 28): at cap 512, steps
 # of 11.2-11.8 ms once every stream was due left new streams barely above real time, and 500
 # streams underran at their start (93.4% on time; 87.2% at 512 streams in run 27); cap 448 kept
 # 500-512 streams on time on one GPU and 480-576 on another; 384 rows did not cover 512 streams' demand (39.4%).
@@ -89,7 +89,7 @@ def load(ctx: LoadContext) -> ProgramModel:
         if codec_dtype_name == "auto":
             codec_dtype_name = "bfloat16" if device == "cuda" else "float32"
         # torch.compile'd channels-last step on CUDA graphs: 1.14 ms for 64 rows in bf16 on the
-        # H200 vs 4.22 ms for the plain NCW layers (benchmark.codec_stream --compare); ~40 s of
+        # H200 vs 4.22 ms for the plain NCW layers (benchmark.gpu.codec_stream --compare); ~40 s of
         # compilation at start-up.
         compiled = ctx.setting("codec_compile", decode_fn is not None)
         stream_codec = StreamingCodecGraphs(

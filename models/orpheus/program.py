@@ -52,7 +52,7 @@ LOADED_FRAME_INTERVAL_S = 0.035
 # window decoder's fast-start ramp: the stateful codec alone gives its audio a few frames later
 # (its fixed delay, frames 1-4), which nobody waits for. Under load most segments are such:
 # on the H200 the ramp's float32 window decodes took about 4 ms of kernel time per step at 512
-# streams (docs/performance.md run 27). Four frames take about 0.35 s to generate at 12 ms steps.
+# streams (docs/performance_history.md run 27). Four frames take about 0.35 s to generate at 12 ms steps.
 FAST_START_WITHIN_S = 0.5
 _STEP_EMA = 0.1  # weight of the newest step interval in the moving average
 _LOAD_STALE_S = 1.0  # no step reported for this long: the engine went idle, the load is gone

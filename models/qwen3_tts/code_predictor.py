@@ -144,8 +144,7 @@ def decode_frame(talker: nn.Module, hidden: Tensor, sample: SampleFn, *, allowed
     logits = talker.codec_logits(hidden)  # [B, V] float32
     mask = allowed[None, :].expand_as(logits)
     if eos_ok is not None:
-        eos = torch.zeros_like(allowed)
-        eos[cfg.codec_eos_token_id] = True
+        eos = torch.arange(allowed.numel(), device=allowed.device) == cfg.codec_eos_token_id  # (capturable)
         mask = mask & ~(eos[None, :] & ~eos_ok[:, None])
     code0 = sample(logits.masked_fill(~mask, float("-inf")), 0)  # [B]
     rest = talker.code_predictor.predict(hidden, talker.model.codec_embedding(code0), sample)  # [B, G-1]

@@ -146,7 +146,7 @@ def load_qwen3_tts(path_or_hub_id: str | os.PathLike = DEFAULT_HUB_ID, *, device
     """Return ``Loaded(model, codec, tokenizer, config)``, eval, on ``device``.
 
     ``load_format="dummy"``: ``path_or_hub_id`` is a preset name or a folder whose config.json
-    (and tokenizer, if any) is used; anything else means the 1.7B CustomVoice preset.
+    (and tokenizer, if any) is used; anything else (a hub id) the preset of its size and kind.
     """
     if load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
@@ -159,8 +159,11 @@ def load_qwen3_tts(path_or_hub_id: str | os.PathLike = DEFAULT_HUB_ID, *, device
             config = load_config(d)
             has_tok = (d / "tokenizer.json").is_file() or (d / "vocab.json").is_file()
             tokenizer = TextTokenizer.from_dir(d) if has_tok else None
-        else:
-            config, tokenizer = PRESETS["qwen3-tts-1.7b-customvoice"], None
+        else:  # a hub id: the preset of its size and kind (Qwen/Qwen3-TTS-12Hz-0.6B-Base -> 0.6b-base)
+            name = key.lower()
+            size = "0.6b" if "0.6b" in name else "1.7b"
+            kind = "base" if name.endswith("base") else "customvoice"
+            config, tokenizer = PRESETS[f"qwen3-tts-{size}-{kind}"], None
         model, codec = _build(config)
         model.to_empty(device=device)
         codec.to_empty(device=device)

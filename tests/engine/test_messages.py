@@ -29,6 +29,8 @@ EXAMPLES: list[m.Message] = [
     m.Batch([m.Audio(7, b"\x00\x01" * 4, (0, 12), 1.5), m.Done(7, "end", 4, {}),
              m.Error(8, "model_error", "boom", True)]),
     m.Batch([]),
+    m.Heartbeat(0.0, 0),
+    m.Heartbeat(12.5, 4096),
 ]
 
 
