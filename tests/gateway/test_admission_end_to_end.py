@@ -17,7 +17,7 @@ from tests.conftest import VoxgateServer
 
 pytestmark = pytest.mark.slow
 
-TEXT = "One two three, four five six."  # about 1.7 s of tone at 60 ms a character
+TEXT = "One two three, four five six."
 
 
 def _get(url: str) -> str:
@@ -50,11 +50,12 @@ async def _first_audio(stream: ClientStream) -> dict[str, Any]:
 async def _refuse_scenario(server: VoxgateServer) -> dict[str, Any]:
     async with VoxgateClient.connect(server.ws_url) as client:
         a = await client.start()
-        await _speak(a)
-        await _first_audio(a)  # a speaks: the one place is taken
+        await a.send_text(TEXT)  # no end yet: a holds the one place until it ends
+        await _first_audio(a)
         b = await client.start()
         await _speak(b)
         b_msgs = [msg async for msg in b.messages()]
+        await a.end()
         await a.collect()
         c = await client.start()  # a is done: room again
         await _speak(c)
@@ -67,12 +68,13 @@ async def _refuse_scenario(server: VoxgateServer) -> dict[str, Any]:
 async def _queue_scenario(server: VoxgateServer) -> dict[str, Any]:
     async with VoxgateClient.connect(server.ws_url) as client:
         a = await client.start()
-        await _speak(a)
+        await a.send_text(TEXT)  # no end yet: a holds the one place until it ends
         await _first_audio(a)
         health = json.loads(await _until(lambda: _get(server.base_url + "health"),
                                          lambda t: json.loads(t).get("load") == 1.0))
         b = await client.start()
         await _speak(b)
+        await a.end()
         a_msgs = [msg async for msg in a.messages()]
         b_msgs = [msg async for msg in b.messages()]
     metrics = await _until(lambda: _get(server.base_url + "metrics"),
