@@ -24,6 +24,9 @@ Contract:
 - Input streaming (``info.input_streaming``): the engine core gives each stream's turn one job
   and feeds it ``push_text(job_id, text, flush=..., final=...)`` as text arrives; the backend
   speaks it as the model takes it, and ends the job after ``final``.
+- Optional ``step_counts()`` (decode rows and prompt tokens launched since start) and
+  ``max_decode_rows`` (the most decode rows a step runs): a step-based backend's figures for
+  admission, with ``info.tokens_per_audio_second`` (``engine.admission``).
 - A job ends with exactly one ``JobOutput`` whose ``is_finished`` is true (possibly carrying
   the last audio) or whose ``error`` is set. An error fails that job only.
 """
@@ -61,6 +64,10 @@ class BackendInfo:
     # "loaded" (the checkpoint's weights) or "random" (``--load-format dummy``: noise, for
     # benchmarks); said wherever the model is named (hello, /health, the start-up line).
     weights: str = "loaded"
+    # Decode rows (audio tokens, or frames where a row samples a whole frame) one stream needs
+    # per second of audio, for a step-based backend: the engine's admission turns its measured
+    # step times into a capacity in streams with it (engine.admission). None: not step-based.
+    tokens_per_audio_second: float | None = None
 
 
 @dataclass(frozen=True)

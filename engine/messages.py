@@ -174,6 +174,7 @@ class Error(Message):
     code: str
     message: str
     retryable: bool
+    retry_after_s: float | None = None  # a `capacity` refusal: when a retry may find room
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,8 @@ class Stats(Message):
     # Counters since the engine started, by name (``EngineLoop``: steps, busy_s; a backend's
     # own, e.g. the LM backend's decode_rows): the gateway exports them as metrics.
     totals: dict[str, float] = field(default_factory=dict)
+    # Admission figures (``engine.admission.Admission.snapshot``): capacity, demand, queue...
+    admission: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import sys
 from dataclasses import fields
 from typing import Callable
 
+from engine.admission import ADMISSION_POLICIES, AdmissionConfig
 from engine.config import DECODE_ATTENTION_KERNELS, EngineConfig
 from engine.core import CoreConfig
 from gateway.config import GatewayConfig
@@ -60,6 +61,10 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m = sp.add_argument_group("model")
     g = sp.add_argument_group("network")
     lim = sp.add_argument_group("limits")
+    adm = sp.add_argument_group(
+        "admission",
+        "A stream is admitted at its first text while the engine's measured capacity has room\n"
+        "(docs/scheduling.md); past it the stream waits or is refused with `capacity`.")
     st = sp.add_argument_group("streaming")
     dbg = sp.add_argument_group("logging and debugging")
     gpu = sp.add_argument_group(
@@ -132,6 +137,29 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     lim.add_argument("--engine-restart-window-s", type=float, metavar="S",
                      default=GatewayConfig.engine_restart_window_s,
                      help="the window of --max-engine-restarts, seconds")
+
+    adm.add_argument("--admission", dest="admission_policy", default=AdmissionConfig.policy,
+                     choices=list(ADMISSION_POLICIES),
+                     help="past capacity, queue: a new stream waits for room (bounded by the two "
+                          "settings below), refuse: it gets a retryable `capacity` error with a "
+                          "retry_after_s hint at once, off: every stream is admitted (capacity "
+                          "still measured and exported)")
+    adm.add_argument("--admission-max-queue", type=int, metavar="N", default=AdmissionConfig.max_queue,
+                     help="streams waiting for admission at once; one more is refused")
+    adm.add_argument("--admission-max-wait-s", type=float, metavar="S",
+                     default=AdmissionConfig.max_wait_s,
+                     help="longest wait for admission (it counts in the time to first audio): a "
+                          "stream expected to wait longer is refused at once, one still waiting "
+                          "then is refused")
+    adm.add_argument("--admission-headroom", type=float, metavar="FRACTION",
+                     default=AdmissionConfig.headroom,
+                     help="share of the engine's time kept free of the admitted streams' steady "
+                          "work, for bursts of prompts, codec work and step-time variation")
+    adm.add_argument("--admission-initial-capacity", type=int, metavar="N",
+                     default=AdmissionConfig.initial_capacity,
+                     help="streams admitted until the engine has measured enough steps, and the "
+                          "only limit for a model that is not step-based (hibari, synthetic); "
+                          "0: no cap")
 
     st.add_argument("--lookahead-jobs", type=int, default=CoreConfig.lookahead_jobs, metavar="N",
                     help="segments of a stream generated ahead of the one being spoken")
@@ -266,8 +294,12 @@ def configs_from_args(args: argparse.Namespace) -> tuple[GatewayConfig, EngineCo
     gateway = GatewayConfig(**{f.name: values[f.name] for f in fields(GatewayConfig)
                                if f.name in values})
     core = CoreConfig(lookahead_jobs=args.lookahead_jobs, max_streams=args.max_streams)
-    engine = EngineConfig(core=core, **{f.name: values[f.name] for f in fields(EngineConfig)
-                                        if f.name in values and f.name != "core"})
+    admission = AdmissionConfig(policy=args.admission_policy, max_queue=args.admission_max_queue,
+                                max_wait_s=args.admission_max_wait_s, headroom=args.admission_headroom,
+                                initial_capacity=args.admission_initial_capacity)
+    engine = EngineConfig(core=core, admission=admission,
+                          **{f.name: values[f.name] for f in fields(EngineConfig)
+                             if f.name in values and f.name not in ("core", "admission")})
     return gateway, engine
 
 

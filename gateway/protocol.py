@@ -353,9 +353,12 @@ def done(stream: str, *, reason: str, samples: int, **timings: float) -> dict[st
 
 
 def error(code: ErrorCode | str, message: str, *, stream: str | None = None,
-          retryable: bool = False) -> dict[str, Any]:
-    return {"type": "error", "stream": stream, "code": str(getattr(code, "value", code)),
-            "message": message, "retryable": retryable}
+          retryable: bool = False, retry_after_s: float | None = None) -> dict[str, Any]:
+    msg = {"type": "error", "stream": stream, "code": str(getattr(code, "value", code)),
+           "message": message, "retryable": retryable}
+    if retry_after_s is not None:  # a `capacity` refusal: when a retry may find room
+        msg["retry_after_s"] = retry_after_s
+    return msg
 
 
 # One Packer for every server frame: ``msgpack.packb`` builds a new one per call, which costs

@@ -262,13 +262,16 @@ class Session:
         if isinstance(msg, em.Done):
             self._forget(stream)
             self._metrics.count_stream(msg.reason)
-            return [ToClient(self._done_msg(stream, msg.reason))]
+            done = self._done_msg(stream, msg.reason)
+            if "queue_wait_ms" in msg.timings:  # it waited for admission
+                done["queue_wait_ms"] = round(msg.timings["queue_wait_ms"], 3)
+            return [ToClient(done)]
         if isinstance(msg, em.Error):
             self._forget(stream)
             self._metrics.count_error(msg.code)
             self._metrics.count_stream("error")
             return [ToClient(p.error(msg.code, msg.message, stream=stream.id,
-                                     retryable=msg.retryable))]
+                                     retryable=msg.retryable, retry_after_s=msg.retry_after_s))]
         return []
 
     def on_audio(self, msg: em.Audio) -> dict[str, Any] | None:

@@ -172,6 +172,16 @@ class LMBackend:
             out.update(program_totals())
         return out
 
+    def step_counts(self) -> tuple[int, int]:
+        """Decode rows and prompt tokens launched since start: the engine loop pairs each
+        step's share with the step's time (``engine.admission``)."""
+        return self._totals["decode_rows"], self._totals["prefill_tokens"]
+
+    @property
+    def max_decode_rows(self) -> int:
+        """The most decode rows one step runs: the decode cap, else the batch slots."""
+        return self.scheduler.config.max_num_decode_seqs or self.scheduler.config.max_num_seqs
+
     def _count(self, batch: ScheduledBatch) -> None:
         t = self._totals
         t["lm_steps"] += 1

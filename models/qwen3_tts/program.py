@@ -224,7 +224,9 @@ class Qwen3Program:
         if config.supports_instruct:
             ranges["instruct"] = {"type": "string", "default": None}
         self.info = BackendInfo(model=model_name, voices=voices, default_voice=voices[0] if voices else "",
-                                sample_rate=24000, options=ranges, input_streaming=True)
+                                sample_rate=24000, options=ranges, input_streaming=True,
+                                # a decode row samples a whole frame of 1,920 samples: 12.5 a second
+                                tokens_per_audio_second=24000 / SAMPLES_PER_FRAME)
 
     # -- jobs -------------------------------------------------------------------------------
 

@@ -153,3 +153,22 @@ def test_bad_setting_is_a_one_line_error(no_serving: None, capsys: pytest.Captur
     assert cli.main(["serve", "--port", "70000"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "voxgate serve: error: port must be in [0, 65535], got 70000"]
+
+
+def test_admission_flags_map_onto_the_engine_config() -> None:
+    """--admission and its settings become EngineConfig.admission (default: queue)."""
+    args = cli.build_parser().parse_args([
+        "serve", "--model", "synthetic", "--admission", "refuse", "--admission-max-queue", "8",
+        "--admission-max-wait-s", "0.25", "--admission-headroom", "0.2",
+        "--admission-initial-capacity", "3"])
+    _, engine = cli.configs_from_args(args)
+    a = engine.admission
+    assert (a.policy, a.max_queue, a.max_wait_s, a.headroom, a.initial_capacity) == ("refuse", 8, 0.25, 0.2, 3)
+    _, default = cli.configs_from_args(cli.build_parser().parse_args(["serve", "--model", "synthetic"]))
+    assert default.admission.policy == "queue" and default.admission.initial_capacity == 0
+
+
+def test_a_bad_admission_setting_is_a_one_line_error(no_serving: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """A headroom of 1 (no time left for streams) exits 2 naming the setting."""
+    assert cli.main(["serve", "--model", "synthetic", "--admission-headroom", "1"]) == 2
+    assert "admission headroom must be in [0, 1)" in capsys.readouterr().err

@@ -187,6 +187,28 @@ def test_engine_error_ends_only_that_stream() -> None:
     assert s.num_active_streams == 1
 
 
+def test_a_capacity_refusal_carries_its_retry_hint() -> None:
+    """An engine `capacity` Error reaches the client with retry_after_s; other errors have none."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    _send(s, type="start", stream="y")
+    [err] = _client(s.on_engine(em.Error(1, "capacity", "server at capacity; retry after 2.5 s", True, 2.5)))
+    assert (err["code"], err["retryable"], err["retry_after_s"]) == ("capacity", True, 2.5)
+    [err] = _client(s.on_engine(em.Error(2, "model_error", "boom", False)))
+    assert "retry_after_s" not in err
+
+
+def test_done_says_how_long_a_stream_waited_for_admission() -> None:
+    """An engine Done whose timings have queue_wait_ms passes it on in `done`."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    [done] = _client(s.on_engine(em.Done(1, "end", 0, {"queue_wait_ms": 212.3456, "ttfa_ms": 250.0})))
+    assert done["queue_wait_ms"] == 212.346
+    _send(s, type="start", stream="y")
+    [done] = _client(s.on_engine(em.Done(2, "end", 0, {"ttfa_ms": 30.0})))
+    assert "queue_wait_ms" not in done
+
+
 def test_engine_lost_fails_all_streams_retryably() -> None:
     """When the engine dies every active stream gets engine_restarted (retryable)."""
     s, _ = _session()
