@@ -174,7 +174,8 @@ class KyutaiProgram:
         ranges["seed"] = {"min": 0, "max": 2**63 - 1, "default": None}
         ranges["cfg"] = {"choices": list(config.condition.cfg_values), "default": DEFAULT_OPTIONS["cfg"]}
         self.info = BackendInfo(model=model_name, voices=names, default_voice=default_voice, sample_rate=24000,
-                                options=ranges, input_streaming=True)
+                                options=ranges, input_streaming=True,
+                                tokens_per_audio_second=12.5)  # one step per Mimi frame (12.5 Hz)
 
     # -- jobs -------------------------------------------------------------------------------
 
