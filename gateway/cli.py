@@ -15,6 +15,7 @@ from engine.admission import ADMISSION_POLICIES, AdmissionConfig
 from engine.config import DECODE_ATTENTION_KERNELS, EngineConfig
 from engine.core import CoreConfig
 from gateway.config import GatewayConfig
+from models import registry
 
 __all__ = ["main", "build_parser", "configs_from_args", "check_device", "probe_cuda"]
 
@@ -76,11 +77,10 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
         "H200 (docs/performance.md, docs/orpheus.md): change them only to measure.")
 
     m.add_argument("--model", default=EngineConfig.model,
-                   help="hibari: the embedded English voice (CPU); synthetic: tones paced at "
-                        "real time (tests, gateway benchmarks); orpheus: Orpheus 3B "
-                        "(canopylabs/orpheus-3b-0.1-ft); tiny: a 2-layer toy Orpheus with "
-                        "Orpheus's vocabulary, for smoke tests (needs --load-format dummy); "
-                        "or a local directory / hub id of an Orpheus checkpoint")
+                   help="a served name (" + ", ".join(e.name for e in registry.ENTRIES) + "; their "
+                        "tiny random variants tiny, qwen3-tts-tiny, ...: each needs --load-format dummy), "
+                        "a hub id of a served family, or a local checkpoint directory; "
+                        "models.registry and the README's model table list them")
     m.add_argument("--device", default=EngineConfig.device, choices=["auto", "cpu", "cuda"],
                    help="auto: CUDA when torch sees a GPU, else the CPU; hibari and synthetic "
                         "run on the CPU only")
