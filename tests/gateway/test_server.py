@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import json
 import os
+import re
 import signal
+import socket
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -71,6 +73,39 @@ def test_http_routes(synth: VoxgateServer) -> None:
     status, body = _get(synth, "/")
     assert status == 200 and b"<html" in body.lower()
     assert _get(synth, "/nope/../../etc/passwd")[0] == 404
+
+
+def _raw_http(server: VoxgateServer, data: bytes) -> list[int]:
+    """Send raw bytes, read until the server closes; the status codes of its responses."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    return [int(code) for code in re.findall(rb"HTTP/1\.[01] (\d{3}) ", out)]
+
+
+def test_malformed_http_gets_a_4xx_and_no_traceback(synth: VoxgateServer) -> None:
+    """Unknown paths, wrong methods, garbage, huge or contradictory headers and a plain GET on
+    the WebSocket path each get a 4xx; a GET with a body and pipelined requests are answered;
+    nothing is logged as an error."""
+    close = b"Connection: close\r\n"
+    assert _raw_http(synth, b"POST /nope/x HTTP/1.1\r\nHost: a\r\n" + close
+                     + b"Content-Length: 3\r\n\r\nabc") == [404]
+    assert _raw_http(synth, b"POST /health HTTP/1.1\r\nHost: a\r\n" + close
+                     + b"Content-Length: 0\r\n\r\n") == [405]
+    assert _raw_http(synth, b"GET /health HTTP/1.1\r\nHost: a\r\n" + close
+                     + b"Content-Length: 5\r\n\r\nhello") == [200]
+    assert _raw_http(synth, b"GET /health HTTP/1.1\r\nHost: a\r\n\r\n"
+                     b"GET /v1/voices HTTP/1.1\r\nHost: a\r\n" + close + b"\r\n") == [200, 200]
+    assert _raw_http(synth, b"\x00\x01\x02garbage\r\n\r\n") == [400]
+    assert _raw_http(synth, b"GET / HTTP/1.1\r\nHost: a\r\nX: " + b"a" * 20000
+                     + b"\r\n\r\n") == [400]
+    assert _raw_http(synth, b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n") == [400]
+    assert _raw_http(synth, b"GET /v1/stream HTTP/1.1\r\nHost: a\r\n" + close + b"\r\n") == [426]
+    assert _get(synth, "/health")[0] == 200  # still serving
+    assert not [line for line in synth.output if "Traceback" in line or " ERROR " in line]
 
 
 def test_two_streams_word_by_word_and_cancel(synth: VoxgateServer) -> None:

@@ -1,26 +1,21 @@
-"""gateway.server._Connection: direct writes on the hot path, the outbox and the writer otherwise."""
+"""gateway.ws_handler.Connection: direct writes on the hot path, the outbox and the writer otherwise."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import aiohttp
 import msgpack
-from websockets.protocol import State
+from aiohttp import web
 
 from gateway import protocol as p
-from gateway.server import _Connection
+from gateway.ws_handler import Connection
 
 
 class FakeProtocol:
     def __init__(self) -> None:
-        self.state = State.OPEN
-        self.pending: list[bytes] = []
-
-    def send_binary(self, data: bytes) -> None:
-        self.pending.append(data)
-
-    def send_text(self, data: bytes) -> None:
-        self.pending.append(data)
+        self.writing_paused = False
 
 
 class FakeTransport:
@@ -31,27 +26,40 @@ class FakeTransport:
         return self.closing
 
 
-class FakeWs:
-    """The attributes of websockets' asyncio connection that the direct write uses."""
+class FakeWriter:
+    """The attributes of aiohttp's WebSocketWriter that the direct write uses."""
 
     def __init__(self) -> None:
         self.protocol = FakeProtocol()
         self.transport = FakeTransport()
-        self.paused = False
+        self._closing = False
         self.written: list[bytes] = []
 
-    def send_data(self) -> None:
-        self.written.extend(self.protocol.pending)
-        self.protocol.pending.clear()
+    def _write_websocket_frame(self, message: bytes, opcode: int, rsv: int) -> None:
+        self.written.append(bytes(message))
+
+
+class FakeWs:
+    def __init__(self) -> None:
+        self._writer = FakeWriter()
+        self.written = self._writer.written
+
+    @property
+    def paused(self) -> bool:
+        return self._writer.protocol.writing_paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self._writer.protocol.writing_paused = value
 
 
 def _audio(seq: int, stream: str = "s") -> dict[str, Any]:
     return p.audio(stream, seq=seq, offset=seq * 4, pcm=b"\x00" * 8)
 
 
-def _conn(ws: FakeWs, max_outbox_bytes: int = 1 << 20) -> _Connection:
-    return _Connection(ws, session=None, encoding=p.Encoding.MSGPACK,  # type: ignore[arg-type]
-                       max_outbox_bytes=max_outbox_bytes)
+def _conn(ws: FakeWs, max_outbox_bytes: int = 1 << 20) -> Connection:
+    return Connection(ws, session=None, encoding=p.Encoding.MSGPACK,  # type: ignore[arg-type]
+                      max_outbox_bytes=max_outbox_bytes)
 
 
 def _seqs(frames: list[Any]) -> list[int]:
@@ -89,7 +97,7 @@ def test_send_in_flight_or_closing_socket_queues() -> None:
     conn.push_audio(_audio(0))
     conn.is_sending = False
     conn.outbox.clear()
-    ws.protocol.state = State.CLOSING
+    ws._writer._closing = True
     conn.push_audio(_audio(1))
     assert ws.written == [] and len(conn.outbox) == 1
 
@@ -111,7 +119,8 @@ def test_slow_consumer_is_closed_when_the_outbox_overflows() -> None:
     for seq in range(20):
         conn.push_audio(_audio(seq))
     assert conn.is_closing and conn.close_code == 1008
-    assert not conn.outbox
+    # the audio is dropped; a slow_consumer error is queued before the close
+    assert [msgpack.unpackb(data)["code"] for _, data in conn.outbox] == ["slow_consumer"]
 
 
 def test_cancel_drops_queued_audio_of_that_stream_only() -> None:
@@ -124,3 +133,38 @@ def test_cancel_drops_queued_audio_of_that_stream_only() -> None:
     conn.push(p.done("a", reason="cancelled", samples=0))
     kinds = [(stream, msgpack.unpackb(data)["type"]) for stream, data in conn.outbox]
     assert kinds == [("b", "audio"), (None, "done")]
+
+
+def test_real_aiohttp_websocket_takes_the_direct_path() -> None:
+    """On aiohttp's own WebSocketResponse the direct write is available and its frames arrive
+    in order with those the writer task sends (an aiohttp upgrade that drops it fails here)."""
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(compress=False)
+        await ws.prepare(request)
+        conn = Connection(ws, session=None, encoding=p.Encoding.MSGPACK,  # type: ignore[arg-type]
+                          max_outbox_bytes=1 << 20)
+        assert conn.can_write_direct
+        conn.push_audio(_audio(0))
+        assert not conn.outbox  # written directly
+        await ws.send_bytes(msgpack.packb(_audio(1)))
+        conn.push_audio(_audio(2))
+        await ws.close()
+        return ws
+
+    async def main() -> list[int]:
+        app = web.Application()
+        app.router.add_get("/ws", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with aiohttp.ClientSession() as http, http.ws_connect(
+                    f"http://127.0.0.1:{port}/ws") as ws:
+                return [msgpack.unpackb(msg.data)["seq"] async for msg in ws]
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(main()) == [0, 1, 2]
