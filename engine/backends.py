@@ -17,7 +17,8 @@ def build_backend(config: EngineConfig) -> Backend:
     if config.model == "synthetic":
         from engine.synthetic import SyntheticBackend
 
-        return SyntheticBackend(realtime=config.synthetic_realtime)
+        return SyntheticBackend(realtime=config.synthetic_realtime,
+                                clone_voices=config.synthetic_cloning)
     from engine.llm.build import build_orpheus_backend
 
     model = "canopylabs/orpheus-3b-0.1-ft" if config.model == "orpheus" else config.model

@@ -124,7 +124,7 @@ class EngineLoop:
         core = self.core
         try:
             if isinstance(msg, m.Open):
-                out = core.open(msg.key, msg.voice, msg.options, msg.format)
+                out = core.open(msg.key, msg.voice, msg.options, msg.format, msg.voice_ref)
             elif isinstance(msg, m.Text):
                 out = core.add_text(msg.key, msg.text)
             elif isinstance(msg, m.Flush):
@@ -212,7 +212,7 @@ class EngineLoop:
 def _hello(backend: Backend) -> m.Hello:
     info = backend.info
     return m.Hello(info.model, list(info.voices), info.default_voice, info.sample_rate,
-                   dict(info.options), describe_device())
+                   dict(info.options), describe_device(), info.supports_cloning)
 
 
 def engine_main(config: EngineConfig, inbox: ShmQueue, outbox: ShmQueue, log_level: str) -> None:
