@@ -93,6 +93,29 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     lim.add_argument("--idle-timeout-s", type=float, default=GatewayConfig.idle_timeout_s)
     lim.add_argument("--engine-start-timeout-s", type=float,
                      default=GatewayConfig.engine_start_timeout_s)
+    v = sp.add_argument_group("registered voices (POST /v1/voices, models that can clone)")
+    v.add_argument("--data-dir", default=GatewayConfig.data_dir,
+                   help="where registered voices are kept (default: $XDG_DATA_HOME/voxgate or "
+                        "~/.local/share/voxgate; nothing is written until a voice is registered)")
+    v.add_argument("--max-voice-upload-bytes", type=int, default=GatewayConfig.max_voice_upload_bytes,
+                   help="largest upload, the whole request, in bytes; a larger one gets 413, before "
+                        "its body is read when its Content-Length says so (default 10 MiB)")
+    v.add_argument("--min-voice-duration-s", type=float, default=GatewayConfig.min_voice_duration_s,
+                   help="shortest voice sample accepted, in seconds")
+    v.add_argument("--max-voice-duration-s", type=float, default=GatewayConfig.max_voice_duration_s,
+                   help="longest voice sample accepted, in seconds (decoding stops there)")
+    v.add_argument("--min-voice-rms-dbfs", type=float, default=GatewayConfig.min_voice_rms_dbfs,
+                   help="a sample whose RMS level is below this many dB of full scale is refused "
+                        "as silent")
+    v.add_argument("--max-voice-name-chars", type=int, default=GatewayConfig.max_voice_name_chars,
+                   help="longest voice name (letters, digits, spaces and - _ . ' ( ))")
+    v.add_argument("--max-voice-transcript-chars", type=int,
+                   default=GatewayConfig.max_voice_transcript_chars,
+                   help="longest transcript of a voice sample, in characters")
+    v.add_argument("--max-voices", type=int, default=GatewayConfig.max_voices,
+                   help="voices kept at most; registering more gets 409")
+    m.add_argument("--synthetic-cloning", dest="synthetic_cloning", action="store_true",
+                   help="synthetic model: accept registered voices (for tests of the voice store)")
     sp.add_argument("--debug-timestamps", action="store_true",
                     help="add engine_t (engine emit time, CLOCK_MONOTONIC) to audio messages")
     sp.add_argument("--log-level", default="INFO",

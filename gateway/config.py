@@ -25,12 +25,23 @@ class GatewayConfig:
     max_engine_restarts: int = 5  # within engine_restart_window_s; then /health says failed
     engine_restart_window_s: float = 300.0
     debug_timestamps: bool = False  # add engine_t (engine emit time) to audio messages
+    # registered voices (POST /v1/voices), kept under data_dir ("": the user's data folder,
+    # $XDG_DATA_HOME/voxgate or ~/.local/share/voxgate)
+    data_dir: str = ""
+    max_voice_upload_bytes: int = 10 * 1024 * 1024  # the whole request; more: 413, unread
+    min_voice_duration_s: float = 1.0
+    max_voice_duration_s: float = 30.0
+    min_voice_rms_dbfs: float = -50.0  # a clip whose level is below this is silent
+    max_voice_name_chars: int = 64
+    max_voice_transcript_chars: int = 2000
+    max_voices: int = 100
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         for name in ("max_frame_bytes", "max_text_chars_per_stream", "max_streams_per_connection",
-                     "max_outbox_bytes", "max_connections"):
+                     "max_outbox_bytes", "max_connections", "max_voice_upload_bytes",
+                     "max_voice_name_chars", "max_voice_transcript_chars", "max_voices"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         for name in ("idle_timeout_s", "engine_start_timeout_s"):
@@ -38,6 +49,13 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.engine_restart_backoff_s < 0:
             raise ValueError("engine_restart_backoff_s must be >= 0")
+        if not 0 < self.min_voice_duration_s <= self.max_voice_duration_s:
+            raise ValueError("voice durations must satisfy 0 < min_voice_duration_s <= "
+                             f"max_voice_duration_s, got {self.min_voice_duration_s} and "
+                             f"{self.max_voice_duration_s}")
+        if not self.min_voice_rms_dbfs < 0:
+            raise ValueError(f"min_voice_rms_dbfs must be < 0 (dB below full scale), got "
+                             f"{self.min_voice_rms_dbfs}")
 
     def limits(self) -> dict[str, float | int]:
         """The limits announced in ``hello``."""

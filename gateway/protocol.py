@@ -204,7 +204,8 @@ def encode_client_message(msg: dict[str, Any], encoding: Encoding = Encoding.MSG
 
 
 def hello(*, model: str, voices: list[str], sample_rate: int, default_voice: str,
-          options: dict[str, Any], limits: dict[str, Any], device: str = "") -> dict[str, Any]:
+          options: dict[str, Any], limits: dict[str, Any], device: str = "",
+          supports_cloning: bool = False) -> dict[str, Any]:
     return {
         "type": "hello",
         "protocol": PROTOCOL_VERSION,
@@ -216,6 +217,7 @@ def hello(*, model: str, voices: list[str], sample_rate: int, default_voice: str
         "options": options,
         "limits": limits,
         "device": device,
+        "supports_cloning": supports_cloning,
     }
 
 

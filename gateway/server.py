@@ -17,6 +17,7 @@ import itertools
 import logging
 import socket
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -25,11 +26,12 @@ from aiohttp.http_exceptions import HttpProcessingError
 from engine import messages as em
 from engine.config import EngineConfig
 from gateway import http_routes
-from gateway import protocol as p
 from gateway.config import GatewayConfig
 from gateway.engine_client import EngineSupervisor
 from gateway.metrics import GatewayMetrics
 from gateway.session import Action, Close, Session, ToClient, ToEngine
+from gateway.voice_routes import VoiceRoutes
+from gateway.voice_store import VoiceStore, default_data_dir
 from gateway.ws_handler import CLOSE_GRACE_S, Connection, handle_stream
 
 __all__ = ["Gateway", "WEB_DEMO_DIR", "bind_socket"]
@@ -87,6 +89,9 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         self._socket: socket.socket | None = None
         self._stopped = asyncio.Event()
+        self.data_dir = Path(config.data_dir) if config.data_dir else default_data_dir()
+        self.voices: VoiceStore | None = None  # opened by start()
+        self._voice_routes: VoiceRoutes | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -96,13 +101,16 @@ class Gateway:
         app.router.add_get(_STREAM_PATH, partial(handle_stream, self))
         app.router.add_get("/health", partial(http_routes.health, self))
         app.router.add_get("/metrics", partial(http_routes.metrics, self))
-        app.router.add_get("/v1/voices", self._voices)
+        if self._voice_routes is None:
+            raise RuntimeError("build_app() runs in start(), once the voice store is open")
+        self._voice_routes.add_to(app.router)
         app.router.add_get("/", http_routes.static_file)
         app.router.add_get("/{name}", http_routes.static_file)
         return app
 
     async def start(self) -> None:
-        """Start the engine (wait for its handshake), then listen."""
+        """Open the voice store, start the engine (wait for its handshake), then listen."""
+        await self._open_voices()
         await self.engine.start()
         sock = bind_socket(self.config.host, self.config.port)
         self._socket = sock
@@ -111,6 +119,18 @@ class Gateway:
                                      logger=_ServerLog(logging.getLogger("voxgate.http"), {}))
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
+
+    async def _open_voices(self) -> None:
+        store = VoiceStore(self.data_dir, max_voices=self.config.max_voices)
+        try:
+            await asyncio.to_thread(store.open)
+        except Exception as exc:  # the server serves without it; /v1/voices POST says so
+            log.error("the voice store in %s cannot be opened (%s); registering voices is off",
+                      store.folder, exc)
+            store.close()
+        else:
+            self.voices = store
+        self._voice_routes = VoiceRoutes(self.config, self.engine, self.voices)
 
     @property
     def port(self) -> int:
@@ -129,6 +149,10 @@ class Gateway:
                 conn.request_close(1001, "server shutting down")
             await self._runner.cleanup()  # stops listening, then waits for the handlers
             self._runner = None
+        if self._voice_routes is not None:
+            self._voice_routes.close()
+        if self.voices is not None:
+            self.voices.close()
         await self.engine.stop()
         self._stopped.set()
 
@@ -143,6 +167,7 @@ class Gateway:
             hello=hello, limits=self.config.limits(), allocate_key=lambda: next(self._keys),
             is_engine_ready=self.engine.is_ready, metrics=self.metrics,
             debug_timestamps=self.config.debug_timestamps,
+            resolve_voice=self.voices.resolve if self.voices is not None else None,
         )
 
     def refusal(self) -> str:
@@ -217,14 +242,3 @@ class Gateway:
         self.metrics.active_streams.set(sum(c.session.num_active_streams
                                             for c in self._connections))
         return self.metrics.render()
-
-    async def _voices(self, request: web.Request) -> web.Response:
-        hello = self.engine.hello
-        if hello is None:
-            return http_routes.error_response(503, "engine_unavailable",
-                                              "the engine is starting or restarting",
-                                              retryable=True)
-        return web.json_response({
-            "model": hello.model, "voices": hello.voices, "default_voice": hello.default_voice,
-            "sample_rate": hello.sample_rate, "options": hello.options,
-            "formats": list(p.FORMATS)})

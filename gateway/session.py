@@ -92,7 +92,10 @@ class Session:
         metrics: SessionMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         debug_timestamps: bool = False,
+        resolve_voice: Callable[[str], em.VoiceRef | None] | None = None,
     ) -> None:
+        """``resolve_voice`` finds a registered voice that ``start`` names (not a built-in one):
+        a ``VoiceRef``, ``None`` if there is none, or ``LookupError`` naming the ambiguity."""
         self._hello = hello
         self._limits = dict(limits)
         self._max_streams = int(limits["max_streams_per_connection"])
@@ -102,6 +105,7 @@ class Session:
         self._metrics = metrics or _NoMetrics()
         self._clock = clock
         self._debug_timestamps = debug_timestamps
+        self._resolve_voice = resolve_voice
         self._streams: dict[str, _Stream] = {}
         self._by_key: dict[int, _Stream] = {}
 
@@ -110,7 +114,8 @@ class Session:
     def greeting(self) -> dict[str, Any]:
         h = self._hello
         return p.hello(model=h.model, voices=list(h.voices), sample_rate=h.sample_rate,
-                       default_voice=h.default_voice, options=h.options, limits=self._limits, device=h.device)
+                       default_voice=h.default_voice, options=h.options, limits=self._limits,
+                       device=h.device, supports_cloning=h.supports_cloning)
 
     @property
     def num_active_streams(self) -> int:
@@ -168,10 +173,9 @@ class Session:
             raise ProtocolError(ErrorCode.TOO_MANY_STREAMS,
                                 f"at most {self._max_streams} active streams per connection",
                                 stream=msg.stream, retryable=True)
+        voice_ref = None
         if msg.voice is not None and msg.voice not in self._hello.voices:
-            raise ProtocolError(ErrorCode.UNKNOWN_VOICE,
-                                f"unknown voice {msg.voice!r}; voices: {list(self._hello.voices)}",
-                                stream=msg.stream)
+            voice_ref = self._registered_voice(msg.voice, msg.stream)
         if not self._is_engine_ready():
             raise ProtocolError(ErrorCode.ENGINE_UNAVAILABLE,
                                 "the engine is starting or restarting; try again shortly",
@@ -179,7 +183,19 @@ class Session:
         stream = _Stream(msg.stream, self._allocate_key(), msg.format, t_start=self._clock())
         self._streams[stream.id] = stream
         self._by_key[stream.key] = stream
-        return [ToEngine(em.Open(stream.key, msg.voice, dict(msg.options), msg.format))]
+        return [ToEngine(em.Open(stream.key, msg.voice, dict(msg.options), msg.format, voice_ref))]
+
+    def _registered_voice(self, voice: str, stream: str) -> em.VoiceRef:
+        try:
+            ref = self._resolve_voice(voice) if self._resolve_voice is not None else None
+        except LookupError as exc:
+            raise ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc.args[0]), stream=stream) from None
+        if ref is None:
+            registered = " or a registered voice's id (GET /v1/voices)" if self._resolve_voice else ""
+            raise ProtocolError(ErrorCode.UNKNOWN_VOICE,
+                                f"unknown voice {voice!r}; voices: {list(self._hello.voices)}"
+                                + registered, stream=stream)
+        return ref
 
     def _text(self, stream: _Stream, text: str) -> list[Action]:
         if len(stream.text) + len(text) > self._max_text:
