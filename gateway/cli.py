@@ -93,6 +93,11 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     lim.add_argument("--idle-timeout-s", type=float, default=GatewayConfig.idle_timeout_s)
     lim.add_argument("--engine-start-timeout-s", type=float,
                      default=GatewayConfig.engine_start_timeout_s)
+    lim.add_argument("--drain-timeout-s", type=float, default=GatewayConfig.drain_timeout_s,
+                     help="on SIGTERM the server takes no new connections or streams (/health: "
+                          "draining, 503) and lets streams in flight finish for this many "
+                          "seconds; then the rest end with server_shutdown (retryable), close "
+                          "1001. SIGINT (Ctrl-C) stops at once")
     v = sp.add_argument_group("registered voices (POST /v1/voices, models that can clone)")
     v.add_argument("--data-dir", default=GatewayConfig.data_dir,
                    help="where registered voices are kept (default: $XDG_DATA_HOME/voxgate or "
@@ -145,36 +150,60 @@ def configs_from_args(args: argparse.Namespace) -> tuple[GatewayConfig, EngineCo
 
 async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
                  log_level: str) -> int:
+    """Bind, start the engine, serve until a signal: SIGTERM drains (streams in flight may
+    finish for ``--drain-timeout-s``), SIGINT (Ctrl-C) or a second signal stops at once."""
     from gateway.engine_client import EngineStartError
     from gateway.server import Gateway
 
     gateway = Gateway(gateway_config, engine_config, log_level=log_level)
-    print(f"voxgate: starting the engine (model {engine_config.model}) ...", flush=True)
+    host, port = gateway_config.host, gateway_config.port
     try:
-        await gateway.start()
+        await gateway.listen()  # before the engine: a port in use is found in a moment
+    except OSError as exc:
+        print(f"voxgate: error: cannot listen on {host}:{port}: {exc.strerror or exc}",
+              file=sys.stderr, flush=True)
+        await gateway.stop()
+        return 1
+    signals: asyncio.Queue[int] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
+    print(f"voxgate: starting the engine (model {engine_config.model}) ...", flush=True)
+    starting = asyncio.create_task(gateway.start_engine())
+    first_signal = asyncio.create_task(signals.get())
+    await asyncio.wait({starting, first_signal}, return_when=asyncio.FIRST_COMPLETED)
+    if first_signal.done():  # stopped while the model loads
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        print("voxgate: shutting down", flush=True)
+        await gateway.stop()
+        return 0
+    try:
+        starting.result()
     except EngineStartError as exc:
         print(f"voxgate: error: {exc}", file=sys.stderr, flush=True)
+        first_signal.cancel()
         await gateway.stop()
         return 1
     from engine.gc_heap import freeze_startup_heap
 
     freeze_startup_heap()  # the gateway's start-up objects: out of every full collection
-    host = gateway_config.host
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     hello = gateway.engine.hello
     if hello is not None and hello.device:
         print(f"voxgate: model {hello.model} on {hello.device}", flush=True)
     print(f"voxgate: serving on http://{shown}:{gateway.port}/ (demo page); "
           f"WebSocket ws://{shown}:{gateway.port}/v1/stream", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    server_task = asyncio.create_task(gateway.serve_forever())
-    await stop.wait()
+    if await first_signal == signal.SIGTERM and gateway_config.drain_timeout_s > 0:
+        print(f"voxgate: draining: streams in flight may finish for "
+              f"{gateway_config.drain_timeout_s:g} s (--drain-timeout-s)", flush=True)
+        drain = asyncio.create_task(gateway.drain(gateway_config.drain_timeout_s))
+        second_signal = asyncio.create_task(signals.get())
+        await asyncio.wait({drain, second_signal}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (drain, second_signal):
+            task.cancel()
     print("voxgate: shutting down", flush=True)
     await gateway.stop()
-    server_task.cancel()
     return 0
 
 
@@ -200,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         gateway_config, engine_config = configs_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    return _run(_serve(gateway_config, engine_config, args.log_level))
+    try:
+        return _run(_serve(gateway_config, engine_config, args.log_level))
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed
+        return 130
 
 
 if __name__ == "__main__":

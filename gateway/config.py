@@ -18,7 +18,8 @@ class GatewayConfig:
     idle_timeout_s: float = 300.0  # no frame and no active stream for this long: close 1001
     # Audio waiting to be written to one client. Past this the client is not reading: close 1008.
     max_outbox_bytes: int = 8 * 1024 * 1024
-    max_connections: int = 2048
+    max_connections: int = 2048  # lowered at start to what the open-file limit allows
+    drain_timeout_s: float = 20.0  # on SIGTERM, streams in flight may finish for this long
     # engine supervision
     engine_start_timeout_s: float = 600.0
     engine_restart_backoff_s: float = 1.0
@@ -49,6 +50,8 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.engine_restart_backoff_s < 0:
             raise ValueError("engine_restart_backoff_s must be >= 0")
+        if self.drain_timeout_s < 0:
+            raise ValueError("drain_timeout_s must be >= 0")
         if not 0 < self.min_voice_duration_s <= self.max_voice_duration_s:
             raise ValueError("voice durations must satisfy 0 < min_voice_duration_s <= "
                              f"max_voice_duration_s, got {self.min_voice_duration_s} and "

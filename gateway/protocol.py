@@ -68,6 +68,7 @@ class ErrorCode(str, enum.Enum):
     CAPACITY = "capacity"  # the engine is full; retry later
     ENGINE_RESTARTED = "engine_restarted"  # the engine died; the stream is lost, retry
     ENGINE_UNAVAILABLE = "engine_unavailable"  # the engine is (re)starting
+    SERVER_SHUTDOWN = "server_shutdown"  # the server is stopping; retry on another
     MODEL_ERROR = "model_error"
     INTERNAL = "internal"
 

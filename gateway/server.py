@@ -28,6 +28,7 @@ from engine.config import EngineConfig
 from gateway import http_routes
 from gateway.config import GatewayConfig
 from gateway.engine_client import EngineSupervisor
+from gateway.fd_limit import connections_allowed, raise_open_file_limit
 from gateway.metrics import GatewayMetrics
 from gateway.session import Action, Close, Session, ToClient, ToEngine
 from gateway.voice_routes import VoiceRoutes
@@ -40,6 +41,12 @@ log = logging.getLogger("voxgate.gateway")
 
 WEB_DEMO_DIR = http_routes.WEB_DEMO_DIR
 _STREAM_PATH = "/v1/stream"
+_SHUTDOWN_MESSAGE = "the server is shutting down; reconnect and retry"
+
+
+def _unavailable(code: str, message: str, *, retry_after_s: int) -> web.Response:
+    return http_routes.error_response(503, code, message, retryable=True,
+                                      headers={"Retry-After": str(retry_after_s)})
 
 
 class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -89,6 +96,9 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         self._socket: socket.socket | None = None
         self._stopped = asyncio.Event()
+        self.max_connections = config.max_connections  # lowered to fit the open-file limit
+        self._num_handshakes = 0  # WebSocket upgrades admitted and not yet connections
+        self.is_draining = False
         self.data_dir = Path(config.data_dir) if config.data_dir else default_data_dir()
         self.voices: VoiceStore | None = None  # opened by start()
         self._voice_routes: VoiceRoutes | None = None
@@ -108,17 +118,36 @@ class Gateway:
         app.router.add_get("/{name}", http_routes.static_file)
         return app
 
-    async def start(self) -> None:
-        """Open the voice store, start the engine (wait for its handshake), then listen."""
-        await self._open_voices()
-        await self.engine.start()
+    async def listen(self) -> None:
+        """Bind the port and serve HTTP before the engine starts (``/health`` answers while the
+        model loads). Raises ``OSError`` when the address cannot be bound (port in use)."""
+        self._fit_connections_to_fd_limit()
         sock = bind_socket(self.config.host, self.config.port)
         self._socket = sock
+        await self._open_voices()
         self._runner = web.AppRunner(self.build_app(), handle_signals=False, access_log=None,
                                      shutdown_timeout=CLOSE_GRACE_S,
                                      logger=_ServerLog(logging.getLogger("voxgate.http"), {}))
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
+
+    async def start_engine(self) -> None:
+        """Start the engine and wait for its handshake. Raises ``EngineStartError``."""
+        await self.engine.start()
+
+    async def start(self) -> None:
+        """``listen`` then ``start_engine``."""
+        await self.listen()
+        await self.start_engine()
+
+    def _fit_connections_to_fd_limit(self) -> None:
+        soft = raise_open_file_limit()
+        allowed = connections_allowed(soft)
+        if self.max_connections > allowed:
+            log.warning("the open-file limit is %d: lowering --max-connections from %d to %d "
+                        "(raise the hard limit, e.g. `ulimit -Hn`, to allow more)", soft,
+                        self.max_connections, allowed)
+            self.max_connections = allowed
 
     async def _open_voices(self) -> None:
         store = VoiceStore(self.data_dir, max_voices=self.config.max_voices)
@@ -143,9 +172,24 @@ class Gateway:
             raise RuntimeError("call start() first")
         await self._stopped.wait()
 
+    async def drain(self, timeout_s: float) -> None:
+        """Stop taking connections and streams (``/health``: draining, 503), and wait up to
+        ``timeout_s`` for the streams in flight to finish."""
+        self.is_draining = True
+        for conn in self._connections:
+            conn.session.stop_accepting(_SHUTDOWN_MESSAGE)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._by_key and loop.time() < deadline:
+            await asyncio.sleep(0.05)  # a shutdown, polled; nothing here waits on it in a test
+
     async def stop(self) -> None:
+        """End the streams left (``server_shutdown``, retryable), close every connection with
+        1001, stop listening, stop the engine. Idempotent."""
+        self.is_draining = True
         if self._runner is not None:
             for conn in list(self._connections):
+                self.apply(conn, conn.session.shutdown(_SHUTDOWN_MESSAGE))
                 conn.request_close(1001, "server shutting down")
             await self._runner.cleanup()  # stops listening, then waits for the handlers
             self._runner = None
@@ -158,21 +202,37 @@ class Gateway:
 
     # --- connections (used by ws_handler) --------------------------------------------------
 
-    def new_session(self) -> Session | None:
-        """A session for a new connection, or ``None`` when it must be refused (``refusal``)."""
+    def admit(self) -> web.Response | None:
+        """At a WebSocket handshake: ``None`` to go on (then ``new_session`` or
+        ``handshake_failed``), or the HTTP 503 refusal to answer."""
+        if self.is_draining:
+            return _unavailable("server_shutdown", _SHUTDOWN_MESSAGE, retry_after_s=5)
+        if self.engine.hello is None:
+            return _unavailable("engine_unavailable", "the engine is starting", retry_after_s=5)
+        if len(self._connections) + self._num_handshakes >= self.max_connections:
+            return _unavailable("too_many_connections", f"the server has {self.max_connections} "
+                                "connections open (--max-connections)", retry_after_s=1)
+        self._num_handshakes += 1
+        return None
+
+    def handshake_failed(self) -> None:
+        self._num_handshakes -= 1
+
+    def new_session(self) -> Session:
+        """The session of an admitted connection whose upgrade went through."""
+        self._num_handshakes -= 1
         hello = self.engine.hello
-        if hello is None or len(self._connections) >= self.config.max_connections:
-            return None
-        return Session(
+        if hello is None:  # only ever set once; admit() saw it
+            raise RuntimeError("new_session() before the engine's handshake")
+        session = Session(
             hello=hello, limits=self.config.limits(), allocate_key=lambda: next(self._keys),
             is_engine_ready=self.engine.is_ready, metrics=self.metrics,
             debug_timestamps=self.config.debug_timestamps,
             resolve_voice=self.voices.resolve if self.voices is not None else None,
         )
-
-    def refusal(self) -> str:
-        return ("the engine is starting or restarting" if self.engine.hello is None
-                else "too many connections")
+        if self.is_draining:
+            session.stop_accepting(_SHUTDOWN_MESSAGE)
+        return session
 
     def add_connection(self, conn: Connection) -> None:
         self._connections.add(conn)
@@ -235,7 +295,11 @@ class Gateway:
     # --- HTTP ------------------------------------------------------------------------------
 
     def health(self) -> tuple[http.HTTPStatus, dict[str, Any]]:
-        return self.engine.health()
+        status, body = self.engine.health()
+        if self.is_draining:
+            body["status"] = "draining"
+            status = http.HTTPStatus.SERVICE_UNAVAILABLE
+        return status, body
 
     def render_metrics(self) -> bytes:
         # Set at scrape time: summing per action would cost O(connections) per audio chunk.

@@ -106,6 +106,7 @@ class Session:
         self._clock = clock
         self._debug_timestamps = debug_timestamps
         self._resolve_voice = resolve_voice
+        self._shutdown_reason: str | None = None  # set: starts are refused (server_shutdown)
         self._streams: dict[str, _Stream] = {}
         self._by_key: dict[int, _Stream] = {}
 
@@ -131,6 +132,24 @@ class Session:
             self._metrics.count_stream("disconnected")
         self._streams.clear()
         self._by_key.clear()
+        return actions
+
+    def stop_accepting(self, reason: str) -> None:
+        """The server is draining: later starts get a retryable ``server_shutdown``."""
+        self._shutdown_reason = reason
+
+    def shutdown(self, reason: str) -> list[Action]:
+        """The server stops now: every stream ends with a retryable ``server_shutdown`` and is
+        cancelled in the engine."""
+        self.stop_accepting(reason)
+        actions: list[Action] = []
+        for stream in list(self._streams.values()):
+            self._forget(stream)
+            self._metrics.count_error(ErrorCode.SERVER_SHUTDOWN.value)
+            self._metrics.count_stream("error")
+            actions.append(ToEngine(em.Cancel(stream.key)))
+            actions.append(ToClient(p.error(ErrorCode.SERVER_SHUTDOWN, reason, stream=stream.id,
+                                            retryable=True)))
         return actions
 
     # --- client frames ---------------------------------------------------------------------
@@ -166,6 +185,9 @@ class Session:
         return [ToEngine(em.End(stream.key))]
 
     def _start(self, msg: p.Start) -> list[Action]:
+        if self._shutdown_reason is not None:
+            raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, self._shutdown_reason,
+                                stream=msg.stream, retryable=True)
         if msg.stream in self._streams:
             raise ProtocolError(ErrorCode.STREAM_EXISTS,
                                 f"stream {msg.stream!r} is already active", stream=msg.stream)

@@ -160,16 +160,20 @@ async def handle_stream(gateway: Gateway, request: web.Request) -> web.StreamRes
                                heartbeat=_PING_INTERVAL_S, timeout=CLOSE_GRACE_S)
     if not ws.can_prepare(request).ok:
         return _not_websocket()
+    refusal = gateway.admit()
+    if refusal is not None:  # draining, the engine is starting, or too many connections
+        return refusal
     encoding = (p.Encoding.JSON if request.query.getall("encoding", []) == ["json"]
                 else p.Encoding.MSGPACK)
-    await ws.prepare(request)
+    try:
+        await ws.prepare(request)
+    except BaseException:
+        gateway.handshake_failed()
+        raise
+    session = gateway.new_session()
     transport = request.transport
     if transport is not None:
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
-    session = gateway.new_session()
-    if session is None:  # the engine is (re)starting, or too many connections
-        await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=gateway.refusal().encode())
-        return ws
     conn = Connection(ws, session, encoding, gateway.config.max_outbox_bytes,
                       on_close_requested=gateway.on_close_requested)
     conn.transport = transport

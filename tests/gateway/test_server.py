@@ -325,3 +325,73 @@ def test_engine_death_fails_streams_and_restarts(server_factory: Any) -> None:
             assert len(await again.collect()) > 0
 
     asyncio.run(main())
+
+
+def test_past_max_connections_the_handshake_gets_503_with_retry_after(server_factory: Any) -> None:
+    """With --max-connections 2 a third WebSocket is refused with HTTP 503 and Retry-After
+    (no upgrade); /health still answers, and once one closes a new connection is served."""
+    from websockets.exceptions import InvalidStatus
+
+    server = server_factory("--model", "synthetic", "--max-connections", "2")
+
+    async def main() -> None:
+        async with connect(server.ws_url) as a, connect(server.ws_url):
+            await a.recv()
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(server.ws_url):
+                    pass
+            response = info.value.response
+            assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+            assert json.loads(response.body)["error"]["code"] == "too_many_connections"
+            assert _get(server, "/health")[0] == 200
+        async with VoxgateClient.connect(server.ws_url) as client:
+            stream = await _speak(client, "Room again.")
+            assert len(await stream.collect()) > 0
+
+    asyncio.run(main())
+
+
+def test_a_low_open_file_limit_lowers_max_connections_with_a_warning() -> None:
+    """Started with a hard open-file limit of 100, the server warns and lowers
+    --max-connections to 100 - 64 reserved; the next connection gets 503, /health answers."""
+    import resource
+    import subprocess
+    import sys
+
+    from websockets.exceptions import InvalidStatus
+
+    from tests.conftest import ROOT, _URL
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--model", "synthetic", "--port", "0",
+         "--log-level", "WARNING"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, preexec_fn=low_limit)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if match := _URL.search(line):
+                break
+        else:
+            raise AssertionError("".join(lines))
+        server = VoxgateServer(proc, match.group(1), int(match.group(2)), lines)
+        assert any("lowering --max-connections from 2048 to 36" in line for line in lines), lines
+
+        async def main() -> None:
+            conns = [await connect(server.ws_url).__aenter__() for _ in range(36)]
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(server.ws_url):
+                    pass
+            assert info.value.response.status_code == 503
+            assert (await asyncio.to_thread(_get, server, "/health"))[0] == 200
+            for ws in conns:
+                await ws.close()
+
+        asyncio.run(main())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

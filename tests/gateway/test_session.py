@@ -237,3 +237,17 @@ def test_an_ambiguous_registered_name_is_an_unknown_voice_naming_the_ids() -> No
     assert _engine(actions) == [] and s.num_active_streams == 0
     [err] = _client(actions)
     assert err["code"] == "unknown_voice" and "v-1, v-2" in err["message"] and err["stream"] == "x"
+
+
+def test_stop_accepting_then_shutdown_ends_streams_with_server_shutdown() -> None:
+    """While draining a start is refused (retryable); shutdown cancels every live stream in the
+    engine and tells its client server_shutdown (retryable)."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    s.stop_accepting("the server is shutting down")
+    [refused] = _client(_send(s, type="start", stream="y"))
+    assert (refused["code"], refused["retryable"], refused["stream"]) == ("server_shutdown", True, "y")
+    actions = s.shutdown("the server is shutting down")
+    assert _engine(actions) == [em.Cancel(1)] and s.num_active_streams == 0
+    [err] = _client(actions)
+    assert (err["code"], err["retryable"], err["stream"]) == ("server_shutdown", True, "x")
