@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import ssl
 import sys
 from dataclasses import fields
 
@@ -19,10 +21,37 @@ __all__ = ["main", "build_parser", "configs_from_args"]
 log = logging.getLogger("voxgate")
 
 
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
 def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     g = sp.add_argument_group("network")
     g.add_argument("--host", default=GatewayConfig.host, help="address to bind (default 127.0.0.1)")
     g.add_argument("--port", type=int, default=GatewayConfig.port, help="port; 0 picks a free one")
+    sec = sp.add_argument_group("security (docs/security.md)")
+    sec.add_argument("--api-key", default=os.environ.get("VOXGATE_API_KEY", ""),
+                     help="require this key on /v1/... and /metrics: 'Authorization: Bearer KEY', "
+                          "'X-API-Key', 'xi-api-key' or ?api_key= (default: $VOXGATE_API_KEY; none)")
+    sec.add_argument("--allowed-origins", type=_csv, default=GatewayConfig.allowed_origins,
+                     help="comma-separated browser Origins that may use the WebSocket and change "
+                          "state, besides the server's own page ('*': any; requests without an "
+                          "Origin, as from agents, always may)")
+    sec.add_argument("--allowed-hosts", type=_csv, default=GatewayConfig.allowed_hosts,
+                     help="comma-separated Host names the server answers to (bound to loopback, "
+                          "loopback names always; elsewhere, unchecked unless given)")
+    sec.add_argument("--metrics-public", action="store_true",
+                     help="serve /metrics without the API key")
+    sec.add_argument("--ssl-certfile", default=GatewayConfig.ssl_certfile,
+                     help="TLS: PEM certificate chain; the server then speaks https and wss")
+    sec.add_argument("--ssl-keyfile", default=GatewayConfig.ssl_keyfile,
+                     help="TLS: its private key (if not in --ssl-certfile)")
+    sec.add_argument("--max-connections-per-ip", type=int, default=GatewayConfig.max_connections_per_ip,
+                     help="WebSocket connections from one client address; more get 429 (0: no "
+                          "limit; behind a proxy every client has the proxy's address)")
+    sec.add_argument("--max-streams-per-ip", type=int, default=GatewayConfig.max_streams_per_ip,
+                     help="active streams over all of one address's connections; more get "
+                          "too_many_streams, retryable (0: no limit)")
     m = sp.add_argument_group("model")
     m.add_argument("--model", default=EngineConfig.model,
                    help="hibari (embedded CPU voice, default), synthetic (test tones), orpheus, "
@@ -159,9 +188,14 @@ async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
     host, port = gateway_config.host, gateway_config.port
     try:
         await gateway.listen()  # before the engine: a port in use is found in a moment
+    except ssl.SSLError as exc:
+        print(f"voxgate: error: cannot use the TLS certificate or key: {exc}", file=sys.stderr,
+              flush=True)
+        await gateway.stop()
+        return 1
     except OSError as exc:
-        print(f"voxgate: error: cannot listen on {host}:{port}: {exc.strerror or exc}",
-              file=sys.stderr, flush=True)
+        what = (f"read {exc.filename}" if exc.filename else f"listen on {host}:{port}")
+        print(f"voxgate: error: cannot {what}: {exc.strerror or exc}", file=sys.stderr, flush=True)
         await gateway.stop()
         return 1
     signals: asyncio.Queue[int] = asyncio.Queue()
@@ -192,8 +226,9 @@ async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
     hello = gateway.engine.hello
     if hello is not None and hello.device:
         print(f"voxgate: model {hello.model} on {hello.device}", flush=True)
-    print(f"voxgate: serving on http://{shown}:{gateway.port}/ (demo page); "
-          f"WebSocket ws://{shown}:{gateway.port}/v1/stream", flush=True)
+    http_scheme, ws_scheme = ("https", "wss") if gateway_config.ssl_certfile else ("http", "ws")
+    print(f"voxgate: serving on {http_scheme}://{shown}:{gateway.port}/ (demo page); "
+          f"WebSocket {ws_scheme}://{shown}:{gateway.port}/v1/stream", flush=True)
     if await first_signal == signal.SIGTERM and gateway_config.drain_timeout_s > 0:
         print(f"voxgate: draining: streams in flight may finish for "
               f"{gateway_config.drain_timeout_s:g} s (--drain-timeout-s)", flush=True)

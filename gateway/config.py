@@ -19,6 +19,8 @@ class GatewayConfig:
     # Audio waiting to be written to one client. Past this the client is not reading: close 1008.
     max_outbox_bytes: int = 8 * 1024 * 1024
     max_connections: int = 2048  # lowered at start to what the open-file limit allows
+    max_connections_per_ip: int = 0  # 0: no limit (behind a proxy every client has its IP)
+    max_streams_per_ip: int = 0  # active streams over all of an IP's connections; 0: no limit
     drain_timeout_s: float = 20.0  # on SIGTERM, streams in flight may finish for this long
     # engine supervision
     engine_start_timeout_s: float = 600.0
@@ -26,6 +28,13 @@ class GatewayConfig:
     max_engine_restarts: int = 5  # within engine_restart_window_s; then /health says failed
     engine_restart_window_s: float = 300.0
     debug_timestamps: bool = False  # add engine_t (engine emit time) to audio messages
+    # who may connect (gateway.security, docs/security.md)
+    api_key: str = ""  # "": none needed
+    allowed_origins: tuple[str, ...] = ()  # browser Origins besides the server's own; "*": any
+    allowed_hosts: tuple[str, ...] = ()  # Host names accepted (loopback names are, when bound there)
+    metrics_public: bool = False  # /metrics without the API key
+    ssl_certfile: str = ""  # TLS: a PEM certificate chain (https, wss); "": plain TCP
+    ssl_keyfile: str = ""  # its private key, when not in ssl_certfile
     # registered voices (POST /v1/voices), kept under data_dir ("": the user's data folder,
     # $XDG_DATA_HOME/voxgate or ~/.local/share/voxgate)
     data_dir: str = ""
@@ -40,6 +49,11 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("max_connections_per_ip", "max_streams_per_ip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: no limit)")
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ValueError("ssl_keyfile needs ssl_certfile")
         for name in ("max_frame_bytes", "max_text_chars_per_stream", "max_streams_per_connection",
                      "max_outbox_bytes", "max_connections", "max_voice_upload_bytes",
                      "max_voice_name_chars", "max_voice_transcript_chars", "max_voices"):

@@ -16,6 +16,8 @@ import http
 import itertools
 import logging
 import socket
+import ssl
+from collections import Counter
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from gateway.config import GatewayConfig
 from gateway.engine_client import EngineSupervisor
 from gateway.fd_limit import connections_allowed, raise_open_file_limit
 from gateway.metrics import GatewayMetrics
+from gateway.security import SecurityPolicy, security_middleware
 from gateway.session import Action, Close, Session, ToClient, ToEngine
 from gateway.voice_routes import VoiceRoutes
 from gateway.voice_store import VoiceStore, default_data_dir
@@ -98,6 +101,8 @@ class Gateway:
         self._stopped = asyncio.Event()
         self.max_connections = config.max_connections  # lowered to fit the open-file limit
         self._num_handshakes = 0  # WebSocket upgrades admitted and not yet connections
+        self._by_ip: dict[str, set[Connection]] = {}  # client address -> its connections
+        self._handshakes_by_ip: Counter[str] = Counter()
         self.is_draining = False
         self.data_dir = Path(config.data_dir) if config.data_dir else default_data_dir()
         self.voices: VoiceStore | None = None  # opened by start()
@@ -107,7 +112,11 @@ class Gateway:
 
     def build_app(self) -> web.Application:
         """The aiohttp application: every route of the gateway."""
-        app = web.Application()
+        policy = SecurityPolicy.for_bind(
+            self.config.host, api_key=self.config.api_key,
+            allowed_origins=self.config.allowed_origins, allowed_hosts=self.config.allowed_hosts,
+            metrics_public=self.config.metrics_public)
+        app = web.Application(middlewares=[security_middleware(policy)])
         app.router.add_get(_STREAM_PATH, partial(handle_stream, self))
         app.router.add_get("/health", partial(http_routes.health, self))
         app.router.add_get("/metrics", partial(http_routes.metrics, self))
@@ -122,6 +131,7 @@ class Gateway:
         """Bind the port and serve HTTP before the engine starts (``/health`` answers while the
         model loads). Raises ``OSError`` when the address cannot be bound (port in use)."""
         self._fit_connections_to_fd_limit()
+        tls = self._tls_context()  # before binding: a bad certificate is no port taken
         sock = bind_socket(self.config.host, self.config.port)
         self._socket = sock
         await self._open_voices()
@@ -129,7 +139,16 @@ class Gateway:
                                      shutdown_timeout=CLOSE_GRACE_S,
                                      logger=_ServerLog(logging.getLogger("voxgate.http"), {}))
         await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
+        await web.SockSite(self._runner, sock, ssl_context=tls).start()
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """TLS for https and wss from ``ssl_certfile``/``ssl_keyfile``. Raises ``OSError`` or
+        ``ssl.SSLError`` when they cannot be read."""
+        if not self.config.ssl_certfile:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.config.ssl_certfile, self.config.ssl_keyfile or None)
+        return ctx
 
     async def start_engine(self) -> None:
         """Start the engine and wait for its handshake. Raises ``EngineStartError``."""
@@ -202,9 +221,9 @@ class Gateway:
 
     # --- connections (used by ws_handler) --------------------------------------------------
 
-    def admit(self) -> web.Response | None:
-        """At a WebSocket handshake: ``None`` to go on (then ``new_session`` or
-        ``handshake_failed``), or the HTTP 503 refusal to answer."""
+    def admit(self, ip: str) -> web.Response | None:
+        """At a WebSocket handshake from ``ip``: ``None`` to go on (then ``new_session`` or
+        ``handshake_failed``), or the refusal to answer (503, or 429 past the per-IP limit)."""
         if self.is_draining:
             return _unavailable("server_shutdown", _SHUTDOWN_MESSAGE, retry_after_s=5)
         if self.engine.hello is None:
@@ -212,15 +231,28 @@ class Gateway:
         if len(self._connections) + self._num_handshakes >= self.max_connections:
             return _unavailable("too_many_connections", f"the server has {self.max_connections} "
                                 "connections open (--max-connections)", retry_after_s=1)
+        per_ip = self.config.max_connections_per_ip
+        if per_ip and len(self._by_ip.get(ip, ())) + self._handshakes_by_ip[ip] >= per_ip:
+            return http_routes.error_response(
+                429, "too_many_connections", f"{per_ip} connections from {ip} are open "
+                "(--max-connections-per-ip)", retryable=True, headers={"Retry-After": "1"})
         self._num_handshakes += 1
+        self._handshakes_by_ip[ip] += 1
         return None
 
-    def handshake_failed(self) -> None:
+    def handshake_failed(self, ip: str) -> None:
         self._num_handshakes -= 1
+        self._end_handshake(ip)
 
-    def new_session(self) -> Session:
+    def _end_handshake(self, ip: str) -> None:
+        self._handshakes_by_ip[ip] -= 1
+        if not self._handshakes_by_ip[ip]:
+            del self._handshakes_by_ip[ip]
+
+    def new_session(self, ip: str) -> Session:
         """The session of an admitted connection whose upgrade went through."""
         self._num_handshakes -= 1
+        self._end_handshake(ip)
         hello = self.engine.hello
         if hello is None:  # only ever set once; admit() saw it
             raise RuntimeError("new_session() before the engine's handshake")
@@ -236,12 +268,18 @@ class Gateway:
 
     def add_connection(self, conn: Connection) -> None:
         self._connections.add(conn)
+        self._by_ip.setdefault(conn.ip, set()).add(conn)
         self.metrics.connections.set(len(self._connections))
 
     def remove_connection(self, conn: Connection) -> None:
         """The connection's handler is ending: its streams stop in the engine."""
         self._release(conn)
         self._connections.discard(conn)
+        same_ip = self._by_ip.get(conn.ip)
+        if same_ip is not None:
+            same_ip.discard(conn)
+            if not same_ip:
+                del self._by_ip[conn.ip]
         self.metrics.connections.set(len(self._connections))
 
     def on_close_requested(self, conn: Connection) -> None:
@@ -265,12 +303,23 @@ class Gateway:
             elif isinstance(action, ToEngine):
                 msg = action.msg
                 if isinstance(msg, em.Open):
+                    if self._ip_has_too_many_streams(conn):
+                        self.apply(conn, conn.session.on_engine(em.Error(
+                            msg.key, "too_many_streams", f"{self.config.max_streams_per_ip} "
+                            f"streams from {conn.ip} are active (--max-streams-per-ip)", True)))
+                        continue
                     self._by_key[msg.key] = conn
                 elif isinstance(msg, em.Cancel):
                     self._by_key.pop(msg.key, None)
                 self.engine.send_nowait(msg)
             elif isinstance(action, Close):
                 conn.request_close(action.code, action.reason)
+
+    def _ip_has_too_many_streams(self, conn: Connection) -> bool:
+        """Past ``max_streams_per_ip`` counting the stream being opened (the session holds it)."""
+        limit = self.config.max_streams_per_ip
+        return bool(limit) and sum(c.session.num_active_streams
+                                   for c in self._by_ip.get(conn.ip, ())) > limit
 
     # --- engine routing --------------------------------------------------------------------
 

@@ -74,6 +74,7 @@ class Connection:
         self._frame_writer = _frame_writer(ws)
         self._on_close_requested = on_close_requested
         self.transport: asyncio.BaseTransport | None = None  # for abort()
+        self.ip = ""  # the client's address
         self.cut_off: asyncio.TimerHandle | None = None  # abort() armed by the close
 
     @property
@@ -160,7 +161,8 @@ async def handle_stream(gateway: Gateway, request: web.Request) -> web.StreamRes
                                heartbeat=_PING_INTERVAL_S, timeout=CLOSE_GRACE_S)
     if not ws.can_prepare(request).ok:
         return _not_websocket()
-    refusal = gateway.admit()
+    ip = request.remote or ""
+    refusal = gateway.admit(ip)
     if refusal is not None:  # draining, the engine is starting, or too many connections
         return refusal
     encoding = (p.Encoding.JSON if request.query.getall("encoding", []) == ["json"]
@@ -168,15 +170,16 @@ async def handle_stream(gateway: Gateway, request: web.Request) -> web.StreamRes
     try:
         await ws.prepare(request)
     except BaseException:
-        gateway.handshake_failed()
+        gateway.handshake_failed(ip)
         raise
-    session = gateway.new_session()
+    session = gateway.new_session(ip)
     transport = request.transport
     if transport is not None:
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
     conn = Connection(ws, session, encoding, gateway.config.max_outbox_bytes,
                       on_close_requested=gateway.on_close_requested)
     conn.transport = transport
+    conn.ip = ip
     gateway.add_connection(conn)
     conn.push(session.greeting())
     writer = asyncio.create_task(_writer(conn))

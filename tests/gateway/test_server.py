@@ -90,20 +90,20 @@ def test_malformed_http_gets_a_4xx_and_no_traceback(synth: VoxgateServer) -> Non
     the WebSocket path each get a 4xx; a GET with a body and pipelined requests are answered;
     nothing is logged as an error."""
     close = b"Connection: close\r\n"
-    assert _raw_http(synth, b"POST /nope/x HTTP/1.1\r\nHost: a\r\n" + close
+    assert _raw_http(synth, b"POST /nope/x HTTP/1.1\r\nHost: 127.0.0.1\r\n" + close
                      + b"Content-Length: 3\r\n\r\nabc") == [404]
-    assert _raw_http(synth, b"POST /health HTTP/1.1\r\nHost: a\r\n" + close
+    assert _raw_http(synth, b"POST /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + close
                      + b"Content-Length: 0\r\n\r\n") == [405]
-    assert _raw_http(synth, b"GET /health HTTP/1.1\r\nHost: a\r\n" + close
+    assert _raw_http(synth, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + close
                      + b"Content-Length: 5\r\n\r\nhello") == [200]
-    assert _raw_http(synth, b"GET /health HTTP/1.1\r\nHost: a\r\n\r\n"
-                     b"GET /v1/voices HTTP/1.1\r\nHost: a\r\n" + close + b"\r\n") == [200, 200]
+    assert _raw_http(synth, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                     b"GET /v1/voices HTTP/1.1\r\nHost: 127.0.0.1\r\n" + close + b"\r\n") == [200, 200]
     assert _raw_http(synth, b"\x00\x01\x02garbage\r\n\r\n") == [400]
-    assert _raw_http(synth, b"GET / HTTP/1.1\r\nHost: a\r\nX: " + b"a" * 20000
+    assert _raw_http(synth, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX: " + b"a" * 20000
                      + b"\r\n\r\n") == [400]
-    assert _raw_http(synth, b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n"
+    assert _raw_http(synth, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 3\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n") == [400]
-    assert _raw_http(synth, b"GET /v1/stream HTTP/1.1\r\nHost: a\r\n" + close + b"\r\n") == [426]
+    assert _raw_http(synth, b"GET /v1/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n" + close + b"\r\n") == [426]
     assert _get(synth, "/health")[0] == 200  # still serving
     assert not [line for line in synth.output if "Traceback" in line or " ERROR " in line]
 
