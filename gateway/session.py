@@ -1,6 +1,6 @@
 """One client connection's protocol state machine. No I/O: frames and engine messages in, actions out.
 
-The WebSocket adapter (``gateway.server``) feeds ``receive_frame`` with client frames and
+The WebSocket adapter (``gateway.ws_handler``) feeds ``receive_frame`` with client frames and
 ``on_engine`` with engine messages for this connection's streams, and carries out the actions
 returned: ``ToClient`` (send a map), ``ToEngine`` (put a message on the engine queue),
 ``Close`` (close the connection with an RFC 6455 code).
