@@ -272,7 +272,8 @@ async def _until_no_active_streams(server: VoxgateServer) -> None:
 
 
 def test_slow_reader_is_closed_and_others_keep_streaming(server_factory: Any) -> None:
-    """A client that stops reading is closed with 1008 once its outbox passes the limit."""
+    """A client that stops reading has its stream stopped and is closed with 1008 once its
+    outbox passes the limit; the last frame it gets is a slow_consumer error."""
     server = server_factory("--model", "synthetic", "--synthetic-fast",
                             "--max-outbox-bytes", "200000")
 
@@ -289,10 +290,13 @@ def test_slow_reader_is_closed_and_others_keep_streaming(server_factory: Any) ->
             # still not reading: the server stops the slow stream once its outbox passes the
             # limit (after the socket buffers fill, however long the engine takes for that)
             await asyncio.wait_for(_until_no_active_streams(server), 60)
+            frames = []
             with pytest.raises(ConnectionClosed) as info:
                 while True:
-                    await asyncio.wait_for(slow.recv(), 60)
+                    frames.append(msgpack.unpackb(await asyncio.wait_for(slow.recv(), 60)))
             assert info.value.rcvd is not None and info.value.rcvd.code == 1008
+            assert frames[-1]["type"] == "error" and frames[-1]["code"] == "slow_consumer"
+            assert frames[-1]["retryable"] is True
 
     asyncio.run(main())
 
