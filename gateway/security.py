@@ -6,7 +6,8 @@
   bound elsewhere, only ``--allowed-hosts`` is enforced, when given. 403 ``host_not_allowed``.
 - **Origin** (cross-site WebSocket and form posts from a page the user opened): a request that
   carries an ``Origin`` (browsers do) may open ``/v1/stream`` or change state (POST, PUT,
-  PATCH, DELETE) only if it is the server's own page (same scheme, host and port) or in
+  PATCH, DELETE) only if it is the server's own page (the Origin's host and port are the
+  request's ``Host``; any scheme, for TLS proxies) or in
   ``--allowed-origins`` (``*``: any). Requests without one (agents, SDKs, curl) pass. 403
   ``origin_not_allowed``.
 - **API key** (``--api-key`` or ``VOXGATE_API_KEY``): when set, ``/v1/...`` and ``/metrics``
@@ -107,7 +108,18 @@ def _origin_allowed(policy: SecurityPolicy, request: web.Request) -> bool:
     origin = origin.rstrip("/")
     if "*" in policy.allowed_origins or origin in policy.allowed_origins:
         return True
-    return origin.lower() == f"{request.scheme}://{request.host}".lower()
+    # The server's own page: the Origin's host and port are the request's Host. The scheme is
+    # not compared: behind a TLS proxy the page is https and the request to us plain http.
+    own = _without_default_port(request.headers.get(hdrs.HOST, request.host))
+    return _without_default_port(origin.partition("://")[2]) == own
+
+
+def _without_default_port(netloc: str) -> str:
+    netloc = netloc.lower()
+    for port in (":80", ":443"):
+        if netloc.endswith(port):
+            return netloc[:-len(port)]
+    return netloc
 
 
 def security_middleware(policy: SecurityPolicy) -> Callable[..., Awaitable[web.StreamResponse]]:

@@ -38,6 +38,22 @@ def test_api_key_is_taken_from_every_convention() -> None:
     assert api_key_of(make_mocked_request("GET", "/", headers={"Authorization": "Basic x"})) is None
 
 
+def test_the_servers_own_page_is_an_allowed_origin_through_a_tls_proxy() -> None:
+    """An Origin whose host and port are the request's Host passes, whatever its scheme or a
+    default port; another host, port or a look-alike does not."""
+    from gateway.security import _origin_allowed
+
+    policy = SecurityPolicy()
+    for origin, host, allowed in (("http://127.0.0.1:8000", "127.0.0.1:8000", True),
+                                  ("https://tts.example.com", "tts.example.com", True),
+                                  ("https://tts.example.com", "tts.example.com:443", True),
+                                  ("http://127.0.0.1:8001", "127.0.0.1:8000", False),
+                                  ("https://tts.example.com.evil.io", "tts.example.com", False),
+                                  ("null", "127.0.0.1:8000", False)):
+        request = make_mocked_request("GET", "/v1/stream", headers={"Origin": origin, "Host": host})
+        assert _origin_allowed(policy, request) is allowed, (origin, host)
+
+
 def test_host_check_follows_the_bind_address() -> None:
     """Bound to loopback, loopback names and --allowed-hosts are checked; bound to every
     interface nothing is, unless --allowed-hosts is given (then with the bind address)."""
