@@ -7,7 +7,8 @@ what was written. ``open`` sweeps what a crash could leave: temporary files, WAV
 row, rows with no file.
 
 The index is read once into memory, so that ``get``, ``list`` and ``resolve`` (used when a
-stream starts) never touch the disk. ``add`` and ``delete`` block (file writes, SQLite): the
+stream starts) never touch the disk. Writers replace that map with a new one (never change it
+in place), so that readers on the event loop never see it change while they iterate. ``add`` and ``delete`` block (file writes, SQLite): the
 HTTP layer runs them off the event loop; a lock makes them one at a time.
 """
 
@@ -141,7 +142,7 @@ class VoiceStore:
                             rec.id, rec.name)
                 with _transaction(db):
                     db.execute("DELETE FROM voices WHERE id = ?", (rec.id,))
-                del self._voices[rec.id]
+                self._voices = {k: v for k, v in self._voices.items() if k != rec.id}
 
     # --- reads (in memory, never block) ----------------------------------------------------
 
@@ -157,9 +158,10 @@ class VoiceStore:
     def resolve(self, voice: str) -> VoiceRef | None:
         """The voice a ``start`` names, by id, or by name when one voice has it; ``None`` when
         none does. Raises ``LookupError`` (its message lists the ids) for a name several share."""
-        rec = self._voices.get(voice)
+        voices = self._voices
+        rec = voices.get(voice)
         if rec is None:
-            named = [r for r in self._voices.values() if r.name == voice]
+            named = [r for r in voices.values() if r.name == voice]
             if len(named) > 1:
                 raise LookupError(f"{len(named)} registered voices are named {voice!r}; name one "
                                   f"by its id: {', '.join(r.id for r in named)}")
@@ -198,7 +200,7 @@ class VoiceStore:
                 final.unlink(missing_ok=True)
                 raise
             _fsync_dir(self.folder)
-            self._voices[voice_id] = rec
+            self._voices = {**self._voices, voice_id: rec}
             return rec
 
     def delete(self, voice_id: str) -> bool:
@@ -210,7 +212,7 @@ class VoiceStore:
             db = self._connect()
             with _transaction(db):
                 db.execute("DELETE FROM voices WHERE id = ?", (voice_id,))
-            del self._voices[voice_id]
+            self._voices = {k: v for k, v in self._voices.items() if k != voice_id}
             (self.folder / rec.file).unlink(missing_ok=True)
             return True
 
