@@ -1,13 +1,8 @@
-"""Intelligibility scoring: transcribe speech with pocketsphinx and compute the word error rate.
-
-Used by ``voxgate bench --asr`` and the end-to-end tests. pocketsphinx's default US English
-model ships in its wheel, so this works offline. It is a small, old recogniser: a WER near 0
-on ``INTELLIGIBILITY_SENTENCES`` means the speech is clearly intelligible, but its absolute
-WER on arbitrary text (numbers, names, rare words) says more about pocketsphinx than the voice.
+"""Intelligibility scoring for ``voxgate bench --asr`` and the tests: pocketsphinx transcription
+(offline, its model ships in the wheel) and the word error rate.
 
     from benchmark.asr import transcribe, word_error_rate
-    wer = word_error_rate("the weather is nice", transcribe(pcm, 24_000))
-"""
+    wer = word_error_rate("the weather is nice", transcribe(pcm, 24_000))"""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
-"""Round-trip latency between two processes: ShmQueue vs multiprocessing.Queue vs ZeroMQ ipc.
+"""Round-trip latency between two processes: the engine's ShmQueue against multiprocessing.Queue
+and ZeroMQ, for a 32 B and an 8 KiB message (docs/performance.md).
 
-Run: ``python -m benchmark.ipc [--iterations N] [--warmup N] [--no-pin]``.
-
-The parent sends a message, a spawned child echoes it back on a second channel, and the parent
-times each round trip with ``perf_counter_ns``. All transports run in one invocation, on the
-same machine, with the same message sizes (a ~32 B control message and an 8 KiB audio chunk).
-Rows:
-
-- ``shm``: both ends use the blocking API (the engine's side), which spins briefly before sleeping.
-- ``shm-async``: the parent awaits ``get_async()`` on a uvloop loop (the gateway's side), which
-  never spins: every reply wakes it through the eventfd doorbell.
-- ``mp.Queue``: ``multiprocessing.Queue`` pair (pipe + feeder thread + pickle).
-- ``zmq``: a ZeroMQ ``PAIR`` socket over ``ipc://``.
-"""
+    python -m benchmark.ipc [--iterations N] [--warmup N] [--no-pin]"""
 
 from __future__ import annotations
 
@@ -148,6 +137,9 @@ def bench_shm(size_bytes: int, iterations: int, warmup: int, pin: bool, *, use_a
             child.kill()
         to_child.close()
         to_parent.close()
+    # shm: the blocking API on both ends, as the engine uses it (spins briefly, then sleeps);
+    # shm-async: the parent awaits get_async() on uvloop, as the gateway does (never spins:
+    # every reply wakes it through the eventfd).
     return Result("shm-async" if use_async else "shm", size_bytes, samples)
 
 
@@ -226,7 +218,7 @@ def format_table(results: list[Result]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=20000, help="timed round trips per row")
     parser.add_argument("--warmup", type=int, default=2000, help="untimed round trips first")
     parser.add_argument("--no-pin", action="store_true", help="do not pin parent and child to different CPUs")

@@ -1,14 +1,7 @@
-"""A level second by second: what the server did (its /metrics, polled during the level) beside
-what the clients heard (underruns, streams started), from a ``voxgate bench --json`` file.
+"""A ``voxgate bench --json`` level second by second: the server's ``/metrics`` beside the streams
+that started and underran (native voxgate targets only).
 
-    python -m benchmark.timeline bench.json[.gz] [--level 256] [--every 1.0]
-
-Columns: time since the level began (end of each interval), engine steps per second, ms per
-step, decode rows, decodes deferred and prompt rows per LM step, open streams, queued and
-running jobs at the interval's end, the engine's garbage-collection pauses (ms per second); then the streams that started and the underruns (playback
-ran dry, ``voxgate bench``'s player) in the interval. Native voxgate targets only (others have no
-server timeline).
-"""
+    python -m benchmark.timeline bench.json[.gz] [--level 256] [--every 1.0]"""
 
 from __future__ import annotations
 

@@ -26,6 +26,9 @@ Contract:
   pass to ``validate``; raise ``OptionError`` if the reference cannot be used. It is called
   only while ``info.supports_cloning`` is true; without both, the backend cannot clone (the
   stream fails with ``cloning_unsupported``).
+- Input streaming (``info.input_streaming``): the engine core gives each stream's turn one job
+  and feeds it ``push_text(job_id, text, flush=..., final=...)`` as text arrives; the backend
+  speaks it as the model takes it, and ends the job after ``final``.
 - A job ends with exactly one ``JobOutput`` whose ``is_finished`` is true (possibly carrying
   the last audio) or whose ``error`` is set. An error fails that job only.
 """
@@ -58,6 +61,12 @@ class BackendInfo:
     # Names and ranges of the per-stream options a client may set, for docs and errors.
     options: dict[str, Any] = field(default_factory=dict)
     supports_cloning: bool = False  # has ``prepare_voice``: takes registered voices
+    # The backend takes a stream's text as it arrives (native input streaming): one job per
+    # turn, fed by ``push_text``, instead of one job per segment.
+    input_streaming: bool = False
+    # "loaded" (the checkpoint's weights) or "random" (``--load-format dummy``: noise, for
+    # benchmarks); said wherever the model is named (hello, /health, the start-up line).
+    weights: str = "loaded"
 
 
 @dataclass(frozen=True)

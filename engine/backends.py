@@ -1,25 +1,36 @@
-"""Build the backend an ``EngineConfig`` names. Imports are lazy: torch loads only for LM models."""
+"""Build the backend an ``EngineConfig`` names (``models.registry``). Imports are lazy: torch
+loads only for LM programs."""
 
 from __future__ import annotations
 
 from engine.backend import Backend
 from engine.config import EngineConfig
 
-__all__ = ["build_backend"]
+__all__ = ["build_backend", "hibari_backend", "synthetic_backend"]
+
+
+def hibari_backend(config: EngineConfig) -> Backend:
+    from models.hibari.backend import HibariBackend
+
+    return HibariBackend(threads=config.hibari_threads)
+
+
+def synthetic_backend(config: EngineConfig) -> Backend:
+    from engine.synthetic import SyntheticBackend
+
+    return SyntheticBackend(realtime=config.synthetic_realtime,
+                            clone_voices=config.synthetic_cloning)
 
 
 def build_backend(config: EngineConfig) -> Backend:
     """Construct (load and warm up) the backend. Raises with a clear message on failure."""
-    if config.model == "hibari":
-        from models.hibari.backend import HibariBackend
+    from models.registry import check_requirements, load_factory, resolve
 
-        return HibariBackend(threads=config.hibari_threads)
-    if config.model == "synthetic":
-        from engine.synthetic import SyntheticBackend
+    resolved = resolve(config.model)
+    check_requirements(resolved)
+    factory = load_factory(resolved.entry)
+    if resolved.entry.kind == "backend":
+        return factory(config)
+    from engine.llm.build import build_lm_backend
 
-        return SyntheticBackend(realtime=config.synthetic_realtime,
-                                clone_voices=config.synthetic_cloning)
-    from engine.llm.build import build_orpheus_backend
-
-    model = "canopylabs/orpheus-3b-0.1-ft" if config.model == "orpheus" else config.model
-    return build_orpheus_backend(model, config=config)
+    return build_lm_backend(factory, resolved.model_id, config=config)

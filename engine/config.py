@@ -6,18 +6,17 @@ from dataclasses import dataclass, field
 
 from engine.core import CoreConfig
 
-__all__ = ["EngineConfig", "BUILTIN_MODELS"]
+__all__ = ["EngineConfig"]
 
-BUILTIN_MODELS = ("hibari", "synthetic", "orpheus")
 # FlashInfer decode kernels the CUDA graphs can capture (EngineConfig.decode_attention)
 DECODE_ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    # "hibari" (embedded CPU voice), "synthetic" (tones paced at real time, for tests and
-    # benchmarks), "orpheus" (canopylabs/orpheus-3b-0.1-ft), or a local path / hub id of an
-    # Orpheus-family checkpoint.
+    # A name, hub id or local checkpoint that models.registry resolves to a program: "hibari"
+    # (embedded CPU voice), "synthetic" (tones paced at real time, for tests and benchmarks),
+    # "orpheus" (canopylabs/orpheus-3b-0.1-ft), ...
     model: str = "hibari"
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     load_format: str = "auto"  # "auto" | "dummy" (random weights from the known config)
@@ -30,7 +29,7 @@ class EngineConfig:
     max_num_seqs: int = 1024
     # Decode rows per step: -1 = auto (384 on CUDA, where served 384-row Orpheus-3B steps took
     # 11.1 ms (median) of the 12.2 ms real-time budget on one loan of an H200 and 11.5-11.8 ms on
-    # another, async_plan on: docs/performance.md, runs 24-26; 448 with fp8 weights, run 28; no
+    # another, async_plan on: docs/performance_history.md, runs 24-26; 448 with fp8 weights, run 28; no
     # cap on the CPU), 0 = no cap.
     max_num_decode_seqs: int = -1
     # Decode only the jobs whose audio is due within this many seconds, filling the step up to
@@ -54,17 +53,17 @@ class EngineConfig:
     # A step with decode rows and fresh prompts replays one CUDA graph for both (one pass over
     # the weights, engine.llm.mixed_graphs) instead of a decode graph and a prefill graph:
     # "on" / "off" (default: on an H200 the engine's steps with prompts were 3-4 ms shorter,
-    # but no more streams were on time when served; docs/performance.md, runs 14-15; with fp8
+    # but no more streams were on time when served; docs/performance_history.md, runs 14-15; with fp8
     # weights at a cap of 512, fewer: run 27).
     mixed_graphs: str = "off"
     # The decode graphs' attention plans send the page ids to the device without waiting for
     # the step in flight (engine.llm.flashinfer_attention.GraphDecodeAttention): "on" / "off".
     # With it off, FlashInfer's plan waits for the device before each step's launch (36% of the
     # engine's time at 64 streams on the H200). On (default): engine steps 2-7% shorter, and 384
-    # streams over a 3 s ramp 99.9% on time against 98.6% off (docs/performance.md, run 24).
+    # streams over a 3 s ramp 99.9% on time against 98.6% off (docs/performance_history.md, run 24).
     async_plan: str = "on"
     # FlashInfer's decode kernel in the CUDA graphs: "cuda-cores" (default: its decode kernel)
-    # or "tensor-cores" (its prefill kernel). On an H200 (benchmark.decode_attention, run 27)
+    # or "tensor-cores" (its prefill kernel). On an H200 (benchmark.gpu.decode_attention, run 27)
     # tensor cores were slower at the contexts served segments hold (128 and 256 tokens: 12-59%
     # longer with bf16 pages) and faster only at 512 (6-15% shorter).
     decode_attention: str = "cuda-cores"
@@ -92,6 +91,12 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model must be a name, a path or a hub id")
+        from models.registry import check_requirements, resolve
+
+        resolved = resolve(self.model)  # an unknown name lists what is served
+        check_requirements(resolved)  # a missing package names the extra to install
+        if self.device == "cuda" and resolved.entry.device == "cpu":
+            raise ValueError(f"--device cuda does not apply to --model {resolved.entry.name}: it runs on the CPU only")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.load_format not in ("auto", "dummy"):

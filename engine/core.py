@@ -129,6 +129,14 @@ class EngineCore:
         # Stream key -> PCM format of the Audio made in the current step, whose ``pcm`` holds
         # the samples until ``step`` encodes them all at once (``_encode_step_audio``).
         self._step_formats: dict[int, str] = {}
+        # A backend that takes text as it arrives gets one job per turn (no segmenter).
+        self._input_streaming = bool(getattr(backend.info, "input_streaming", False))
+        # Sample accounting (Stats totals, for the soak): the backend's audio is sent in Audio,
+        # dropped (made for a stream since cancelled, or held back for one that failed), or
+        # held for a stream still open.
+        self.num_samples_made = 0
+        self.num_samples_sent = 0
+        self.num_samples_dropped = {"cancelled": 0, "failed": 0}
 
     # --- commands --------------------------------------------------------------------------
 
@@ -166,6 +174,8 @@ class EngineCore:
             return []  # the gateway validates; late text for a gone stream is dropped
         if stream.t_first_text is None and text.strip():
             stream.t_first_text = self._clock()
+        if self._input_streaming:
+            return self._stream_text(stream, text)
         stream.pending.extend(stream.segmenter.push(text))
         return self._submit(stream)
 
@@ -173,6 +183,8 @@ class EngineCore:
         stream = self._streams.get(key)
         if stream is None or stream.is_ended:
             return []
+        if self._input_streaming:
+            return self._stream_text(stream, "", flush=True)
         stream.pending.extend(stream.segmenter.flush())
         return self._submit(stream)
 
@@ -181,6 +193,10 @@ class EngineCore:
         if stream is None or stream.is_ended:
             return []
         stream.is_ended = True
+        if self._input_streaming:
+            if stream.jobs:
+                self.backend.push_text(stream.jobs[0].job_id, "", final=True)  # type: ignore[attr-defined]
+            return self._maybe_done(stream)
         stream.pending.extend(stream.segmenter.end())
         return self._submit(stream) + self._maybe_done(stream)
 
@@ -188,7 +204,7 @@ class EngineCore:
         stream = self._streams.pop(key, None)
         if stream is None:
             return []
-        self._abort_jobs(stream)
+        self._abort_jobs(stream, "cancelled")
         return [self._done(stream, "cancelled")]
 
     # --- the loop --------------------------------------------------------------------------
@@ -201,10 +217,14 @@ class EngineCore:
         out: list[Message] = []
         self._step_formats.clear()
         for result in self.backend.step():
+            if result.pcm is not None:
+                self.num_samples_made += result.pcm.size
             key = self._job_owner.get(result.job_id)
             stream = self._streams.get(key) if key is not None else None
             if stream is None:
                 self._job_owner.pop(result.job_id, None)
+                if result.pcm is not None:
+                    self.num_samples_dropped["cancelled"] += result.pcm.size
                 continue
             out.extend(self._on_output(stream, result))
         if self._step_formats:
@@ -232,6 +252,12 @@ class EngineCore:
     def stream_keys(self) -> list[int]:
         return list(self._streams)
 
+    def sample_totals(self) -> dict[str, float]:
+        """Samples made by the backend, sent in Audio, and dropped by reason, since start."""
+        totals = {"samples_made": self.num_samples_made, "samples_sent": self.num_samples_sent}
+        totals.update({f"samples_dropped_{why}": n for why, n in self.num_samples_dropped.items()})
+        return totals  # type: ignore[return-value]
+
     # --- internals -------------------------------------------------------------------------
 
     def _submit(self, stream: _Stream) -> list[Message]:
@@ -244,6 +270,26 @@ class EngineCore:
             self._job_owner[job.job_id] = stream.key
             self.backend.add_job(job.job_id, segment.text, stream.voice, stream.options)
             self._schedule(stream, job)
+        return []
+
+    def _stream_text(self, stream: _Stream, text: str, *, flush: bool = False) -> list[Message]:
+        """Input streaming: the turn's one job gets the text as it comes (its span grows)."""
+        if not stream.jobs:
+            if not text:
+                return []
+            job = _Job(self._next_job_id, Segment(text, 0, len(text)))
+            self._next_job_id += 1
+            stream.jobs.append(job)
+            self._job_owner[job.job_id] = stream.key
+            self.backend.add_job(job.job_id, text, stream.voice, stream.options)
+            if flush:
+                self.backend.push_text(job.job_id, "", flush=True)  # type: ignore[attr-defined]
+            self._schedule(stream, job)
+            return []
+        job = stream.jobs[0]
+        seg = job.segment
+        job.segment = Segment(seg.text + text, 0, seg.end + len(text))
+        self.backend.push_text(job.job_id, text, flush=flush)  # type: ignore[attr-defined]
         return []
 
     def _schedule(self, stream: _Stream, job: _Job) -> None:
@@ -266,11 +312,15 @@ class EngineCore:
     def _on_output(self, stream: _Stream, result: JobOutput) -> list[Message]:
         if result.error is not None:
             self._streams.pop(stream.key, None)
-            self._abort_jobs(stream)
+            self._abort_jobs(stream, "failed")
+            if result.pcm is not None:
+                self.num_samples_dropped["failed"] += result.pcm.size
             err = result.error
             return [Error(stream.key, err.code, err.message, err.retryable)]
         job = next((j for j in stream.jobs if j.job_id == result.job_id), None)
         if job is None:
+            if result.pcm is not None:
+                self.num_samples_dropped["cancelled"] += result.pcm.size
             return []
         out: list[Message] = []
         if result.pcm is not None and result.pcm.size:
@@ -310,6 +360,7 @@ class EngineCore:
         if stream.t_first_audio is None:
             stream.t_first_audio = now
         stream.samples += int(pcm.size)
+        self.num_samples_sent += int(pcm.size)
         self._step_formats[stream.key] = stream.fmt
         return Audio(stream.key, pcm, (job.segment.start, job.segment.end), now)  # type: ignore[arg-type]
 
@@ -327,8 +378,9 @@ class EngineCore:
             timings["ttfa_ms"] = (stream.t_first_audio - stream.t_first_text) * 1000.0
         return Done(stream.key, reason, stream.samples, timings)
 
-    def _abort_jobs(self, stream: _Stream) -> None:
+    def _abort_jobs(self, stream: _Stream, reason: str) -> None:
         for job in stream.jobs:
+            self.num_samples_dropped[reason] += sum(pcm.size for pcm in job.held)
             self.backend.abort_job(job.job_id)
             self._job_owner.pop(job.job_id, None)
         stream.jobs.clear()

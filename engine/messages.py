@@ -37,6 +37,7 @@ __all__ = [
     "Error",
     "Stats",
     "Batch",
+    "Heartbeat",
     "encode",
     "decode",
     "DecodeError",
@@ -59,6 +60,7 @@ class Kind(enum.IntEnum):
     ERROR = 24
     STATS = 25
     BATCH = 26
+    HEARTBEAT = 27
 
 
 class DecodeError(ValueError):
@@ -150,6 +152,7 @@ class Hello(Message):
     sample_rate: int
     options: dict[str, Any] = field(default_factory=dict)
     device: str = ""  # what the engine computes on (engine.device_info)
+    weights: str = "loaded"  # or "random" (--load-format dummy)
     supports_cloning: bool = False  # the backend takes registered voices (``VoiceRef``)
 
 
@@ -219,9 +222,22 @@ class Batch(Message):
     messages: list[Message]
 
 
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    """Sent by the engine process at a fixed interval from a thread of its own, also while a
+    step runs: the gateway's watchdog (``gateway.engine_client``) takes silence with streams
+    open for a hung engine. ``step_s``: how long the step in progress has run (0.0 between
+    steps); ``num_steps``: steps taken since the engine started."""
+
+    KIND: ClassVar[Kind] = Kind.HEARTBEAT
+    step_s: float
+    num_steps: int
+
+
 _BY_KIND: dict[int, type[Message]] = {
     cls.KIND: cls
-    for cls in (Open, Text, Flush, End, Cancel, Shutdown, Hello, Started, Audio, Done, Error, Stats)
+    for cls in (Open, Text, Flush, End, Cancel, Shutdown, Hello, Started, Audio, Done, Error, Stats,
+                Heartbeat)
 }
 _FIELDS: dict[type[Message], tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _BY_KIND.values()

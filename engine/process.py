@@ -8,6 +8,12 @@ idle it sleeps on the queue's doorbell (no polling); it wakes at least every
 ``_PARENT_CHECK_S`` to exit if the gateway has gone. A step that takes over ``_SLOW_STEP_S``
 is logged (every stream waits on it: typically a first-use compile); one still running after
 ``_HUNG_STEP_S`` gets every thread's stack dumped to stderr.
+
+Heartbeat: a thread of its own sends ``Heartbeat`` every ``HEARTBEAT_INTERVAL_S``, also while
+a long step blocks the loop, so the gateway's watchdog (``--engine-watchdog-s``) can tell a
+slow engine from a hung one: a process that is stopped (SIGSTOP stops every thread), or stuck
+in native code holding the GIL, sends nothing. The outbox queue is single-producer, so every
+put from either thread holds ``_put_lock``.
 """
 
 from __future__ import annotations
@@ -25,14 +31,15 @@ from engine.config import EngineConfig
 from engine.device_info import describe_device
 from engine.core import EngineCore
 from engine.gc_heap import GcProbe, freeze_startup_heap
-from engine.shm_ring import QueueClosed, ShmQueue
+from engine.shm_ring import QueueClosed, QueueFull, ShmQueue
 from engine.torch_profile import StepProfiler
 
-__all__ = ["engine_main", "EngineLoop"]
+__all__ = ["engine_main", "EngineLoop", "HEARTBEAT_INTERVAL_S"]
 
 log = logging.getLogger("voxgate.engine")
 
 _PARENT_CHECK_S = 1.0
+HEARTBEAT_INTERVAL_S = 1.0
 _SLOW_STEP_S = 2.0
 _HUNG_STEP_S = 30.0
 _SEND_TIMEOUT_S = 30.0
@@ -51,13 +58,16 @@ class EngineLoop:
 
     def __init__(
         self, core: EngineCore, inbox: ShmQueue, outbox: ShmQueue, *, stats_interval_s: float,
-        gc_probe: GcProbe | None = None,
+        gc_probe: GcProbe | None = None, heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
     ) -> None:
         self.core = core
         self.gc_probe = gc_probe  # its counters join the Stats' totals
         self.inbox = inbox
         self.outbox = outbox
         self.stats_interval_s = stats_interval_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._put_lock = threading.Lock()  # the outbox has one producer at a time
+        self._stopped = threading.Event()  # ends the heartbeat thread
         self._parent = os.getppid()
         self._next_stats = 0.0
         self._is_running = True
@@ -68,11 +78,13 @@ class EngineLoop:
         self.profiler = StepProfiler.from_env()
 
     def run(self) -> None:
-        threading.Thread(target=self._watchdog, name="engine-watchdog", daemon=True).start()
+        threading.Thread(target=self._heartbeat, name="engine-heartbeat", daemon=True).start()
         try:
             self._run()
         except QueueClosed:
             log.warning("the gateway closed the queue; the engine exits")
+        finally:
+            self._stopped.set()
 
     def _run(self) -> None:
         while self._is_running:
@@ -93,16 +105,32 @@ class EngineLoop:
                     log.warning("the gateway has gone; the engine exits")
                     return
 
-    def _watchdog(self) -> None:
-        """Dump every thread's stack once per step that runs past ``_HUNG_STEP_S``."""
+    def _heartbeat(self) -> None:
+        """Send ``Heartbeat`` every interval until the loop ends; dump every thread's stack once
+        per step that runs past ``_HUNG_STEP_S``."""
         dumped_for = None
-        while self._is_running:
-            time.sleep(_HUNG_STEP_S / 6)
+        interval = self.heartbeat_interval_s
+        while not self._stopped.wait(interval):
             since = self._step_since
-            if since is not None and since != dumped_for and time.monotonic() - since > _HUNG_STEP_S:
+            step_s = 0.0 if since is None else max(time.monotonic() - since, 0.0)
+            if not self._put_lock.acquire(timeout=interval):
+                continue  # the loop is blocked in a put: the outbox is full, the gateway has data
+            try:
+                self.outbox.put_nowait(m.encode(m.Heartbeat(step_s, self._num_steps)))
+            except QueueFull:
+                pass  # as above
+            except (QueueClosed, ValueError):  # the gateway has gone, or the queue is closed
+                return
+            finally:
+                self._put_lock.release()
+            if since is not None and since != dumped_for and step_s > _HUNG_STEP_S:
                 dumped_for = since
-                log.warning("an engine step has run for %.0f s; the threads' stacks follow", time.monotonic() - since)
+                log.warning("an engine step has run for %.0f s; the threads' stacks follow", step_s)
                 faulthandler.dump_traceback(all_threads=True)
+
+    def _put(self, data: bytes) -> None:
+        with self._put_lock:
+            self.outbox.put(data, timeout_s=_SEND_TIMEOUT_S)
 
     def _wait_s(self) -> float:
         if not self.core.has_work():
@@ -176,7 +204,7 @@ class EngineLoop:
 
     def _send(self, out: list[m.Message]) -> None:
         if len(out) == 1:
-            self.outbox.put(m.encode(out[0]), timeout_s=_SEND_TIMEOUT_S)
+            self._put(m.encode(out[0]))
             return
         limit = int(self.outbox.max_message_bytes * _BATCH_PAYLOAD_FRACTION)
         start, num_bytes = 0, 0
@@ -190,8 +218,7 @@ class EngineLoop:
             self._put_batch(out[start:])
 
     def _put_batch(self, msgs: list[m.Message]) -> None:
-        data = m.encode(msgs[0] if len(msgs) == 1 else m.Batch(msgs))
-        self.outbox.put(data, timeout_s=_SEND_TIMEOUT_S)
+        self._put(m.encode(msgs[0] if len(msgs) == 1 else m.Batch(msgs)))
 
     def _send_stats(self) -> None:
         backend = self.core.backend
@@ -200,19 +227,21 @@ class EngineLoop:
         if num_running is not None:
             running = num_running()
         totals: dict[str, float] = {"steps": self._num_steps, "busy_s": self._busy_s}
+        totals.update(self.core.sample_totals())
         backend_totals = getattr(backend, "totals", None)
         if backend_totals is not None:
             totals.update(backend_totals())
         if self.gc_probe is not None:
             totals.update(self.gc_probe.totals())
         stats = m.Stats(self.core.num_streams, backend.num_queued(), running, totals)
-        self.outbox.put(m.encode(stats), timeout_s=_SEND_TIMEOUT_S)
+        self._put(m.encode(stats))
 
 
 def _hello(backend: Backend) -> m.Hello:
     info = backend.info
     return m.Hello(info.model, list(info.voices), info.default_voice, info.sample_rate,
-                   dict(info.options), describe_device(), info.supports_cloning)
+                   dict(info.options), describe_device(), getattr(info, "weights", "loaded"),
+                   info.supports_cloning)
 
 
 def engine_main(config: EngineConfig, inbox: ShmQueue, outbox: ShmQueue, log_level: str) -> None:

@@ -1,5 +1,4 @@
-"""The ``voxgate`` command: ``voxgate serve`` runs the gateway and its engine; ``voxgate bench``
-runs the latency benchmark client."""
+"""The ``voxgate`` command line: ``voxgate serve`` (gateway and engine) and ``voxgate bench``."""
 
 from __future__ import annotations
 
@@ -9,16 +8,53 @@ import logging
 import os
 import signal
 import ssl
+import subprocess
 import sys
 from dataclasses import fields
+from typing import Callable
 
 from engine.config import DECODE_ATTENTION_KERNELS, EngineConfig
 from engine.core import CoreConfig
 from gateway.config import GatewayConfig
 
-__all__ = ["main", "build_parser", "configs_from_args"]
+__all__ = ["main", "build_parser", "configs_from_args", "check_device", "probe_cuda"]
 
 log = logging.getLogger("voxgate")
+
+
+_DESCRIPTION = """\
+voxgate: a real-time streaming TTS gateway. Text goes in over a WebSocket, a word
+at a time; speech comes out as audio frames while the text is still arriving."""
+
+_EPILOG = """\
+examples:
+  voxgate serve                          the embedded CPU voice (hibari) on port 8000
+  voxgate serve --model orpheus          Orpheus 3B on the GPU
+  voxgate serve --model orpheus --load-format dummy
+                                         Orpheus 3B with random weights, no download
+  voxgate serve --model tiny --load-format dummy --device cpu
+                                         a 2-layer toy Orpheus, random weights: smoke tests
+  voxgate bench -c 1,8,32 -n 50          latency at 1, 8 and 32 concurrent streams
+
+voxgate serve --help lists every setting; docs: README.md, docs/protocol.md,
+docs/orpheus.md, docs/benchmark.md."""
+
+_SERVE_DESCRIPTION = """\
+Run the WebSocket gateway (ws://HOST:PORT/v1/stream; the demo page at /, /health,
+/metrics) and its engine process. The basic options come first; the two GPU groups
+at the end size and tune the Orpheus engine."""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; every option's help ends with its default, unless the help
+    already names it or the option is an on/off flag."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.nargs == 0 or action.default is argparse.SUPPRESS
+                or "default" in text or not action.option_strings):
+            return text
+        return text + " (default: %(default)s)"
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -26,144 +62,263 @@ def _csv(value: str) -> tuple[str, ...]:
 
 
 def _add_serve_args(sp: argparse.ArgumentParser) -> None:
-    g = sp.add_argument_group("network")
-    g.add_argument("--host", default=GatewayConfig.host, help="address to bind (default 127.0.0.1)")
-    g.add_argument("--port", type=int, default=GatewayConfig.port, help="port; 0 picks a free one")
-    sec = sp.add_argument_group("security (docs/security.md)")
-    sec.add_argument("--api-key", default=os.environ.get("VOXGATE_API_KEY", ""),
-                     help="require this key on /v1/... and /metrics: 'Authorization: Bearer KEY', "
-                          "'X-API-Key', 'xi-api-key' or ?api_key= (default: $VOXGATE_API_KEY; none)")
-    sec.add_argument("--allowed-origins", type=_csv, default=GatewayConfig.allowed_origins,
-                     help="comma-separated browser Origins that may use the WebSocket and change "
-                          "state, besides the server's own page ('*': any; requests without an "
-                          "Origin, as from agents, always may)")
-    sec.add_argument("--allowed-hosts", type=_csv, default=GatewayConfig.allowed_hosts,
-                     help="comma-separated Host names the server answers to (bound to loopback, "
-                          "loopback names always; elsewhere, unchecked unless given)")
-    sec.add_argument("--metrics-public", action="store_true",
-                     help="serve /metrics without the API key")
-    sec.add_argument("--ssl-certfile", default=GatewayConfig.ssl_certfile,
-                     help="TLS: PEM certificate chain; the server then speaks https and wss")
-    sec.add_argument("--ssl-keyfile", default=GatewayConfig.ssl_keyfile,
-                     help="TLS: its private key (if not in --ssl-certfile)")
-    sec.add_argument("--max-connections-per-ip", type=int, default=GatewayConfig.max_connections_per_ip,
-                     help="WebSocket connections from one client address; more get 429 (0: no "
-                          "limit; behind a proxy every client has the proxy's address)")
-    sec.add_argument("--max-streams-per-ip", type=int, default=GatewayConfig.max_streams_per_ip,
-                     help="active streams over all of one address's connections; more get "
-                          "too_many_streams, retryable (0: no limit)")
+    # Groups print in the order they are made: the basic ones first, GPU tuning last.
     m = sp.add_argument_group("model")
+    g = sp.add_argument_group("network")
+    lim = sp.add_argument_group("limits")
+    sec = sp.add_argument_group("security (docs/security.md)")
+    vo = sp.add_argument_group("registered voices (POST /v1/voices, models that can clone)")
+    st = sp.add_argument_group("streaming")
+    dbg = sp.add_argument_group("logging and debugging")
+    gpu = sp.add_argument_group(
+        "engine memory and precision (GPU)",
+        "Orpheus on CUDA: how much of the GPU the engine takes, in which precision.")
+    tune = sp.add_argument_group(
+        "engine tuning (GPU)",
+        "How the Orpheus engine schedules its steps. The defaults were measured on an\n"
+        "H200 (docs/performance.md, docs/orpheus.md): change them only to measure.")
+
     m.add_argument("--model", default=EngineConfig.model,
-                   help="hibari (embedded CPU voice, default), synthetic (test tones), orpheus, "
-                        "or a local path / hub id of an Orpheus checkpoint")
-    m.add_argument("--device", default=EngineConfig.device, choices=["auto", "cpu", "cuda"])
+                   help="hibari: the embedded English voice (CPU); synthetic: tones paced at "
+                        "real time (tests, gateway benchmarks); orpheus: Orpheus 3B "
+                        "(canopylabs/orpheus-3b-0.1-ft); tiny: a 2-layer toy Orpheus with "
+                        "Orpheus's vocabulary, for smoke tests (needs --load-format dummy); "
+                        "or a local directory / hub id of an Orpheus checkpoint")
+    m.add_argument("--device", default=EngineConfig.device, choices=["auto", "cpu", "cuda"],
+                   help="auto: CUDA when torch sees a GPU, else the CPU; hibari and synthetic "
+                        "run on the CPU only")
     m.add_argument("--load-format", default=EngineConfig.load_format, choices=["auto", "dummy"],
-                   help="dummy: random weights from the known config, no files (benchmarking)")
+                   help="auto: read the checkpoint; dummy: random weights from the known "
+                        "config, no files (benchmarks, smoke tests)")
     m.add_argument("--dtype", default=EngineConfig.dtype,
-                   choices=["auto", "bfloat16", "float16", "float32"])
-    m.add_argument("--codec", dest="codec_path", default=None,
-                   help="SNAC codec: local dir or hub id (default hubertsiuzdak/snac_24khz)")
-    m.add_argument("--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization)
-    m.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
-    m.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len)
-    m.add_argument("--max-num-decode-seqs", type=int, default=EngineConfig.max_num_decode_seqs,
-                   help="decode rows per step, earliest deadlines first; the rest wait a step "
-                        "(-1 auto: 384 on CUDA, 448 with --quantization fp8, no cap on the CPU; 0 no cap)")
-    m.add_argument("--decode-horizon-s", type=float, default=EngineConfig.decode_horizon_s,
-                   help="decode only jobs whose audio is due within this many seconds, so the "
-                        "step is short for those that need audio now (-1 auto: 1.0 on CUDA, off "
-                        "on the CPU; 0 off)")
-    m.add_argument("--decode-fill-seqs", type=int, default=EngineConfig.decode_fill_seqs,
-                   help="with a decode horizon, rows decoded anyway, earliest deadlines first "
-                        "(-1 auto: 256 on CUDA)")
-    m.add_argument("--prefill-wait-s", type=float, default=EngineConfig.prefill_wait_s,
-                   help="under load, a new prompt waits up to this long for others to share its "
-                        "prefill pass (-1 auto: 0.05 with CUDA graphs; 0 off)")
-    m.add_argument("--prefill-batch-seqs", type=int, default=EngineConfig.prefill_batch_seqs,
-                   help="prompts that go at once without waiting (-1 auto: 8 with CUDA graphs)")
-    m.add_argument("--hold-undue-prompts", default=EngineConfig.hold_undue_prompts, choices=["on", "off"],
-                   help="under load, prompts not due within the decode horizon (segments generated "
-                        "ahead) wait until due or until a step has room (off: not measured on a GPU)")
-    m.add_argument("--async-steps", default=EngineConfig.async_steps, choices=["auto", "on", "off"],
-                   help="launch each LM step before the previous step's tokens reach the host, "
-                        "rows continuing from them on the device (auto: on with CUDA graphs)")
-    m.add_argument("--mixed-graphs", default=EngineConfig.mixed_graphs, choices=["on", "off"],
-                   help="a step with decode rows and fresh prompts replays one CUDA graph (one pass "
-                        "over the weights) instead of two (off: on an H200 no more streams kept real time)")
-    m.add_argument("--async-plan", default=EngineConfig.async_plan, choices=["on", "off"],
-                   help="the decode graphs' attention plans send page ids to the GPU without waiting "
-                        "for the step in flight (on: engine steps 2-7%% shorter on an H200)")
-    m.add_argument("--decode-attention", default=EngineConfig.decode_attention, choices=list(DECODE_ATTENTION_KERNELS),
-                   help="FlashInfer's decode kernel in the CUDA graphs: its CUDA-core decode kernel, or "
-                        "its tensor-core prefill kernel (cuda-cores: tensor cores were slower at served contexts on an H200)")
-    m.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
-                   help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
-                        "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, 1387; "
-                        "0 auto: 1024, or 1536 while frames take over 35 ms, on CUDA)")
-    m.add_argument("--no-cuda-graphs", dest="enable_cuda_graphs", action="store_false")
-    m.add_argument("--kv-cache-dtype", default=EngineConfig.kv_cache_dtype, choices=["auto", "fp8"],
-                   help="fp8: KV cache pages in float8_e4m3fn, half the bytes (CUDA, bf16 only; "
-                        "see docs/orpheus.md 'fp8 option')")
-    m.add_argument("--quantization", default=EngineConfig.quantization, choices=["none", "fp8"],
-                   help="fp8: decoder linear weights in fp8 with per-channel scales, row-wise fp8 "
-                        "GEMMs (CUDA, compute capability >= 8.9)")
+                   choices=["auto", "bfloat16", "float16", "float32"],
+                   help="Orpheus weights and activations; auto: bfloat16 on CUDA, float32 on "
+                        "the CPU")
+    m.add_argument("--codec", dest="codec_path", default=None, metavar="DIR_OR_HUB_ID",
+                   help="SNAC codec for Orpheus: a local directory or hub id "
+                        "(default: hubertsiuzdak/snac_24khz)")
     m.add_argument("--synthetic-fast", dest="synthetic_realtime", action="store_false",
                    help="synthetic model: emit audio as fast as possible instead of at real time")
-    m.add_argument("--lookahead-jobs", type=int, default=CoreConfig.lookahead_jobs,
-                   help="segments generated ahead of the one being spoken")
-    lim = sp.add_argument_group("limits")
-    lim.add_argument("--max-streams", type=int, default=CoreConfig.max_streams,
+    m.add_argument("--synthetic-cloning", dest="synthetic_cloning", action="store_true",
+                   help="synthetic model: accept registered voices (for tests of the voice store)")
+
+    g.add_argument("--host", default=GatewayConfig.host,
+                   help="address to bind; 0.0.0.0 for every interface")
+    g.add_argument("--port", type=int, default=GatewayConfig.port, help="port; 0 picks a free one")
+
+    lim.add_argument("--max-streams", type=int, default=CoreConfig.max_streams, metavar="N",
                      help="streams open at once over all connections; more get a retryable "
                           "`capacity` error (set it to the capacity `voxgate bench` measured)")
-    for name in ("max_text_chars_per_stream", "max_streams_per_connection", "max_frame_bytes",
-                 "max_outbox_bytes", "max_connections"):
-        lim.add_argument("--" + name.replace("_", "-"), type=int,
-                         default=getattr(GatewayConfig, name))
-    lim.add_argument("--idle-timeout-s", type=float, default=GatewayConfig.idle_timeout_s)
-    lim.add_argument("--engine-start-timeout-s", type=float,
-                     default=GatewayConfig.engine_start_timeout_s)
-    lim.add_argument("--drain-timeout-s", type=float, default=GatewayConfig.drain_timeout_s,
+    lim.add_argument("--max-streams-per-connection", type=int, metavar="N",
+                     default=GatewayConfig.max_streams_per_connection,
+                     help="streams open at once on one WebSocket; more get a `capacity` error")
+    lim.add_argument("--max-connections", type=int, metavar="N",
+                     default=GatewayConfig.max_connections,
+                     help="WebSocket connections at once; more get HTTP 503 with Retry-After at "
+                          "the handshake (lowered at start to what the open-file limit allows)")
+    lim.add_argument("--max-text-chars-per-stream", type=int, metavar="N",
+                     default=GatewayConfig.max_text_chars_per_stream,
+                     help="text characters one stream may send in all")
+    lim.add_argument("--max-frame-bytes", type=int, metavar="BYTES",
+                     default=GatewayConfig.max_frame_bytes,
+                     help="largest client frame; larger ones close the connection with 1009")
+    lim.add_argument("--max-outbox-bytes", type=int, metavar="BYTES",
+                     default=GatewayConfig.max_outbox_bytes,
+                     help="audio waiting for one slow client; past it the connection closes "
+                          "with 1008")
+    lim.add_argument("--idle-timeout-s", type=float, metavar="S",
+                     default=GatewayConfig.idle_timeout_s,
+                     help="a connection with no frame and no open stream for this long is "
+                          "closed with 1001")
+    lim.add_argument("--engine-start-timeout-s", type=float, metavar="S",
+                     default=GatewayConfig.engine_start_timeout_s,
+                     help="how long the engine may take to load and warm up before start-up fails")
+
+    lim.add_argument("--engine-watchdog-s", type=float, metavar="S", default=GatewayConfig.engine_watchdog_s,
+                     help="with streams open and no output or heartbeat from the engine for this "
+                          "many seconds, kill and restart it (its streams get engine_restarted); 0 off")
+    lim.add_argument("--max-engine-restarts", type=int, metavar="N", default=GatewayConfig.max_engine_restarts,
+                     help="engine deaths tolerated within --engine-restart-window-s; one more and "
+                          "the server tells its clients (engine_failed) and exits with status 1")
+    lim.add_argument("--engine-restart-window-s", type=float, metavar="S",
+                     default=GatewayConfig.engine_restart_window_s,
+                     help="the window of --max-engine-restarts, seconds")
+    lim.add_argument("--drain-timeout-s", type=float, metavar="S", default=GatewayConfig.drain_timeout_s,
                      help="on SIGTERM the server takes no new connections or streams (/health: "
                           "draining, 503) and lets streams in flight finish for this many "
                           "seconds; then the rest end with server_shutdown (retryable), close "
                           "1001. SIGINT (Ctrl-C) stops at once")
-    v = sp.add_argument_group("registered voices (POST /v1/voices, models that can clone)")
-    v.add_argument("--data-dir", default=GatewayConfig.data_dir,
+
+    sec.add_argument("--api-key", metavar="KEY", default=os.environ.get("VOXGATE_API_KEY", ""),
+                     help="require this key on /v1/... and /metrics: 'Authorization: Bearer KEY', "
+                          "'X-API-Key', 'xi-api-key' or ?api_key= (default: $VOXGATE_API_KEY, else none)")
+    sec.add_argument("--allowed-origins", type=_csv, metavar="ORIGINS", default=GatewayConfig.allowed_origins,
+                     help="comma-separated browser Origins that may use the WebSocket and change "
+                          "state, besides the server's own page ('*': any; requests without an "
+                          "Origin, as from agents, always may) (default: none)")
+    sec.add_argument("--allowed-hosts", type=_csv, metavar="HOSTS", default=GatewayConfig.allowed_hosts,
+                     help="comma-separated Host names the server answers to (bound to loopback, "
+                          "loopback names always; elsewhere, unchecked unless given) (default: none)")
+    sec.add_argument("--metrics-public", action="store_true",
+                     help="serve /metrics without the API key")
+    sec.add_argument("--ssl-certfile", metavar="FILE", default=GatewayConfig.ssl_certfile,
+                     help="TLS: PEM certificate chain; the server then speaks https and wss "
+                          "(default: none, plain TCP)")
+    sec.add_argument("--ssl-keyfile", metavar="FILE", default=GatewayConfig.ssl_keyfile,
+                     help="TLS: its private key, if not in --ssl-certfile (default: none)")
+    sec.add_argument("--max-connections-per-ip", type=int, metavar="N", default=GatewayConfig.max_connections_per_ip,
+                     help="WebSocket connections from one client address; more get 429 (0: no "
+                          "limit; behind a proxy every client has the proxy's address)")
+    sec.add_argument("--max-streams-per-ip", type=int, metavar="N", default=GatewayConfig.max_streams_per_ip,
+                     help="active streams over all of one address's connections; more get "
+                          "too_many_streams, retryable (0: no limit)")
+
+    vo.add_argument("--data-dir", metavar="DIR", default=GatewayConfig.data_dir,
                    help="where registered voices are kept (default: $XDG_DATA_HOME/voxgate or "
                         "~/.local/share/voxgate; nothing is written until a voice is registered)")
-    v.add_argument("--max-voice-upload-bytes", type=int, default=GatewayConfig.max_voice_upload_bytes,
+    vo.add_argument("--max-voice-upload-bytes", type=int, metavar="BYTES", default=GatewayConfig.max_voice_upload_bytes,
                    help="largest upload, the whole request, in bytes; a larger one gets 413, before "
-                        "its body is read when its Content-Length says so (default 10 MiB)")
-    v.add_argument("--min-voice-duration-s", type=float, default=GatewayConfig.min_voice_duration_s,
+                        "its body is read when its Content-Length says so (default: 10 MiB)")
+    vo.add_argument("--min-voice-duration-s", type=float, metavar="S", default=GatewayConfig.min_voice_duration_s,
                    help="shortest voice sample accepted, in seconds")
-    v.add_argument("--max-voice-duration-s", type=float, default=GatewayConfig.max_voice_duration_s,
+    vo.add_argument("--max-voice-duration-s", type=float, metavar="S", default=GatewayConfig.max_voice_duration_s,
                    help="longest voice sample accepted, in seconds (decoding stops there)")
-    v.add_argument("--min-voice-rms-dbfs", type=float, default=GatewayConfig.min_voice_rms_dbfs,
+    vo.add_argument("--min-voice-rms-dbfs", type=float, metavar="DB", default=GatewayConfig.min_voice_rms_dbfs,
                    help="a sample whose RMS level is below this many dB of full scale is refused "
                         "as silent")
-    v.add_argument("--max-voice-name-chars", type=int, default=GatewayConfig.max_voice_name_chars,
+    vo.add_argument("--max-voice-name-chars", type=int, metavar="N", default=GatewayConfig.max_voice_name_chars,
                    help="longest voice name (letters, digits, spaces and - _ . ' ( ))")
-    v.add_argument("--max-voice-transcript-chars", type=int,
+    vo.add_argument("--max-voice-transcript-chars", type=int, metavar="N",
                    default=GatewayConfig.max_voice_transcript_chars,
                    help="longest transcript of a voice sample, in characters")
-    v.add_argument("--max-voices", type=int, default=GatewayConfig.max_voices,
+    vo.add_argument("--max-voices", type=int, metavar="N", default=GatewayConfig.max_voices,
                    help="voices kept at most; registering more gets 409")
-    m.add_argument("--synthetic-cloning", dest="synthetic_cloning", action="store_true",
-                   help="synthetic model: accept registered voices (for tests of the voice store)")
-    sp.add_argument("--debug-timestamps", action="store_true",
-                    help="add engine_t (engine emit time, CLOCK_MONOTONIC) to audio messages")
-    sp.add_argument("--log-level", default="INFO",
-                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    st.add_argument("--lookahead-jobs", type=int, default=CoreConfig.lookahead_jobs, metavar="N",
+                    help="segments of a stream generated ahead of the one being spoken")
+
+    dbg.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                     help="log level of the gateway and engine processes")
+    dbg.add_argument("--debug-timestamps", action="store_true",
+                     help="add engine_t (engine emit time, CLOCK_MONOTONIC) to audio messages")
+
+    gpu.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",
+                     default=EngineConfig.gpu_memory_utilization,
+                     help="fraction of the GPU's memory for weights, KV cache and graphs")
+    gpu.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs, metavar="N",
+                     help="segments generating at once (KV cache and batch slots); a stream "
+                          "holds two, the one spoken and the one generated ahead")
+    gpu.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len, metavar="TOKENS",
+                     help="prompt and audio tokens per segment")
+    gpu.add_argument("--quantization", default=EngineConfig.quantization, choices=["none", "fp8"],
+                     help="fp8: decoder linear weights in fp8 with per-channel scales, row-wise "
+                          "fp8 GEMMs (CUDA, compute capability >= 8.9)")
+    gpu.add_argument("--kv-cache-dtype", default=EngineConfig.kv_cache_dtype, choices=["auto", "fp8"],
+                     help="fp8: KV cache pages in float8_e4m3fn, half the bytes (CUDA, bf16 only; "
+                          "see docs/orpheus.md 'fp8 option')")
+    gpu.add_argument("--no-cuda-graphs", dest="enable_cuda_graphs", action="store_false",
+                     help="run the model eagerly instead of replaying captured CUDA graphs "
+                          "(slower; for debugging)")
+
+    tune.add_argument("--max-num-decode-seqs", type=int, metavar="N",
+                      default=EngineConfig.max_num_decode_seqs,
+                      help="decode rows per step, earliest deadlines first; the rest wait a step "
+                           "(-1 auto: 384 on CUDA, 448 with --quantization fp8, no cap on the "
+                           "CPU; 0 no cap)")
+    tune.add_argument("--decode-horizon-s", type=float, default=EngineConfig.decode_horizon_s,
+                      metavar="S",
+                      help="decode only jobs whose audio is due within this many seconds, so the "
+                           "step is short for those that need audio now (-1 auto: 1.0 on CUDA, "
+                           "off on the CPU; 0 off)")
+    tune.add_argument("--decode-fill-seqs", type=int, default=EngineConfig.decode_fill_seqs,
+                      metavar="N",
+                      help="with a decode horizon, rows decoded anyway, earliest deadlines first "
+                           "(-1 auto: 256 on CUDA)")
+    tune.add_argument("--prefill-wait-s", type=float, default=EngineConfig.prefill_wait_s,
+                      metavar="S",
+                      help="under load, a new prompt waits up to this long for others to share "
+                           "its prefill pass (-1 auto: 0.05 with CUDA graphs; 0 off)")
+    tune.add_argument("--prefill-batch-seqs", type=int, default=EngineConfig.prefill_batch_seqs,
+                      metavar="N",
+                      help="prompts that go at once without waiting (-1 auto: 8 with CUDA graphs)")
+    tune.add_argument("--hold-undue-prompts", default=EngineConfig.hold_undue_prompts,
+                      choices=["on", "off"],
+                      help="under load, prompts not due within the decode horizon (segments "
+                           "generated ahead) wait until due or until a step has room (off: not "
+                           "measured on a GPU)")
+    tune.add_argument("--async-steps", default=EngineConfig.async_steps, choices=["auto", "on", "off"],
+                      help="launch each LM step before the previous step's tokens reach the host, "
+                           "rows continuing from them on the device (auto: on with CUDA graphs)")
+    tune.add_argument("--mixed-graphs", default=EngineConfig.mixed_graphs, choices=["on", "off"],
+                      help="a step with decode rows and fresh prompts replays one CUDA graph (one "
+                           "pass over the weights) instead of two (off: on an H200 no more "
+                           "streams kept real time)")
+    tune.add_argument("--async-plan", default=EngineConfig.async_plan, choices=["on", "off"],
+                      help="the decode graphs' attention plans send page ids to the GPU without "
+                           "waiting for the step in flight (on: engine steps 2-7%% shorter on an "
+                           "H200)")
+    tune.add_argument("--decode-attention", default=EngineConfig.decode_attention,
+                      choices=list(DECODE_ATTENTION_KERNELS),
+                      help="FlashInfer's decode kernel in the CUDA graphs: its CUDA-core decode "
+                           "kernel, or its tensor-core prefill kernel (cuda-cores: tensor cores "
+                           "were slower at served contexts on an H200)")
+    tune.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
+                      metavar="SAMPLES",
+                      help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
+                           "1,024 samples in each of the first 4 frames; 1536: 1024, 512, 512, "
+                           "1387; 0 auto: 1024, or 1536 while frames take over 35 ms, on CUDA)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="voxgate", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the WebSocket gateway and its engine")
+    parser = argparse.ArgumentParser(prog="voxgate", description=_DESCRIPTION, epilog=_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench}",
+                                title="commands")
+    serve = sub.add_parser("serve", help="run the WebSocket gateway and its engine",
+                           description=_SERVE_DESCRIPTION, formatter_class=_HelpFormatter,
+                           usage="%(prog)s [options]  (all of them below)")
     _add_serve_args(serve)
     sub.add_parser("bench", help="the latency benchmark client (voxgate bench --help)",
                    add_help=False)
     return parser
+
+
+def check_device(config: EngineConfig, *,
+                 cuda_probe: Callable[[], str | None] | None = None) -> str | None:
+    """Why ``config.device`` cannot work here, in one line, or None. ``--device cuda`` needs a
+    GPU that torch sees (probed in a child process, so that the gateway never imports torch);
+    a CPU-only model with it is refused by ``EngineConfig`` (``models.registry``)."""
+    if config.device != "cuda":
+        return None
+    return (cuda_probe or probe_cuda)()
+
+
+# Run in a child process: importing torch (and initialising CUDA) stays out of the gateway.
+_PROBE = """\
+import sys
+try:
+    import torch
+except ImportError:
+    sys.exit("torch is not installed")
+if torch.version.cuda is None:
+    sys.exit(f"torch {torch.__version__} is a CPU build")
+if not torch.cuda.is_available():
+    sys.exit(f"torch {torch.__version__} sees no CUDA GPU")
+"""
+
+
+def probe_cuda(timeout_s: float = 120.0) -> str | None:
+    """None when torch sees a CUDA GPU, else why not (one line)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return f"--device cuda: torch did not answer within {timeout_s:g} s whether it sees a GPU"
+    if done.returncode == 0:
+        return None
+    lines = (done.stderr.strip() or "unknown error").splitlines()
+    return (f"--device cuda: {lines[-1]}; use --device cpu (or auto), or install the GPU "
+            "stack (pip install -e \".[gpu]\") on a machine with an NVIDIA GPU")
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[GatewayConfig, EngineConfig]:
@@ -225,21 +380,31 @@ async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     hello = gateway.engine.hello
     if hello is not None and hello.device:
-        print(f"voxgate: model {hello.model} on {hello.device}", flush=True)
+        weights = " (random weights: --load-format dummy, noise)" if hello.weights == "random" else ""
+        print(f"voxgate: model {hello.model}{weights} on {hello.device}", flush=True)
     http_scheme, ws_scheme = ("https", "wss") if gateway_config.ssl_certfile else ("http", "ws")
     print(f"voxgate: serving on {http_scheme}://{shown}:{gateway.port}/ (demo page); "
           f"WebSocket {ws_scheme}://{shown}:{gateway.port}/v1/stream", flush=True)
-    if await first_signal == signal.SIGTERM and gateway_config.drain_timeout_s > 0:
+    failed = asyncio.create_task(gateway.engine.wait_failed())
+    await asyncio.wait({first_signal, failed}, return_when=asyncio.FIRST_COMPLETED)
+    if (not failed.done() and first_signal.result() == signal.SIGTERM
+            and gateway_config.drain_timeout_s > 0):
         print(f"voxgate: draining: streams in flight may finish for "
               f"{gateway_config.drain_timeout_s:g} s (--drain-timeout-s)", flush=True)
         drain = asyncio.create_task(gateway.drain(gateway_config.drain_timeout_s))
         second_signal = asyncio.create_task(signals.get())
-        await asyncio.wait({drain, second_signal}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({drain, second_signal, failed}, return_when=asyncio.FIRST_COMPLETED)
         for task in (drain, second_signal):
             task.cancel()
-    print("voxgate: shutting down", flush=True)
+    is_failed = failed.done()
+    for task in (first_signal, failed):
+        task.cancel()
+    if is_failed:  # clients were told (engine_failed); exit non-zero for a supervisor to restart
+        print(f"voxgate: error: {gateway.engine.last_error}; exiting", file=sys.stderr, flush=True)
+    else:
+        print("voxgate: shutting down", flush=True)
     await gateway.stop()
-    return 0
+    return 1 if is_failed else 0
 
 
 def _run(coro: object) -> int:
@@ -248,6 +413,12 @@ def _run(coro: object) -> int:
     except ImportError:  # uvloop is not available on Windows
         return asyncio.run(coro)  # type: ignore[arg-type]
     return uvloop.run(coro)  # type: ignore[arg-type]
+
+
+def _usage_error(message: str) -> int:
+    """One line on stderr and exit status 2, as argparse does for a bad flag."""
+    print(f"voxgate serve: error: {message}", file=sys.stderr, flush=True)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,7 +434,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         gateway_config, engine_config = configs_from_args(args)
     except ValueError as exc:
-        parser.error(str(exc))
+        return _usage_error(str(exc))
+    problem = check_device(engine_config)
+    if problem is not None:
+        return _usage_error(problem)
     try:
         return _run(_serve(gateway_config, engine_config, args.log_level))
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed

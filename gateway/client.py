@@ -1,4 +1,5 @@
-"""A small async Python client for the voxgate protocol (used by tests, the benchmark, agents).
+"""A small async Python client for the voxgate protocol (used by tests, the benchmark, agents); one
+connection carries several streams, each read on its own.
 
     async with VoxgateClient.connect("ws://127.0.0.1:8000/v1/stream") as client:
         stream = await client.start(voice="heart")
@@ -6,12 +7,7 @@
         await stream.end()
         async for pcm in stream.audio():     # numpy float32 chunks
             ...
-        print(stream.done)                   # the "done" map (timings), or stream.error
-
-One connection carries several streams; each ``ClientStream`` has its own bounded-by-nothing
-message queue fed by one reader task, so a slow consumer of one stream does not stop another
-stream's messages from being read (memory grows instead: read your streams).
-"""
+        print(stream.done)                   # the "done" map (timings), or stream.error"""
 
 from __future__ import annotations
 
@@ -42,6 +38,10 @@ class StreamFailed(Exception):
 
 
 class ClientStream:
+    """One stream of a connection. Its messages go to its own unbounded queue, fed by the
+    connection's one reader task, so a stream whose audio is not consumed never stops another
+    stream's messages (memory grows instead: read every stream you start)."""
+
     def __init__(self, client: VoxgateClient, stream_id: str, fmt: str) -> None:
         self.client = client
         self.id = stream_id

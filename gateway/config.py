@@ -25,8 +25,13 @@ class GatewayConfig:
     # engine supervision
     engine_start_timeout_s: float = 600.0
     engine_restart_backoff_s: float = 1.0
-    max_engine_restarts: int = 5  # within engine_restart_window_s; then /health says failed
+    # More engine deaths than this within engine_restart_window_s: the gateway tells its
+    # clients (engine_failed) and exits non-zero, for systemd or Kubernetes to restart it.
+    max_engine_restarts: int = 5
     engine_restart_window_s: float = 300.0
+    # With streams open and nothing from the engine (no output, no heartbeat) for this long,
+    # the engine is taken for hung: killed and restarted. 0 = off.
+    engine_watchdog_s: float = 10.0
     debug_timestamps: bool = False  # add engine_t (engine emit time) to audio messages
     # who may connect (gateway.security, docs/security.md)
     api_key: str = ""  # "": none needed
@@ -64,6 +69,14 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.engine_restart_backoff_s < 0:
             raise ValueError("engine_restart_backoff_s must be >= 0")
+        if self.max_engine_restarts < 0:
+            raise ValueError("max_engine_restarts must be >= 0")
+        if self.engine_restart_window_s <= 0:
+            raise ValueError("engine_restart_window_s must be > 0")
+        # The engine beats once a second (engine.process.HEARTBEAT_INTERVAL_S): a watchdog
+        # shorter than a few beats would take a busy machine's scheduling delay for a hang.
+        if self.engine_watchdog_s != 0 and not self.engine_watchdog_s >= 3.0:
+            raise ValueError("engine_watchdog_s must be 0 (off) or >= 3 seconds")
         if self.drain_timeout_s < 0:
             raise ValueError("drain_timeout_s must be >= 0")
         if not 0 < self.min_voice_duration_s <= self.max_voice_duration_s:

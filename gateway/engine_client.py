@@ -4,8 +4,18 @@ The engine runs in one child process (multiprocessing *spawn*). Start-up is a ha
 child answers ``Hello`` once the model is loaded and warm, or an ``Error`` naming why it could
 not load; no answer within ``engine_start_timeout_s`` is a failure too. When the child dies,
 every stream in flight fails with a retryable ``engine_restarted`` error (``on_lost``), ``/health``
-says ``restarting``, and a new engine is started after a back-off. Too many deaths within
-``engine_restart_window_s`` leave the status ``failed``.
+says ``restarting``, and a new engine is started after a back-off. More than
+``max_engine_restarts`` deaths within ``engine_restart_window_s`` leave the status ``failed``:
+``on_lost`` is called once more with ``is_failed`` true (clients get ``engine_failed``) and
+``wait_failed()`` returns, for the server to exit non-zero.
+
+Watchdog: the engine sends a ``Heartbeat`` every second from a thread of its own, and output
+as it steps. With streams open and nothing at all from it for ``engine_watchdog_s`` (and
+nothing unread in its queue: a gateway that fell behind is not a hung engine), the engine is
+taken for hung (stopped, or stuck holding its GIL): it is killed, which then goes as a death.
+
+Sample accounting: audio that arrives for a stream the gateway has already cancelled is dropped
+here and counted (``voxgate_audio_samples_dropped_total{reason="cancelled"}``).
 
 Sending never blocks the event loop: ``send_nowait`` puts on the shared-memory queue, or, when
 it is full, keeps the message in a local backlog (order kept) that a task drains as room
@@ -30,15 +40,45 @@ from engine.shm_ring import QueueClosed, QueueFull, ShmQueue
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 
-__all__ = ["EngineSupervisor", "EngineStartError"]
+__all__ = ["EngineSupervisor", "EngineStartError", "EngineWatchdog"]
 
 log = logging.getLogger("voxgate.gateway")
 
 _BACKLOG_HIGH_WATER = 4096  # messages; readers wait above this
+_BYTES_PER_SAMPLE = {"pcm_s16le": 2, "pcm_f32le": 4}
 
 
 class EngineStartError(RuntimeError):
     """The engine could not start (the model failed to load, or no handshake in time)."""
+
+
+class EngineWatchdog:
+    """Decides when a silent engine is hung: work in hand and nothing from it for ``timeout_s``.
+
+    No I/O and an injectable clock, so that tests drive it with a fake one. ``timeout_s <= 0``
+    turns it off.
+    """
+
+    def __init__(self, timeout_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._t_heard = clock()
+
+    def note_heard(self) -> None:
+        """The engine sent something (output, stats or a heartbeat)."""
+        self._t_heard = self._clock()
+
+    def silent_s(self) -> float:
+        """Seconds since the engine was last heard."""
+        return self._clock() - self._t_heard
+
+    def is_hung(self, *, has_work: bool, has_unread: bool) -> bool:
+        """``has_work``: streams are open in the engine, or commands wait for it.
+        ``has_unread``: its queue holds messages the gateway has not read yet (the gateway is
+        behind: they may hold a heartbeat, so that is not the engine's silence)."""
+        if self.timeout_s <= 0 or not has_work or has_unread:
+            return False
+        return self.silent_s() > self.timeout_s
 
 
 class EngineSupervisor:
@@ -51,6 +91,7 @@ class EngineSupervisor:
         on_message: Callable[[em.Message], None],
         on_lost: Callable[[], None],
         metrics: GatewayMetrics,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine_config = engine_config
         self.config = config
@@ -75,11 +116,30 @@ class EngineSupervisor:
         self._writable.set()
         self._hello_waiter: asyncio.Future[em.Hello] | None = None
         self._is_stopping = False
+        self.watchdog = EngineWatchdog(config.engine_watchdog_s, clock=clock)
+        self.heartbeat: em.Heartbeat | None = None
+        self._watchdog_task: asyncio.Task[None] | None = None
+        self._hang_note: str | None = None  # why the watchdog killed the engine
+        self._failed = asyncio.Event()
+        # Streams open in the engine (key -> bytes per sample of their audio), and those the
+        # gateway cancelled whose Done has not come back: audio for these is dropped here.
+        self._open: dict[int, int] = {}
+        self._cancelled: dict[int, int] = {}
 
     # --- state -----------------------------------------------------------------------------
 
     def is_ready(self) -> bool:
         return self.status == "ready"
+
+    @property
+    def is_failed(self) -> bool:
+        """The engine died more than ``max_engine_restarts`` times within the window; it is
+        not restarted, and the server should exit (``wait_failed``)."""
+        return self.status == "failed"
+
+    async def wait_failed(self) -> None:
+        """Return once the engine has failed for good (after ``on_lost`` was called for it)."""
+        await self._failed.wait()
 
     def health(self) -> tuple[http.HTTPStatus, dict[str, Any]]:
         hello = self.hello
@@ -87,8 +147,10 @@ class EngineSupervisor:
             "status": "ok" if self.is_ready() else self.status,
             "engine": {"status": self.status, "restarts": self.num_restarts,
                        "pid": self._process.pid if self._process else None,
-                       "last_error": self.last_error},
+                       "last_error": self.last_error,
+                       "last_heard_s": round(self.watchdog.silent_s(), 3)},
             "model": hello.model if hello else None,
+            "weights": hello.weights if hello else None,
             "model_loaded": self.is_ready(),
         }
         if self.stats is not None:
@@ -151,16 +213,22 @@ class EngineSupervisor:
         self.hello = hello
         self.status = "ready"
         self.last_error = None
+        self.watchdog.note_heard()
+        if self.watchdog.timeout_s > 0:
+            self._watchdog_task = asyncio.create_task(self._watch_silence(proc))
         self._metrics.engine_up.set(1)
-        self._metrics.engine_info.info({"model": hello.model, "device": hello.device})
-        log.info("engine ready: model %s on %s, voices %s, %d Hz", hello.model, hello.device or "?",
-                 hello.voices, hello.sample_rate)
+        self._metrics.engine_info.info({"model": hello.model, "device": hello.device, "weights": hello.weights})
+        log.info("engine ready: model %s (%s weights) on %s, voices %s, %d Hz", hello.model, hello.weights,
+                 hello.device or "?", hello.voices, hello.sample_rate)
 
     def _teardown(self) -> None:
-        for task in (self._reader, self._watcher, self._flusher):
+        for task in (self._reader, self._watcher, self._flusher, self._watchdog_task):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
+        self._watchdog_task = None
         self._backlog.clear()
+        self._open.clear()
+        self._cancelled.clear()
         self._writable.set()
         for q in (self._inbox, self._outbox):
             if q is not None:
@@ -185,28 +253,54 @@ class EngineSupervisor:
             waiter.set_exception(EngineStartError(
                 self.last_error or f"the engine exited during start-up (exit code {code})"))
             return
-        log.error("the engine process died (exit code %s); failing its streams and restarting",
-                  code)
-        self.last_error = f"engine exited with code {code}"
+        if self._hang_note is not None:
+            self.last_error, self._hang_note = self._hang_note, None
+        else:
+            log.error("the engine process died (exit code %s); failing its streams", code)
+            self.last_error = f"engine exited with code {code}"
         self._on_engine_death()
 
     def _on_engine_death(self) -> None:
         was_ready = self.status == "ready"
-        self.status = "restarting"
         self._teardown_keep_watcher()
-        if was_ready:
-            self._on_lost()
         now = time.monotonic()
         self._deaths.append(now)
         while self._deaths and now - self._deaths[0] > self.config.engine_restart_window_s:
             self._deaths.popleft()
-        if len(self._deaths) > self.config.max_engine_restarts:
-            self.status = "failed"
+        is_final = len(self._deaths) > self.config.max_engine_restarts
+        self.status = "failed" if is_final else "restarting"
+        if is_final:
             self.last_error = (f"the engine died {len(self._deaths)} times within "
-                               f"{self.config.engine_restart_window_s:g} s; not restarting")
+                               f"{self.config.engine_restart_window_s:g} s "
+                               f"(--max-engine-restarts {self.config.max_engine_restarts}); "
+                               f"giving up (last: {self.last_error})")
             log.error(self.last_error)
+        if was_ready or is_final:
+            self._on_lost()  # reads is_failed: engine_failed for good, else engine_restarted
+        if is_final:
+            self._failed.set()
             return
         asyncio.get_running_loop().create_task(self._restart())
+
+    async def _watch_silence(self, proc: multiprocessing.process.BaseProcess) -> None:
+        """Kill the engine when the watchdog takes its silence for a hang (the process
+        sentinel then reports the death)."""
+        watchdog = self.watchdog
+        period_s = min(1.0, watchdog.timeout_s / 4)
+        while True:
+            await asyncio.sleep(period_s)
+            outbox = self._outbox
+            if outbox is None or self._process is not proc:
+                return
+            has_work = bool(self._open) or bool(self._backlog)
+            if watchdog.is_hung(has_work=has_work, has_unread=outbox.qsize_bytes() > 0):
+                break
+        self._hang_note = (f"the engine was hung: nothing from it for {watchdog.silent_s():.1f} s "
+                           f"with {len(self._open)} streams open (--engine-watchdog-s "
+                           f"{watchdog.timeout_s:g}); killed it")
+        log.error(self._hang_note)
+        self._metrics.engine_hangs.inc()
+        proc.kill()
 
     def _teardown_keep_watcher(self) -> None:
         self._watcher = None
@@ -230,7 +324,9 @@ class EngineSupervisor:
     async def _read_loop(self, outbox: ShmQueue) -> None:
         try:
             while True:
-                for data in await outbox.get_many_async():
+                batch = await outbox.get_many_async()
+                self.watchdog.note_heard()
+                for data in batch:
                     self._dispatch(data)
         except QueueClosed:
             return  # the watcher handles the death
@@ -249,6 +345,10 @@ class EngineSupervisor:
 
     def _route(self, msg: em.Message) -> None:
         if type(msg) is em.Audio:  # the hot path: skip the checks below
+            if self._cancelled and msg.key in self._cancelled:
+                width = self._cancelled[msg.key]
+                self._metrics.samples_dropped.labels(reason="cancelled").inc(len(msg.pcm) // width)
+                return
             try:
                 self._on_message(msg)
             except Exception:  # one bad route must not stop the reader
@@ -262,6 +362,12 @@ class EngineSupervisor:
             for name, value in msg.totals.items():
                 self._metrics.engine_totals.labels(name=name).set(value)
             return
+        if isinstance(msg, em.Heartbeat):
+            self.heartbeat = msg
+            return
+        if isinstance(msg, (em.Done, em.Error)) and msg.key is not None:
+            self._open.pop(msg.key, None)
+            self._cancelled.pop(msg.key, None)
         if isinstance(msg, em.Hello):
             if self._hello_waiter is not None and not self._hello_waiter.done():
                 self._hello_waiter.set_result(msg)
@@ -285,6 +391,13 @@ class EngineSupervisor:
         inbox = self._inbox
         if inbox is None or self.status != "ready":
             return  # streams were failed by on_lost; nothing to deliver to
+        kind = type(msg)
+        if kind is em.Open:
+            self._open[msg.key] = _BYTES_PER_SAMPLE.get(msg.format, 4)  # type: ignore[attr-defined]
+        elif kind is em.Cancel:
+            width = self._open.pop(msg.key, None)  # type: ignore[attr-defined]
+            if width is not None:
+                self._cancelled[msg.key] = width  # type: ignore[attr-defined]
         data = em.encode(msg)
         if not self._backlog:
             try:

@@ -40,6 +40,17 @@ class GatewayMetrics:
             ["name"], registry=r)
         self.engine_restarts = Counter("voxgate_engine_restarts",
                                        "Engine restarts after it died", registry=r)
+        self.engine_hangs = Counter("voxgate_engine_hangs",
+                                    "Engines killed by the watchdog: streams open and nothing "
+                                    "from the engine for --engine-watchdog-s", registry=r)
+        self.samples_sent = Counter("voxgate_audio_samples_sent",
+                                    "Audio samples sent to clients (counted as each stream ends: "
+                                    "the sum of its done.samples)", registry=r)
+        self.samples_dropped = Counter("voxgate_audio_samples_dropped",
+                                       "Audio samples from the engine the gateway dropped, by "
+                                       "reason (cancelled: they arrived after the stream was "
+                                       "cancelled or its connection closed)", ["reason"],
+                                       registry=r)
         self.ttfa = Histogram("voxgate_time_to_first_audio_seconds",
                               "First text received to first audio sent, per stream",
                               buckets=_LATENCY_BUCKETS_S, registry=r)
@@ -63,6 +74,9 @@ class GatewayMetrics:
 
     def count_stream(self, outcome: str) -> None:
         self.streams.labels(outcome=outcome).inc()
+
+    def count_samples_sent(self, num_samples: int) -> None:
+        self.samples_sent.inc(num_samples)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -29,6 +29,8 @@ __all__ = [
     "End",
     "Cancel",
     "parse_client_frame",
+    "check_declared_options",
+    "show_value",
     "encode_server_message",
     "decode_server_frame",
     "encode_client_message",
@@ -42,6 +44,9 @@ __all__ = [
 PROTOCOL_VERSION = 1
 FORMATS = ("pcm_s16le", "pcm_f32le")
 MAX_STREAM_ID_CHARS = 128
+MAX_OPTIONS = 64  # entries in a start's ``options``
+# Integers the engine's encoding (msgpack) can carry: int64 and uint64.
+_INT_RANGE = (-(2**63), 2**64 - 1)
 
 
 class Encoding(enum.Enum):
@@ -69,6 +74,7 @@ class ErrorCode(str, enum.Enum):
     ENGINE_RESTARTED = "engine_restarted"  # the engine died; the stream is lost, retry
     ENGINE_UNAVAILABLE = "engine_unavailable"  # the engine is (re)starting
     SERVER_SHUTDOWN = "server_shutdown"  # the server is stopping; retry on another
+    ENGINE_FAILED = "engine_failed"  # the engine kept dying; the server exits
     MODEL_ERROR = "model_error"
     INTERNAL = "internal"
 
@@ -134,16 +140,54 @@ def _load(frame: bytes | str) -> Any:
     if isinstance(frame, str):
         try:
             return json.loads(frame)
+        except RecursionError:  # the C decoder's depth guard
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "text frame is nested too deeply") from None
         except ValueError as exc:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, f"text frame is not JSON: {exc}") from None
     try:
-        return msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        # surrogateescape: bytes that are not UTF-8 become lone surrogates, which the field
+        # checks below reject naming the field (instead of failing the whole frame here).
+        return msgpack.unpackb(frame, raw=False, strict_map_key=False,
+                               unicode_errors="surrogateescape")
+    except msgpack.StackError:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "binary frame is nested too deeply") from None
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"binary frame is not msgpack: {exc}") from None
 
 
+def show_value(value: Any) -> str:
+    """A short, always-encodable rendering of a client value for an error message."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= 40 else value[:40] + "...")  # repr escapes surrogates
+    if value is None or isinstance(value, (bool, float)):
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value) if -(10**30) < value < 10**30 else "a huge integer"
+    return f"a value of type {type(value).__name__}"
+
+
+def _is_text(value: str) -> bool:
+    """True if ``value`` encodes as UTF-8: no lone surrogates (from JSON ``\\ud800`` escapes or
+    from msgpack bytes that are not UTF-8)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _not_text(name: str, stream: str | None) -> ProtocolError:
+    return ProtocolError(ErrorCode.BAD_MESSAGE,
+                         f"'{name}' is not valid text: it holds a lone surrogate or bytes that "
+                         "are not UTF-8", stream=stream)
+
+
 def parse_client_frame(frame: bytes | str) -> ClientMessage:
-    """Decode and validate one client frame. Raises ``ProtocolError``."""
+    """Decode and validate one client frame. Raises ``ProtocolError`` (never anything else for
+    any input): what it returns holds only strings that encode as UTF-8 and options the engine's
+    encoding can carry."""
     obj = _load(frame)
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "a frame must be a map with a 'type'")
@@ -154,44 +198,110 @@ def parse_client_frame(frame: bytes | str) -> ClientMessage:
     if cls is None:
         raise ProtocolError(
             ErrorCode.UNKNOWN_TYPE,
-            f"unknown type {kind!r}; expected one of {sorted(_CLIENT_TYPES)}",
+            f"unknown type {show_value(kind)}; expected one of {sorted(_CLIENT_TYPES)}",
         )
     stream = obj.get("stream")
-    if isinstance(stream, int) and not isinstance(stream, bool):
+    if isinstance(stream, int) and not isinstance(stream, bool) and -(10**40) < stream < 10**40:
         stream = str(stream)
     if not isinstance(stream, str) or not stream or len(stream) > MAX_STREAM_ID_CHARS:
         raise ProtocolError(
             ErrorCode.BAD_MESSAGE,
             f"'stream' must be a non-empty string of at most {MAX_STREAM_ID_CHARS} characters",
         )
+    if not _is_text(stream):
+        raise _not_text("stream", None)
     if cls is TextIn:
         text = obj.get("text")
         if not isinstance(text, str):
             raise ProtocolError(ErrorCode.BAD_MESSAGE, "'text' must be a string", stream=stream)
+        if not _is_text(text):
+            raise _not_text("text", stream)
         return TextIn(stream=stream, text=text)
     if cls is Start:
-        voice = obj.get("voice")
-        if voice is not None and not isinstance(voice, str):
-            raise ProtocolError(ErrorCode.BAD_MESSAGE, "'voice' must be a string", stream=stream)
-        fmt = obj.get("format", "pcm_s16le")
-        if fmt not in FORMATS:
-            raise ProtocolError(
-                ErrorCode.UNSUPPORTED_FORMAT,
-                f"'format' must be one of {list(FORMATS)}, got {fmt!r}",
-                stream=stream,
-            )
-        options = obj.get("options") or {}
-        if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
-            raise ProtocolError(
-                ErrorCode.BAD_MESSAGE, "'options' must be a map with string keys", stream=stream
-            )
-        for name, value in options.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ProtocolError(
-                    ErrorCode.INVALID_OPTION, f"option {name!r} must be finite", stream=stream
-                )
-        return Start(stream=stream, voice=voice, format=fmt, options=options)
+        return _parse_start(obj, stream)
     return cls(stream=stream)
+
+
+def _parse_start(obj: dict[Any, Any], stream: str) -> Start:
+    voice = obj.get("voice")
+    if voice is not None and not isinstance(voice, str):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "'voice' must be a string", stream=stream)
+    if voice is not None and not _is_text(voice):
+        raise _not_text("voice", stream)
+    fmt = obj.get("format", "pcm_s16le")
+    if not isinstance(fmt, str) or fmt not in FORMATS:
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_FORMAT,
+            f"'format' must be one of {list(FORMATS)}, got {show_value(fmt)}",
+            stream=stream,
+        )
+    options = obj.get("options") or {}
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise ProtocolError(
+            ErrorCode.BAD_MESSAGE, "'options' must be a map with string keys", stream=stream
+        )
+    if len(options) > MAX_OPTIONS:
+        raise ProtocolError(ErrorCode.INVALID_OPTION,
+                            f"at most {MAX_OPTIONS} options, got {len(options)}", stream=stream)
+    for name, value in options.items():
+        if not _is_text(name):
+            raise _not_text("options", stream)
+        _check_option_value(name, value, stream)
+    return Start(stream=stream, voice=voice, format=fmt, options=options)
+
+
+def _check_option_value(name: str, value: Any, stream: str) -> None:
+    """An option is a scalar the engine's encoding carries: null, a boolean, a finite number
+    in int64/uint64 range, or text."""
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+            raise ProtocolError(ErrorCode.INVALID_OPTION,
+                                f"option {show_value(name)} is out of range: integers must be in "
+                                "[-2^63, 2^64 - 1]", stream=stream)
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ProtocolError(ErrorCode.INVALID_OPTION, f"option {show_value(name)} must be finite",
+                                stream=stream)
+        return
+    if isinstance(value, str):
+        if not _is_text(value):
+            raise _not_text(f"options.{name}" if name.isascii() else "options", stream)
+        return
+    raise ProtocolError(ErrorCode.INVALID_OPTION,
+                        f"option {show_value(name)} must be a number, a string, a boolean or null, "
+                        f"got {show_value(value)}", stream=stream)
+
+
+def check_declared_options(options: dict[str, Any], declared: dict[str, Any], *,
+                           stream: str) -> None:
+    """Check numeric options against the ranges the backend declared in ``hello`` (``min``,
+    ``max``, ``min_inclusive``); raises ``ProtocolError(INVALID_OPTION)``. Options it did not
+    declare, and declared ones without a range, are left to the engine to judge."""
+    for name, value in options.items():
+        spec = declared.get(name)
+        if not isinstance(spec, dict) or not _is_number(value):
+            continue
+        low, high = spec.get("min"), spec.get("max")
+        low_inclusive = spec.get("min_inclusive", True) is not False
+        too_low = _is_number(low) and (value < low if low_inclusive else value <= low)
+        too_high = _is_number(high) and value > high
+        if too_low or too_high:
+            bounds = f"{'[' if low_inclusive else '('}{_bound(low, '-inf')}, {_bound(high, 'inf')}]"
+            raise ProtocolError(ErrorCode.INVALID_OPTION,
+                                f"{name} must be in {bounds}, got {show_value(value)}", stream=stream)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _bound(value: Any, unbounded: str) -> str:
+    if not _is_number(value):
+        return unbounded
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def encode_client_message(msg: dict[str, Any], encoding: Encoding = Encoding.MSGPACK) -> bytes | str:
@@ -206,7 +316,7 @@ def encode_client_message(msg: dict[str, Any], encoding: Encoding = Encoding.MSG
 
 def hello(*, model: str, voices: list[str], sample_rate: int, default_voice: str,
           options: dict[str, Any], limits: dict[str, Any], device: str = "",
-          supports_cloning: bool = False) -> dict[str, Any]:
+          weights: str = "loaded", supports_cloning: bool = False) -> dict[str, Any]:
     return {
         "type": "hello",
         "protocol": PROTOCOL_VERSION,
@@ -218,6 +328,7 @@ def hello(*, model: str, voices: list[str], sample_rate: int, default_voice: str
         "options": options,
         "limits": limits,
         "device": device,
+        "weights": weights,
         "supports_cloning": supports_cloning,
     }
 

@@ -288,6 +288,11 @@ class Gateway:
         self._release(conn)
         conn.cut_off = asyncio.get_running_loop().call_later(CLOSE_GRACE_S, conn.abort)
 
+    def on_slow_consumer(self, conn: Connection) -> None:
+        """The outbox overflowed (and was emptied): the session cancels the streams, sends a
+        ``slow_consumer`` error and closes with 1008; the close arms the cut-off."""
+        self.apply(conn, conn.session.on_slow_consumer())
+
     def _release(self, conn: Connection) -> None:
         for key in conn.session.keys():
             self._by_key.pop(key, None)
@@ -339,7 +344,7 @@ class Gateway:
     def _on_engine_lost(self) -> None:
         self._by_key.clear()
         for conn in list(self._connections):
-            self.apply(conn, conn.session.on_engine_lost())
+            self.apply(conn, conn.session.on_engine_lost(is_final=self.engine.is_failed))
 
     # --- HTTP ------------------------------------------------------------------------------
 

@@ -4,10 +4,15 @@ The WebSocket adapter (``gateway.ws_handler``) feeds ``receive_frame`` with clie
 ``on_engine`` with engine messages for this connection's streams, and carries out the actions
 returned: ``ToClient`` (send a map), ``ToEngine`` (put a message on the engine queue),
 ``Close`` (close the connection with an RFC 6455 code).
+
+No input makes a method raise: a frame that cannot be accepted is answered with an ``error``
+of a documented code (docs/protocol.md), and what the actions carry always encodes (client
+maps in msgpack and JSON, engine messages with ``engine.messages.encode``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Union
@@ -17,6 +22,8 @@ from gateway import protocol as p
 from gateway.protocol import ErrorCode, ProtocolError
 
 __all__ = ["ToClient", "ToEngine", "Close", "Action", "SessionMetrics", "Session"]
+
+log = logging.getLogger("voxgate.gateway")
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class SessionMetrics(Protocol):
     def observe_chunk_gap(self, seconds: float) -> None: ...
     def count_error(self, code: str) -> None: ...
     def count_stream(self, outcome: str) -> None: ...
+    def count_samples_sent(self, num_samples: int) -> None: ...
 
 
 class _NoMetrics:
@@ -56,6 +64,9 @@ class _NoMetrics:
         pass
 
     def count_stream(self, outcome: str) -> None:
+        pass
+
+    def count_samples_sent(self, num_samples: int) -> None:
         pass
 
 
@@ -109,6 +120,7 @@ class Session:
         self._shutdown_reason: str | None = None  # set: starts are refused (server_shutdown)
         self._streams: dict[str, _Stream] = {}
         self._by_key: dict[int, _Stream] = {}
+        self._is_closed = False  # closing for a reason of its own: later frames are ignored
 
     # --- connection ------------------------------------------------------------------------
 
@@ -116,7 +128,7 @@ class Session:
         h = self._hello
         return p.hello(model=h.model, voices=list(h.voices), sample_rate=h.sample_rate,
                        default_voice=h.default_voice, options=h.options, limits=self._limits,
-                       device=h.device, supports_cloning=h.supports_cloning)
+                       device=h.device, weights=h.weights, supports_cloning=h.supports_cloning)
 
     @property
     def num_active_streams(self) -> int:
@@ -127,11 +139,35 @@ class Session:
 
     def close(self) -> list[Action]:
         """The connection is gone: cancel every stream in the engine."""
+        self._is_closed = True
         actions: list[Action] = [ToEngine(em.Cancel(s.key)) for s in self._streams.values()]
-        for _ in self._streams:
+        for stream in list(self._streams.values()):
+            self._forget(stream)
             self._metrics.count_stream("disconnected")
-        self._streams.clear()
-        self._by_key.clear()
+        return actions
+
+    def on_slow_consumer(self) -> list[Action]:
+        """The client stopped reading: its unsent audio passed ``--max-outbox-bytes``.
+
+        Every stream of the connection is cancelled in the engine now, a ``slow_consumer``
+        error (connection-level, retryable: reconnect) is sent, and the connection closes with
+        1008. Call after dropping the connection's unsent frames, so that the error can go out;
+        the adapter should still cut a client that never reads its close frame off after a grace
+        period. Frames received afterwards are ignored. Idempotent."""
+        if self._is_closed:
+            return []
+        self._is_closed = True
+        actions: list[Action] = []
+        for stream in list(self._streams.values()):
+            self._forget(stream)
+            self._metrics.count_stream("slow_consumer")
+            actions.append(ToEngine(em.Cancel(stream.key)))
+        self._metrics.count_error(ErrorCode.SLOW_CONSUMER.value)
+        actions.append(ToClient(p.error(
+            ErrorCode.SLOW_CONSUMER,
+            "the client is not reading its audio: its buffered audio passed the limit; its "
+            "streams are cancelled and the connection closes", retryable=True)))
+        actions.append(Close(1008, "slow consumer: the client is not reading its audio"))
         return actions
 
     def stop_accepting(self, reason: str) -> None:
@@ -155,6 +191,9 @@ class Session:
     # --- client frames ---------------------------------------------------------------------
 
     def receive_frame(self, frame: bytes | str) -> list[Action]:
+        """Actions for one client frame; never raises (a bad frame gets an ``error``)."""
+        if self._is_closed:
+            return []
         try:
             msg = p.parse_client_frame(frame)
             return self._dispatch(msg)
@@ -162,6 +201,10 @@ class Session:
             self._metrics.count_error(exc.code.value)
             return [ToClient(p.error(exc.code, exc.message, stream=exc.stream,
                                      retryable=exc.retryable))]
+        except Exception:  # a bug of ours: this frame fails, the connection goes on
+            log.exception("a client frame could not be handled")
+            self._metrics.count_error(ErrorCode.INTERNAL.value)
+            return [ToClient(p.error(ErrorCode.INTERNAL, "the server could not handle this frame"))]
 
     def _dispatch(self, msg: p.ClientMessage) -> list[Action]:
         if isinstance(msg, p.Start):
@@ -198,6 +241,7 @@ class Session:
         voice_ref = None
         if msg.voice is not None and msg.voice not in self._hello.voices:
             voice_ref = self._registered_voice(msg.voice, msg.stream)
+        p.check_declared_options(msg.options, self._hello.options, stream=msg.stream)
         if not self._is_engine_ready():
             raise ProtocolError(ErrorCode.ENGINE_UNAVAILABLE,
                                 "the engine is starting or restarting; try again shortly",
@@ -215,7 +259,7 @@ class Session:
         if ref is None:
             registered = " or a registered voice's id (GET /v1/voices)" if self._resolve_voice else ""
             raise ProtocolError(ErrorCode.UNKNOWN_VOICE,
-                                f"unknown voice {voice!r}; voices: {list(self._hello.voices)}"
+                                f"unknown voice {p.show_value(voice)}; voices: {list(self._hello.voices)}"
                                 + registered, stream=stream)
         return ref
 
@@ -270,17 +314,32 @@ class Session:
         stream = self._by_key.get(msg.key)
         return None if stream is None else self._audio_msg(stream, msg)
 
-    def on_engine_lost(self) -> list[Action]:
-        """The engine died: every stream of this connection fails with a retryable error."""
+    def on_engine_lost(self, *, is_final: bool = False) -> list[Action]:
+        """The engine died: every stream of this connection fails with a retryable
+        ``engine_restarted`` error, as it is being restarted.
+
+        ``is_final``: it died too often (``--max-engine-restarts``) and the server is exiting:
+        the streams fail with a non-retryable ``engine_failed``, the connection gets one too
+        (``stream`` null) and closes with 1011; later frames are ignored."""
+        if is_final and self._is_closed:
+            return []
+        code = ErrorCode.ENGINE_FAILED if is_final else ErrorCode.ENGINE_RESTARTED
+        message = ("the engine failed repeatedly and the server is exiting; this stream's audio "
+                   "is lost" if is_final else
+                   "the engine stopped unexpectedly and is restarting; this stream's audio is lost")
         actions: list[Action] = []
         for stream in list(self._streams.values()):
             self._forget(stream)
-            self._metrics.count_error(ErrorCode.ENGINE_RESTARTED.value)
+            self._metrics.count_error(code.value)
             self._metrics.count_stream("error")
+            actions.append(ToClient(p.error(code, message, stream=stream.id,
+                                            retryable=not is_final)))
+        if is_final:
+            self._is_closed = True
+            self._metrics.count_error(code.value)
             actions.append(ToClient(p.error(
-                ErrorCode.ENGINE_RESTARTED,
-                "the engine stopped unexpectedly and is restarting; this stream's audio is lost",
-                stream=stream.id, retryable=True)))
+                code, "the engine failed repeatedly (--max-engine-restarts); the server is exiting")))
+            actions.append(Close(1011, "engine failed"))
         return actions
 
     # --- helpers ---------------------------------------------------------------------------
@@ -318,5 +377,6 @@ class Session:
         return p.done(stream.id, reason=reason, samples=stream.samples, **timings)
 
     def _forget(self, stream: _Stream) -> None:
-        self._streams.pop(stream.id, None)
+        if self._streams.pop(stream.id, None) is not None:
+            self._metrics.count_samples_sent(stream.samples)
         self._by_key.pop(stream.key, None)

@@ -57,7 +57,11 @@ class Connection:
     """A connection's session, outbox and close state."""
 
     def __init__(self, ws: Any, session: Session, encoding: p.Encoding, max_outbox_bytes: int,
-                 *, on_close_requested: Callable[[Connection], None] | None = None) -> None:
+                 *, on_close_requested: Callable[[Connection], None] | None = None,
+                 on_overflow: Callable[[Connection], None] | None = None) -> None:
+        """``on_overflow``: the outbox passed ``max_outbox_bytes`` (it has been emptied); the
+        gateway carries out ``Session.on_slow_consumer`` (cancel, error, close 1008). Without
+        it the connection just closes with 1008."""
         self.ws = ws
         self.session = session
         self.encoding = encoding
@@ -73,6 +77,7 @@ class Connection:
         self.is_sending = False  # the writer task is inside a send
         self._frame_writer = _frame_writer(ws)
         self._on_close_requested = on_close_requested
+        self._on_overflow = on_overflow
         self.transport: asyncio.BaseTransport | None = None  # for abort()
         self.ip = ""  # the client's address
         self.cut_off: asyncio.TimerHandle | None = None  # abort() armed by the close
@@ -122,18 +127,11 @@ class Connection:
         if self.outbox_bytes > self.max_outbox_bytes:
             self.outbox.clear()
             self.outbox_bytes = 0
-            # attempted: a client that does not read is unlikely to see it before the close
-            self._enqueue_unchecked(p.encode_server_message(p.error(
-                p.ErrorCode.SLOW_CONSUMER,
-                f"the client is not reading its audio: more than {self.max_outbox_bytes} bytes "
-                "waited to be written; closing", retryable=True), self.encoding))
+            if self._on_overflow is not None:
+                self._on_overflow(self)
             self.request_close(1008, "slow consumer: the client is not reading its audio")
             return
         self.wakeup.set()
-
-    def _enqueue_unchecked(self, data: bytes | str) -> None:
-        self.outbox.append((None, data))
-        self.outbox_bytes += len(data)
 
     def _drop_audio(self, stream: str | None) -> None:
         kept = deque(item for item in self.outbox if item[0] != stream or stream is None)
@@ -177,7 +175,8 @@ async def handle_stream(gateway: Gateway, request: web.Request) -> web.StreamRes
     if transport is not None:
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
     conn = Connection(ws, session, encoding, gateway.config.max_outbox_bytes,
-                      on_close_requested=gateway.on_close_requested)
+                      on_close_requested=gateway.on_close_requested,
+                      on_overflow=gateway.on_slow_consumer)
     conn.transport = transport
     conn.ip = ip
     gateway.add_connection(conn)

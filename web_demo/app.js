@@ -2,9 +2,11 @@
 
 import { Connection } from "./connection.js";
 import { PARAGRAPHS, paceTokens, tokenize } from "./llm.js";
+import { renderMetrics } from "./metrics.js";
 import { Player } from "./player.js";
 import { Session } from "./session.js";
 import { Timeline } from "./timeline.js";
+import { Transcript } from "./transcript.js";
 import { encodeWav } from "./wav.js";
 
 const $ = (id) => document.getElementById(id);
@@ -14,6 +16,7 @@ const wsUrl = `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.ho
 const conn = new Connection(wsUrl, { onopen, onmessage, onstatus });
 const session = new Session(conn, player, { onchange: () => {}, onerror: showError });
 const timeline = new Timeline($("timeline"));
+const transcript = new Transcript($("transcript"));
 
 const ui = {
   connState: "connecting",
@@ -24,7 +27,8 @@ const ui = {
   sentChars: 0, // how much of the text box has been sent in the open typing turn
   wordsSent: 0,
   pacer: null,
-  transcriptKey: "",
+  shown: null, // the turn the page showed at the last frame, and what was playing then
+  np: null,
   connects: 0, // hello messages received (1 + reconnects)
   statsReports: 0, // stats messages from the worklet: a clock tests can wait on
   retryAt: 0,
@@ -260,35 +264,27 @@ function render() {
   const now = performance.now();
   const stats = player.stats;
   const rate = player.rate || 24000;
-  const turn = session.current;
   const np = session.nowPlaying(stats.consumed);
-  const shown = np ? np.turn : turn;
+  const shown = session.shownTurn(np);
+  const waiting = new Set([...session.audible, ...session.queue]);
+  const queued = [...waiting].filter((t) => t !== shown && t.heard === 0 && t.tPlayEnd === null).length;
 
-  $("m-ttfa").textContent = turn && turn.ttfaMs !== null ? `${Math.round(turn.ttfaMs)} ms` : "–";
-  $("m-ttfa-sub").textContent = turn && turn.serverTtfaMs !== null
-    ? `first word sent → first audio received · server ${Math.round(turn.serverTtfaMs)} ms`
-    : "first word sent → first audio received";
-  const bufMs = (stats.buffered / rate) * 1000;
-  $("m-buffer").textContent = bufMs < 1000 ? `${Math.round(bufMs)} ms` : `${(bufMs / 1000).toFixed(1)} s`;
-  $("m-buffer-bar").style.width = `${Math.min(100, (bufMs / Math.max(500, player.prebufferMs * 4)) * 100)}%`;
-  $("m-underruns").textContent = String(stats.underruns);
-  $("m-player").textContent = `player ${playerLabel(stats.state)}`;
-  $("m-chunks").textContent = String(turn ? turn.chunks.length : 0);
-  $("m-chunk-size").textContent = turn && turn.chunks.length
-    ? `~${Math.round((turn.samples / turn.chunks.length / (turn.sampleRate || rate)) * 1000)} ms each`
-    : "this turn";
-  $("m-audio").textContent = `${(turn ? turn.audioSeconds : 0).toFixed(1)} s`;
-  $("m-played").textContent = `${(stats.played / rate).toFixed(1)} s played`;
+  renderMetrics(shown, {
+    np, queued, stats, rate, streamRate: player.streamRate, prebufferMs: player.prebufferMs,
+    totals: session.totals, turnCount: session.history.filter((t) => t.heard > 0).length,
+  });
   $("audio-hint").hidden = player.contextState === "running";
 
-  renderTranscript(shown, np);
-  renderTurnStatus(shown, stats);
+  transcript.render(shown, np, session.samplesPerChar);
+  renderTurnStatus(shown, np, stats);
   const last = lastUtterance();
   $("download").disabled = !last;
   $("last-info").textContent = last
     ? `${last.id} · ${last.audioSeconds.toFixed(1)} s received · ${turnLabel(last)}`
     : "nothing yet";
-  timeline.draw(turn, session.bufferTrace, now);
+  timeline.draw(shown, session.bufferTrace, now);
+  ui.shown = shown;
+  ui.np = np;
   renderControls();
   renderRetry();
 }
@@ -299,64 +295,21 @@ function turnLabel(turn) {
   return turn.status;
 }
 
-function playerLabel(state) {
-  return { idle: "idle", buffering: "buffering", playing: "playing", waiting: "waiting for text" }[state] || state;
-}
-
-function renderTurnStatus(turn, stats) {
+function renderTurnStatus(turn, np, stats) {
   const el = $("turn-status");
   let label = "idle";
   let state = "idle";
   if (turn) {
-    if (stats.state === "playing") { label = "speaking"; state = "speaking"; }
+    const heard = np && np.turn === turn && !np.finished;
+    if (heard && stats.state === "playing") { label = "speaking"; state = "speaking"; }
     else if (turn.status === "failed") { label = "failed"; state = "failed"; }
     else if (turn.status === "cancelled" || turn.cutAt !== null) label = "stopped";
-    else if (turn.status === "done") label = "done";
-    else if (stats.state === "waiting" || turn.status === "open") label = "listening for text";
+    else if (turn.status === "done" && turn.tPlayEnd !== null) label = "done";
+    else if (turn.status === "open" || (heard && stats.state === "waiting")) label = "listening for text";
     else label = "buffering";
   }
   el.textContent = label;
   el.dataset.state = state;
-}
-
-function renderTranscript(turn, np) {
-  const el = $("transcript");
-  if (!turn || !turn.text) {
-    if (ui.transcriptKey !== "empty") {
-      el.innerHTML = '<span class="placeholder">The text being spoken appears here, highlighted as you hear it.</span>';
-      ui.transcriptKey = "empty";
-    }
-    return;
-  }
-  const chars = Array.from(turn.text); // spans count code points, as the server does
-  let spokenEnd = 0;
-  let speakEnd = 0;
-  const hasSpans = turn.chunks.some((c) => c.span);
-  if (!hasSpans) {
-    spokenEnd = turn.chunks.length ? chars.length : 0;
-  } else if (turn.cutAt !== null) {
-    spokenEnd = Math.min(turn.cutAt, chars.length); // stopped here: the rest was never heard
-  } else if (np && np.turn === turn && np.span) {
-    [spokenEnd, speakEnd] = np.span;
-  } else if ((np && np.turn === turn && np.finished && turn.isFinished) || (turn.status === "done" && !np)) {
-    spokenEnd = chars.length;
-  } else if (np && np.turn === turn && np.finished) {
-    const lastSpan = [...turn.chunks].reverse().find((c) => c.span);
-    spokenEnd = lastSpan ? lastSpan.span[1] : 0;
-  }
-  speakEnd = Math.max(spokenEnd, Math.min(speakEnd, chars.length));
-  const key = `${turn.id}|${chars.length}|${spokenEnd}|${speakEnd}`;
-  if (key === ui.transcriptKey) return;
-  ui.transcriptKey = key;
-  const parts = [["spoken", 0, spokenEnd], ["speaking", spokenEnd, speakEnd], ["unspoken", speakEnd, chars.length]]
-    .filter(([, a, b]) => b > a)
-    .map(([cls, a, b]) => {
-      const span = document.createElement("span");
-      span.className = cls;
-      span.textContent = chars.slice(a, b).join("");
-      return span;
-    });
-  el.replaceChildren(...parts);
 }
 
 function formatRate(hz) {
@@ -412,9 +365,9 @@ function setup() {
   for (const ev of ["pointerdown", "keydown"]) document.addEventListener(ev, () => player.unlock(), { capture: true });
   player.onstats = (stats) => {
     ui.statsReports += 1;
-    session.recordBuffer(stats, player.rate);
+    session.track(stats, player.rate);
   };
-  window.addEventListener("resize", () => timeline.draw(session.current, session.bufferTrace, performance.now()));
+  window.addEventListener("resize", () => timeline.draw(ui.shown || null, session.bufferTrace, performance.now()));
   matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => { timeline.colors = null; });
   conn.connect();
   requestAnimationFrame(frame);
@@ -428,6 +381,9 @@ function turnSummary(turn) {
     id: turn.id, kind: turn.kind, status: turn.status, text: turn.text, chunks: turn.chunks.length,
     textMessages: turn.sends.length, cutAt: turn.cutAt, serverReason: turn.serverReason,
     samples: turn.samples, ttfaMs: turn.ttfaMs, serverTtfaMs: turn.serverTtfaMs,
+    phraseTtfaMs: turn.phraseTtfaMs, heard: turn.heard, underruns: turn.underruns,
+    tFirstText: turn.tFirstText, tFirstAudio: turn.tFirstAudio, tPlayStart: turn.tPlayStart, tPlayEnd: turn.tPlayEnd,
+    sends: turn.sends.map((s) => s.t),
     spans: turn.chunks.map((c) => c.span), error: turn.error,
   };
 }
@@ -458,6 +414,9 @@ window.voxgateDemo = {
       connects: ui.connects,
       statsReports: ui.statsReports,
       currentTurn: turnSummary(turn),
+      shownTurn: ui.shown ? ui.shown.id : null, // the turn the metrics, transcript and timeline show
+      playingTurn: ui.np && !ui.np.finished ? ui.np.turn.id : null,
+      timeline: timeline.view || null,
     };
   },
   /** Speak text through the typing path, word by word, then Enter. */
@@ -468,9 +427,12 @@ window.voxgateDemo = {
     return turnSummary(session.current);
   },
   stop,
+  showError,
   startLlm(index = 0, tokensPerSecond = 12) {
     $("paragraph").value = String(index);
+    $("paragraph").dispatchEvent(new Event("change"));
     $("tps").value = String(tokensPerSecond);
+    $("tps").dispatchEvent(new Event("input"));
     startLlm();
     return turnSummary(session.current);
   },

@@ -1,42 +1,15 @@
 // Turns on one connection: start/text/end/cancel out, ready/audio/done/error in.
 //
 // Several turns may be open at once (type the next sentence while the last one still speaks);
-// their audio plays one after another: only the oldest unfinished turn (the head) feeds the
-// player, later turns keep their chunks until the turns before them are done.
+// their audio plays one after another: only the head of the queue feeds the player, later
+// turns keep their chunks until the turns before them are done. The session also follows
+// playback (the worklet's reports): which turn, and which sample of it, is being heard.
 
-export class Turn {
-  constructor(id, kind) {
-    this.id = id;
-    this.kind = kind; // "type" | "llm"
-    this.text = "";
-    this.sends = []; // [{t, chars}] each text message sent
-    this.tStart = performance.now();
-    this.tFirstText = null;
-    this.tFirstAudio = null;
-    this.chunks = []; // [{t, samples, offset, span, queueStart, forwarded}]
-    this.pcm = []; // Float32Array per chunk, at sampleRate
-    this.samples = 0;
-    this.sampleRate = 0;
-    this.status = "open"; // open | ended | done | cancelled | failed
-    this.serverTtfaMs = null;
-    this.serverReason = null; // the done message's reason: "end" or "cancelled"
-    this.error = null;
-    this.cutAt = null; // Stop pressed while this turn was heard: code points spoken by then
-    this.tCut = null;
-  }
+import { Turn } from "./turn.js";
 
-  get ttfaMs() {
-    return this.tFirstAudio === null || this.tFirstText === null ? null : this.tFirstAudio - this.tFirstText;
-  }
+export { Turn };
 
-  get isFinished() {
-    return this.status === "done" || this.status === "cancelled" || this.status === "failed";
-  }
-
-  get audioSeconds() {
-    return this.sampleRate ? this.samples / this.sampleRate : 0;
-  }
-}
+const SECONDS_PER_CHAR = 0.07; // speech length per code point assumed until segments are measured
 
 export class Session {
   /** hooks: onchange(), onerror(message, code, turn) */
@@ -48,11 +21,16 @@ export class Session {
     this.format = "pcm_s16le";
     this.nextId = 1;
     this.turns = new Map(); // id -> Turn, until done/error
-    this.queue = []; // unfinished turns in order; queue[0] feeds the player
-    this.playlist = []; // [{start, end, turn, span}] queue ranges handed to the player
+    // Turns whose audio is not all with the player yet, in order: queue[0] (the head) feeds
+    // the player and is unfinished; a turn behind it may be finished already.
+    this.queue = [];
+    this.playlist = []; // [{start, end, turn, offset}] chunks handed to the player
+    this.audible = []; // turns handed to the player and not yet played out
     this.history = []; // finished or open turns, newest last (for display and download)
-    this.totals = { samplesReceived: 0, chunks: 0, bytes: 0 };
-    this.bufferTrace = []; // [{t, ms, state}] for the timeline
+    this.totals = { samplesReceived: 0, chunks: 0, bytes: 0, samplesHeard: 0 };
+    this.measured = { samples: 0, chars: 0 }; // complete segments: speech length per code point
+    this.bufferTrace = []; // [{t, ms, state, underruns}] for the timeline
+    this.underruns = 0; // the worklet's count at its last report
     this.retired = new Set(); // ids of turns that failed or were cancelled here
   }
 
@@ -63,6 +41,12 @@ export class Session {
   get openTurn() {
     const t = this.current;
     return t && t.status === "open" ? t : null;
+  }
+
+  /** Samples of speech per code point of text, measured on this session's complete segments. */
+  get samplesPerChar() {
+    const rate = this.player.streamRate || 24000;
+    return this.measured.chars > 40 ? this.measured.samples / this.measured.chars : SECONDS_PER_CHAR * rate;
   }
 
   startTurn(kind) {
@@ -84,10 +68,7 @@ export class Session {
 
   sendText(turn, text) {
     if (!text || turn.status !== "open") return;
-    const t = performance.now();
-    if (turn.tFirstText === null) turn.tFirstText = t;
-    turn.text += text;
-    turn.sends.push({ t, chars: text.length });
+    turn.addText(text, performance.now());
     this.conn.send({ type: "text", stream: turn.id, text });
     this.hooks.onchange();
   }
@@ -95,6 +76,7 @@ export class Session {
   endTurn(turn) {
     if (turn.status !== "open") return;
     turn.status = "ended";
+    turn.tEnd = performance.now();
     this.conn.send({ type: "end", stream: turn.id });
     this.syncPlayer();
     this.hooks.onchange();
@@ -102,10 +84,12 @@ export class Session {
 
   /** Barge-in: cancel every unfinished turn and silence the player at once. */
   cancelAll() {
+    const now = performance.now();
     const np = this.nowPlaying(this.player.stats.consumed);
     if (np && !np.finished) {
-      np.turn.cutAt = np.span ? np.span[0] : 0;
-      np.turn.tCut = performance.now();
+      const { segment, word } = np.turn.wordAt(np.pos, this.samplesPerChar);
+      np.turn.cutAt = word ? word.start : segment && segment.span ? segment.span[0] : 0;
+      np.turn.tCut = now;
     }
     for (const turn of this.queue) {
       if (!turn.isFinished) {
@@ -114,25 +98,29 @@ export class Session {
         this.retire(turn.id);
       }
     }
+    for (const turn of [...this.audible, ...this.queue]) {
+      if (turn.tPlayEnd === null) turn.tPlayEnd = now; // what was not heard by now never will be
+    }
     this.queue = [];
     this.playlist = [];
+    this.audible = [];
     this.player.clear();
     this.syncPlayer();
     this.hooks.onchange();
   }
 
-  /** The connection dropped: every unfinished turn is lost. */
+  /** The connection dropped: every unfinished turn is lost; finished ones still play. */
   connectionLost() {
     let lost = 0;
-    for (const turn of this.queue) {
+    for (const turn of [...this.queue]) {
       if (!turn.isFinished) {
         turn.status = "failed";
         turn.error = "connection lost";
         lost += 1;
+        this.finish(turn);
       }
     }
     this.turns.clear();
-    this.queue = [];
     this.syncPlayer();
     if (lost) this.hooks.onchange();
   }
@@ -162,13 +150,11 @@ export class Session {
     const now = performance.now();
     if (turn.tFirstAudio === null) turn.tFirstAudio = now;
     if (!turn.sampleRate) turn.sampleRate = this.player.streamRate;
-    const chunk = {
-      t: now, samples: samples.length, offset: msg.offset, seq: msg.seq,
-      span: Array.isArray(msg.span) ? msg.span : null, queueStart: -1, forwarded: false,
-    };
-    turn.chunks.push(chunk);
+    const span = Array.isArray(msg.span) ? msg.span : null;
+    const before = turn.segments.length;
+    const chunk = turn.addAudio(samples.length, span, msg.seq, now);
+    if (turn.segments.length > before && before > 0) this.measure(turn.segments[before - 1]);
     turn.pcm.push(samples);
-    turn.samples += samples.length;
     this.totals.samplesReceived += samples.length;
     this.totals.chunks += 1;
     this.totals.bytes += msg.pcm.length;
@@ -176,11 +162,21 @@ export class Session {
     this.hooks.onchange();
   }
 
+  measure(segment) {
+    if (!segment.span || segment.span[1] <= segment.span[0]) return;
+    this.measured.samples += segment.samples;
+    this.measured.chars += segment.span[1] - segment.span[0];
+  }
+
   forward(turn, chunk, samples) {
     const start = this.player.push(samples.slice()); // the copy is transferred to the worklet
-    chunk.queueStart = start;
     chunk.forwarded = true;
-    this.playlist.push({ start, end: this.player.pushed, turn, span: chunk.span });
+    if (turn.queueStart < 0) {
+      turn.queueStart = start;
+      this.audible.push(turn);
+    }
+    turn.queueEnd = this.player.pushed;
+    this.playlist.push({ start, end: this.player.pushed, turn, offset: chunk.offset });
   }
 
   onDone(turn, msg) {
@@ -204,21 +200,30 @@ export class Session {
     this.hooks.onerror(friendlyError(msg), msg.code, turn || null);
   }
 
+  /** The turn is finished (done, failed): its audio is complete; play it when its turn comes. */
   finish(turn) {
     if (turn.status !== "done") this.retire(turn.id);
-    const idx = this.queue.indexOf(turn);
-    if (idx >= 0) this.queue.splice(idx, 1);
-    if (idx === 0) this.promoteHead();
+    const last = turn.segments[turn.segments.length - 1];
+    if (last && !last.complete) {
+      turn.closeSegments();
+      if (turn.status === "done") this.measure(last);
+    }
+    if (!turn.samples && turn.tPlayEnd === null) turn.tPlayEnd = performance.now();
+    if (this.queue[0] === turn) this.promote();
     this.syncPlayer();
     this.hooks.onchange();
   }
 
-  promoteHead() {
-    const head = this.queue[0];
-    if (!head) return;
-    head.chunks.forEach((chunk, i) => {
-      if (!chunk.forwarded) this.forward(head, chunk, head.pcm[i]);
-    });
+  /** The head has all its audio with the player: the next turns, in order, take over. */
+  promote() {
+    while (this.queue.length && this.queue[0].isFinished) {
+      this.queue.shift();
+      const head = this.queue[0];
+      if (!head) break;
+      head.chunks.forEach((chunk, i) => {
+        if (!chunk.forwarded) this.forward(head, chunk, head.pcm[i]);
+      });
+    }
   }
 
   syncPlayer() {
@@ -232,17 +237,51 @@ export class Session {
     if (this.retired.size > 100) this.retired.delete(this.retired.values().next().value);
   }
 
-  /** Which turn and span the listener hears now, from the worklet's consumed count. */
+  /**
+   * What the listener hears, from the worklet's consumed count: {turn, pos, finished}, pos
+   * being the sample of that turn (at the stream's rate); finished once the player has
+   * played everything it was given. Null before any audio.
+   */
   nowPlaying(consumed) {
     while (this.playlist.length > 1 && this.playlist[0].end <= consumed) this.playlist.shift();
     const entry = this.playlist[0];
     if (!entry || consumed < entry.start) return null;
-    if (consumed >= entry.end) return { turn: entry.turn, span: null, finished: true };
-    return { turn: entry.turn, span: entry.span, finished: false };
+    if (consumed >= entry.end) {
+      return { turn: entry.turn, pos: entry.offset + this.player.toStreamSamples(entry.end - entry.start), finished: true };
+    }
+    return { turn: entry.turn, pos: entry.offset + this.player.toStreamSamples(consumed - entry.start), finished: false };
   }
 
-  recordBuffer(stats, rate) {
+  /**
+   * The turn whose figures the page shows: the one being heard; between turns, the next one
+   * to be heard; else the newest.
+   */
+  shownTurn(np) {
+    if (np && !np.finished) return np.turn;
+    return this.queue[0] || this.current;
+  }
+
+  /** A worklet report: follow playback (per turn) and keep the buffer trace. */
+  track(stats, rate) {
     const t = performance.now();
+    const np = this.nowPlaying(stats.consumed);
+    if (stats.underruns > this.underruns) {
+      const turn = np ? np.turn : this.queue[0];
+      if (turn) turn.underruns += stats.underruns - this.underruns;
+    }
+    this.underruns = stats.underruns;
+    this.totals.samplesHeard = this.player.toStreamSamples(stats.played);
+    this.audible = this.audible.filter((turn) => {
+      const played = Math.min(stats.consumed, turn.queueEnd) - turn.queueStart;
+      if (played <= 0) return true;
+      turn.heard = this.player.toStreamSamples(played);
+      if (turn.tPlayStart === null) turn.tPlayStart = t;
+      if (turn.isFinished && stats.consumed >= turn.queueEnd) {
+        turn.tPlayEnd = t;
+        return false;
+      }
+      return true;
+    });
     this.bufferTrace.push({ t, ms: rate ? (stats.buffered / rate) * 1000 : 0, state: stats.state, underruns: stats.underruns });
     while (this.bufferTrace.length && this.bufferTrace[0].t < t - 120_000) this.bufferTrace.shift();
   }

@@ -1,4 +1,5 @@
-// The live timeline (a canvas): text sent, audio chunk arrivals, buffer level, underruns.
+// The live timeline (a canvas): text sent, audio chunk arrivals, buffer level, underruns,
+// following one turn until its audio has been played out.
 
 const GUTTER = 58;
 const MIN_WINDOW_MS = 4000;
@@ -17,6 +18,7 @@ export class Timeline {
     this.colors = {
       text: v("--muted"), faint: v("--line"), ink: v("--ink"), accent: v("--accent"),
       text2: v("--tl-text"), buffer: v("--tl-buffer"), playing: v("--tl-playing"), bad: v("--bad"),
+      good: v("--good"),
     };
   }
 
@@ -61,12 +63,16 @@ export class Timeline {
       return;
     }
 
+    // Live until the turn is finished and its audio has been heard; then it stops where the
+    // last of it was played (or where Stop cut it).
     const t0 = turn.tFirstText ?? turn.tStart;
-    const last = lastEvent(turn);
-    const end = turn.isFinished ? Math.max(last + 400, t0 + MIN_WINDOW_MS) : Math.max(now, t0 + MIN_WINDOW_MS);
+    const live = !turn.isFinished || turn.tPlayEnd === null;
+    const last = Math.max(lastEvent(turn), turn.tPlayEnd ?? 0);
+    const end = live ? Math.max(now, t0 + MIN_WINDOW_MS) : Math.max(last + 400, t0 + MIN_WINDOW_MS);
     const start = Math.max(t0, end - MAX_WINDOW_MS);
     const span = Math.max(MIN_WINDOW_MS, end - start);
     const x = (t) => GUTTER + ((t - start) / span) * (W - GUTTER - 8);
+    this.view = { turn: turn.id, t0, start, end, live };
 
     this.drawAxis(c, start, t0, span, x, H, W);
 
@@ -132,6 +138,14 @@ export class Timeline {
       roundRect(c, x(ch.t) - 1.5, ay1 - h, 3, h, 1.5);
     }
 
+    // This turn's audio being heard: from its first sample played to its last (or now).
+    if (turn.tPlayStart !== null) {
+      const a = Math.max(start, turn.tPlayStart);
+      const b = turn.tPlayEnd ?? now;
+      c.fillStyle = this.colors.good;
+      if (b > a) roundRect(c, x(a), ay1 + 2, Math.max(2, x(b) - x(a)), 4, 2);
+    }
+
     // Time to first audio: a bracket from the first text to the first chunk.
     if (turn.tFirstText !== null && turn.tFirstAudio !== null && turn.tFirstText >= start) {
       const xa = x(turn.tFirstText);
@@ -157,9 +171,16 @@ export class Timeline {
       c.textAlign = "left";
     }
 
-    if (!turn.isFinished) {
+    if (live) {
       c.fillStyle = this.colors.faint;
       c.fillRect(x(now), lanes.text[0], 1, H - 22 - lanes.text[0]);
+    } else if (turn.tPlayEnd !== null && turn.tCut === null && turn.samples > 0 && turn.tPlayEnd >= start) {
+      const xe = x(turn.tPlayEnd);
+      c.fillStyle = this.colors.text;
+      c.fillRect(xe - 0.5, lanes.buffer[0], 1, lanes.buffer[1] - lanes.buffer[0]);
+      c.textAlign = "right";
+      c.fillText("played out", xe - 4, lanes.buffer[0] + 8);
+      c.textAlign = "left";
     }
   }
 

@@ -1,20 +1,21 @@
-"""``voxgate bench``: the command line, mapped onto ``BenchConfig``.
-
-``main(argv)`` is the entry point the ``voxgate`` CLI dispatches to.
-"""
+"""``voxgate bench``'s command line, mapped onto ``BenchConfig``; ``main(argv)`` is what ``voxgate``
+dispatches to."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
-from typing import Any
+from typing import Any, Callable
 
 from benchmark.bench.config import DEFAULT_URLS, FORMATS, BenchConfig
 from benchmark.bench.prompts import filter_prompts, load_prompts
 from benchmark.args import list_type, number_type
 from benchmark.bench.targets import TARGETS
 
-__all__ = ["build_parser", "parse_config", "main"]
+__all__ = ["build_parser", "parse_config", "main", "missing_extras"]
+
+BENCH_EXTRA = 'pip install -e ".[bench]"'
 
 
 def _option(text: str) -> tuple[str, Any]:
@@ -115,6 +116,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def missing_extras(config: BenchConfig,
+                   find_spec: Callable[[str], Any] | None = None) -> list[str]:
+    """"--plots needs matplotlib" for each optional module the chosen options need and this
+    environment lacks (all of them in the ``bench`` extra)."""
+    needs = []
+    if config.plots_dir is not None:
+        needs.append(("--plots", "matplotlib"))
+    if config.asr:
+        needs.append(("--asr", "pocketsphinx"))
+    if config.target != "native":
+        needs.append((f"--target {config.target}", "httpx"))
+    find = find_spec or importlib.util.find_spec
+    return [f"{flag} needs {module}" for flag, module in needs if find(module) is None]
+
+
 def parse_config(argv: list[str] | None) -> BenchConfig:
     """Parse and validate; exits with status 2 and a message naming the flag on bad input."""
     parser = build_parser()
@@ -132,6 +148,9 @@ def parse_config(argv: list[str] | None) -> BenchConfig:
         parser.error(f"--prompts: cannot read {config.prompts_path}: {exc.strerror}")
     except ValueError as exc:
         parser.error(f"--prompts/--min-words/--max-words: {exc}")
+    missing = missing_extras(config)
+    if missing:  # now, not after the whole benchmark has run
+        parser.error(f"{' and '.join(missing)}, not installed here: {BENCH_EXTRA}")
     return config
 
 

@@ -1,7 +1,5 @@
-"""``BenchConfig``: everything one ``voxgate bench`` invocation does, validated.
-
-Messages name the command-line flag, since that is where a user will fix them.
-"""
+"""``BenchConfig``: everything one ``voxgate bench`` invocation does, validated, with messages that
+name the command-line flag."""
 
 from __future__ import annotations
 

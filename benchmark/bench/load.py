@@ -1,14 +1,5 @@
-"""Load generation: arrival processes, the prompt schedule, text pacing, and the level driver.
-
-Two load shapes:
-- fixed concurrency: ``level`` workers, each running streams back to back;
-- open loop: streams arrive at ``level`` per second with gamma-distributed gaps (shape 1 is a
-  Poisson process; larger shapes are more regular, smaller ones burstier: the gaps' coefficient
-  of variation is 1/sqrt(shape)).
-A level is bounded by a number of streams or by a duration (no new stream starts after it;
-streams in flight finish). Everything random is drawn from the seed, so two runs (or two
-targets) with the same seed get the same prompts in the same order at the same offsets.
-"""
+"""Load generation: fixed-concurrency and open-loop arrivals, the prompt schedule, text pacing and
+the level driver; everything random comes from the seed (docs/benchmark.md, "Load")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""How late the client's own event loop runs: a load client that lags reports late audio.
-
-A 10 ms ticker records, each time it wakes, how much later than asked it woke. A client busy
-with hundreds of streams (handshakes in a ramp, parsing frames) delays every callback by that
-much, and so every chunk's arrival time and every figure taken from it (time to first audio,
-gaps, underruns): the lag says how far those figures can be trusted.
-"""
+"""How late the client's own event loop wakes (a 10 ms ticker): a lagging load client makes every
+chunk look late, so the benchmark reports it beside its figures (docs/benchmark.md, "Output")."""
 
 from __future__ import annotations
 

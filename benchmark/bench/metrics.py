@@ -1,23 +1,5 @@
-"""Pure functions from stream traces to the benchmark's figures.
-
-Definitions (docs/benchmark.md states them for readers):
-- TTFA: first audio chunk's receipt minus the first text's departure (``ttfa``), and minus the
-  end of input's departure (``ttfa_end_input``; negative when audio started before the input
-  ended, as it should with streamed text).
-- Chunk gaps: differences between consecutive chunk receipt times of a stream.
-- Real-time factor: (last chunk receipt - first text) / seconds of audio. Below 1 is faster
-  than real time.
-- The player: starts when ``start_buffer_s`` of audio is buffered (or the stream finished with
-  less), then plays at real time. When the buffer runs dry before the stream has finished it
-  counts an underrun, stalls, and restarts once ``start_buffer_s`` is buffered again (or the
-  stream finished). A stream is *on time* when it finished normally and never underran.
-- Throughput: seconds of audio received / wall seconds of the level.
-- Server pauses: intervals of at least ``min_gap_s`` in which no stream received a chunk while
-  at least ``min_active`` streams were mid-stream (past their first chunk, before their last).
-  Hundreds of streams at real time receive a chunk every few milliseconds between them, so
-  such a silence is the server stopping for all of them at once (a long step, a collection, a
-  blocking call), which per-stream gaps alone do not tell apart from scheduling.
-"""
+"""Pure functions from stream traces to the benchmark's figures: TTFA, gaps, real-time factor, the
+simulated player's underruns, throughput, server pauses (defined in docs/benchmark.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Incremental decoders for HTTP audio bodies: raw PCM, or a streamed WAV (RIFF) file.
-
-Network reads split samples and headers anywhere; a decoder counts whole sample frames as
-bytes arrive and keeps the remainder. Streamed WAV headers often carry a placeholder data size
-(0 or 0xFFFFFFFF), so the data chunk is read to the end of the body whatever its header says.
-"""
+"""Incremental decoders for HTTP audio bodies, raw PCM or a streamed WAV, that count whole sample
+frames as network reads arrive."""
 
 from __future__ import annotations
 
@@ -83,7 +79,7 @@ class WavStreamDecoder:
             cid = bytes(h[pos:pos + 4])
             (size,) = struct.unpack_from("<I", h, pos + 4)
             body = pos + 8
-            if cid == b"data":
+            if cid == b"data":  # its size is not read: streamed WAVs often say 0 or 0xFFFFFFFF
                 if fmt is None:
                     raise ValueError("WAV stream: data chunk before fmt chunk")
                 tag, channels, rate, bits = fmt

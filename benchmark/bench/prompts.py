@@ -1,7 +1,5 @@
-"""The benchmark's prompt set: loading, filtering by length, and its length distribution.
-
-``python -m benchmark.bench.prompts`` prints the distribution quoted in docs/benchmark.md.
-"""
+"""The benchmark's prompt set: loading, filtering by length, and its length distribution
+(``python -m benchmark.bench.prompts`` prints the one in docs/benchmark.md)."""
 
 from __future__ import annotations
 

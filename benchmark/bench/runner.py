@@ -1,7 +1,5 @@
-"""Runs a ``BenchConfig``: warm-up, the levels (a sweep or a capacity search), scoring, ASR,
-then the report. Server failures are counted per stream; only an unreachable target (or a bad
-prompt file) ends the run early, with exit status 1.
-"""
+"""Runs a ``BenchConfig``: warm-up, the levels (a sweep or a capacity search), scoring, ASR and the
+report; only an unreachable target or a bad prompt file ends a run early (exit status 1)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""What the server's engine did during a level: its counters from ``/metrics``, before and after.
-
-voxgate's gateway exports the engine's counters since start as ``voxgate_engine_totals{name=...}``
-(steps, busy_s; with the LM backend lm_steps, decode_rows, deferred_decodes, prefill_rows,
-prefill_tokens). The engine sends them once per ``stats_interval_s`` (1 s by default), so a
-level's figures may miss up to that much of its end. Native targets only; any other server, or
-a failed fetch, gives no figures (never an error).
-
-``poll_timeline`` reads them every ``interval_s`` during a level and keeps each new report of
-the engine, with the engine's gauges (open streams, queued and running jobs): ``timeline``
-turns that into the level's server figures second by second (what a ramp or a stall did).
-"""
+"""What a voxgate server's engine did during a level, from its ``/metrics``: the counters'
+increase over the level, and a timeline polled during it (docs/benchmark.md, "Output")."""
 
 from __future__ import annotations
 

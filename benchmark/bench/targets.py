@@ -1,17 +1,5 @@
-"""Servers the benchmark can drive: voxgate's native WebSocket, and two HTTP streaming APIs.
-
-- ``native``: ``ws://HOST:PORT/v1/stream`` (docs/protocol.md). Frames are built and parsed only
-  by ``gateway.protocol``. The reader stamps each frame with ``time.monotonic()`` the moment it
-  is received and appends to the trace directly (no per-chunk queue): at a thousand streams the
-  client's own overhead would otherwise show up as server latency.
-- ``openai``: ``POST {url}/v1/audio/speech`` with a JSON body, answered by a streamed PCM or
-  WAV body (``response_format``).
-- ``generate``: multipart ``POST {url}/generate`` with form fields ``text`` and
-  ``streaming=true``, answered by a chunked WAV.
-
-HTTP bodies carry the whole text, so text is sent at once there; each network read that
-completes samples counts as a chunk.
-"""
+"""The servers the benchmark drives: voxgate's native WebSocket and two HTTP streaming APIs
+(``openai``, ``generate``); docs/benchmark.md, "Targets"."""
 
 from __future__ import annotations
 
@@ -49,6 +37,8 @@ class _Connection:
         close_info = "connection closed"
         try:
             async for frame in self.ws:
+                # Stamped on receipt and appended to the trace here, with no per-chunk queue:
+                # at a thousand streams the client's own overhead would read as server latency.
                 t = time.monotonic()
                 try:
                     msg = decode_server_frame(frame)

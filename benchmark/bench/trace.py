@@ -1,9 +1,5 @@
-"""What the benchmark records about one stream: the raw trace the metrics are computed from.
-
-Times are ``time.monotonic()`` seconds (CLOCK_MONOTONIC on Linux, the same clock the engine
-stamps ``engine_t`` with under ``--debug-timestamps``). A target fills a trace in; nothing here
-does I/O, so tests build traces by hand with known answers.
-"""
+"""What the benchmark records about one stream (receipt times on ``time.monotonic()``, the clock of
+the engine's ``engine_t``), filled in by a target and read by the metrics."""
 
 from __future__ import annotations
 

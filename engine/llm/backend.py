@@ -60,6 +60,12 @@ class LMBackend:
         self._totals = dict.fromkeys(("lm_steps", "decode_rows", "deferred_decodes", "prefill_steps",
                                       "prefill_rows", "prefill_tokens"), 0)
         self._closed = False
+        # Input streaming (``Program.input_streaming``): a job is one turn whose text arrives
+        # while it speaks; the program chooses each decode row's input (``next_input``).
+        self._streaming = bool(getattr(program, "input_streaming", False))
+        self._feeds_inputs = hasattr(program, "next_input")
+        self._turns: dict[int, _Turn] = {}  # streaming jobs, by id, until they end
+        self._binds_slots = hasattr(program, "bind_slot")
 
     # -- Backend contract -----------------------------------------------------------------
 
@@ -67,22 +73,75 @@ class LMBackend:
         return self.program.validate(voice, options)
 
     def add_job(self, job_id: int, text: str, voice: str, options: dict[str, Any]) -> None:
+        """Queue a job. With an input-streaming program, ``text`` is the turn's first text; more
+        comes through ``push_text``, and the sequence starts once its prompt can be built."""
         try:
-            seq = Sequence(
-                seq_id=job_id,
-                prompt_ids=self.program.build_prompt(text, voice, options),
-                params=self.program.sampling_params(options),
-            )
-            seq.program_state = self.program.new_state(voice, options)
+            state = self.program.new_state(voice, options)
+            params = self.program.sampling_params(options)
+            if self._streaming:
+                self._turns[job_id] = _Turn(state, params)
+                self.program.push_text(state, text, flush=False, final=False)
+                self._start_turn(job_id)
+                return
+            seq = Sequence(seq_id=job_id, prompt_ids=self.program.build_prompt(text, voice, options), params=params)
+            seq.program_state = state
             seq.allowed_row = self.program.allowed_row(seq.program_state)
             self.scheduler.add(seq)
         except RequestError as e:
+            self._turns.pop(job_id, None)
             self._pending.append(JobOutput(job_id, error=e.error))
         except Exception as e:  # a bad job fails alone
             log.exception("job %d could not be queued", job_id)
+            self._turns.pop(job_id, None)
             self._pending.append(JobOutput(job_id, error=JobError("bad_request", str(e), retryable=False)))
 
+    def push_text(self, job_id: int, text: str, *, flush: bool = False, final: bool = False) -> None:
+        """More text for an input-streaming job (``flush``: speak what is buffered, even a word
+        cut short; ``final``: no more text comes). A paused sequence resumes when its program has
+        its next input; a turn that ends before any prompt could be built finishes silent."""
+        turn = self._turns.get(job_id)
+        if turn is None:
+            return  # an unknown or finished job: late text is dropped
+        try:
+            self.program.push_text(turn.state, text, flush=flush, final=final)
+            if turn.seq is None:
+                self._start_turn(job_id)
+                if turn.seq is None and final:
+                    self._turns.pop(job_id, None)
+                    self._pending.append(JobOutput(job_id, pcm=np.zeros(0, np.float32), is_finished=True))
+            elif turn.seq.is_paused:
+                self._refresh_input(turn.seq)
+        except Exception as e:  # the program refused this text (e.g. a script it cannot speak)
+            log.exception("job %d: text refused", job_id)
+            self.abort_job(job_id)
+            self._pending.append(JobOutput(job_id, error=JobError("model_error", str(e), retryable=False)))
+
+    def _start_turn(self, job_id: int) -> None:
+        """Queue an input-streaming job's sequence once its program can build the prompt."""
+        turn = self._turns[job_id]
+        prompt = self.program.prompt_ids(turn.state)
+        if prompt is None:
+            return
+        seq = Sequence(seq_id=job_id, prompt_ids=prompt, params=turn.params,
+                       reserve_tokens=getattr(self.program, "reserve_tokens", None))
+        seq.program_state = turn.state
+        seq.allowed_row = self.program.allowed_row(turn.state)
+        self.scheduler.add(seq)  # (RequestError: the caller fails the job)
+        turn.seq = seq
+
+    def _refresh_input(self, seq: Sequence) -> None:
+        """Set a program-fed sequence's next decode input, or pause it until there is one."""
+        if seq.status is not SequenceStatus.RUNNING:
+            return
+        nxt = self.program.next_input(seq.program_state, seq.num_output_tokens)
+        if nxt is None:
+            self.scheduler.pause(seq)
+        else:
+            seq.next_input = nxt
+            self.scheduler.resume(seq)
+
     def abort_job(self, job_id: int) -> None:
+        self._turns.pop(job_id, None)
         seq = self.scheduler.abort(job_id)
         if seq is not None:
             self._release(seq)
@@ -151,9 +210,11 @@ class LMBackend:
         instead of stalling every stream at the first serving step that needs it."""
         voice, options = self.validate(None, {"temperature": 0.0, "max_tokens": max_tokens})
         self.add_job(-1, text, voice, options)
+        if self._streaming:
+            self.push_text(-1, "", final=True)
         self._run_warmup_job(max_tokens)
         graphs = getattr(self.runner, "prefill_graphs", None)
-        if graphs is None:
+        if graphs is None or self._streaming:  # (a streaming prompt holds the first words only)
             return
         long_text = text
         while len(self.program.build_prompt(long_text, voice, options)) <= graphs.max_num_tokens:
@@ -232,6 +293,8 @@ class LMBackend:
         program = self.program
         for seq in batch.seqs:  # the next token's position: what the program saw plus what is in flight
             seq.allowed_row = program.allowed_row(seq.program_state, seq.num_output_tokens - seq.num_program_tokens)
+            if self._binds_slots and seq.num_computed_tokens == 0:  # its slot's state, before its prompt runs
+                program.bind_slot(seq.program_state, seq.slot)
         try:
             launched = self.runner.launch(batch) if prev is None else self.runner.launch(batch, prev.tokens)
         except Exception as e:
@@ -240,6 +303,8 @@ class LMBackend:
             return
         if self.async_steps:
             self.scheduler.advance(batch)
+            if self._feeds_inputs:
+                self._refresh_inputs(batch)
         self._running = (batch, launched)
         self._t_step = now
         self._count(batch)
@@ -255,24 +320,36 @@ class LMBackend:
             live = [s for s in batch.seqs if s.status is SequenceStatus.RUNNING]
             outputs.extend(self._fail(live, f"model step failed: {type(e).__name__}: {e}"))
             return None
+        rows = tokens
+        if tokens and isinstance(tokens[0], list):  # a frame of codebooks per row: the first one is the token
+            tokens = [row[0] for row in rows]
         if filled:
             self.scheduler.fill(batch, tokens)
         else:
             self.scheduler.update(batch, tokens)
         stop_ids = self.program.stop_ids
-        new: list[tuple[Sequence, int]] = []
+        new: list[tuple[Sequence, Any]] = []
         ended: list[Sequence] = []
-        for seq, index, tok in zip(batch.seqs, batch.output_index, tokens):
+        for seq, index, tok, row in zip(batch.seqs, batch.output_index, tokens, rows):
             if index < 0 or seq.status is not SequenceStatus.RUNNING:  # not sampled; ended or aborted meanwhile
                 continue
             tok = int(tok)
-            new.append((seq, tok))
+            new.append((seq, row))
             if tok in stop_ids or index + 1 >= seq.params.max_tokens:
                 ended.append(seq)
         for seq in ended:
             self.scheduler.finish(seq)
-        live = [(s, t) for s, t in new if t not in stop_ids]
+            self._turns.pop(seq.seq_id, None)
+        live = [(s, r) for s, r in new if int(r if not isinstance(r, list) else r[0]) not in stop_ids]
+        if self._feeds_inputs and not filled:
+            self._refresh_inputs(batch)
         return _Taken(new, live, ended)
+
+    def _refresh_inputs(self, batch: ScheduledBatch) -> None:
+        """After a step's progress is recorded: each sampled row's next input (or its pause)."""
+        for seq, index in zip(batch.seqs, batch.output_index):
+            if index >= 0:
+                self._refresh_input(seq)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -329,6 +406,7 @@ class LMBackend:
     def _fail(self, seqs: list[Sequence], message: str) -> list[JobOutput]:
         out = []
         for seq in seqs:
+            self._turns.pop(seq.seq_id, None)
             if seq in self.scheduler.running:
                 self.scheduler.finish(seq)
             self._release(seq)
@@ -337,11 +415,20 @@ class LMBackend:
 
 
 @dataclass
+class _Turn:
+    """An input-streaming job: its program state and, once its prompt could be built, its sequence."""
+
+    state: Any
+    params: Any
+    seq: Sequence | None = None
+
+
+@dataclass
 class _Taken:
     """One step's tokens, recorded in the scheduler, before the program has seen them."""
 
-    new: list[tuple[Sequence, int]]  # every sampled row of the step
-    live: list[tuple[Sequence, int]]  # rows with an audio token
+    new: list[tuple[Sequence, Any]]  # every sampled row of the step: its token (or frame of codebooks)
+    live: list[tuple[Sequence, Any]]  # rows with an audio token
     ended: list[Sequence]  # sequences that ended at this step (already out of the scheduler)
 
 

@@ -7,7 +7,7 @@ bucket; a step with ``n`` rows replays the smallest bucket ``>= n`` with the ext
 they read and write one reserved scratch page of the KV cache and their outputs are dropped.
 
 ``BatchGraphs`` does the same for any function of batched tensors with fixed trailing shapes
-(the SNAC decoder over a batch of code windows).
+(a codec over a batch of code windows).
 
 Outputs of ``run`` are views of the graph's static output buffers: consume or copy them before
 the next replay of the same bucket.
@@ -24,10 +24,12 @@ import torch
 from engine.config import DECODE_ATTENTION_KERNELS
 from engine.llm.attention import AttentionMetadata, KVCacheSpec, build_attention_metadata
 from engine.llm.host_copy import start_host_copy
-from engine.llm.model_runner import LaunchedStep, ModelRunner, host_input_ids
+from engine.llm.model_runner import LaunchedStep, ModelRunner, _feed_column, host_input_ids
+from engine.llm.token_head import RowInputs
 
 __all__ = [
     "DEFAULT_DECODE_BUCKETS",
+    "decode_buckets_up_to",
     "DEFAULT_CODEC_BUCKETS",
     "STREAM_CODEC_BUCKETS",
     "bucket_for",
@@ -41,6 +43,12 @@ __all__ = [
 # Steps of 32 rows above 64: a step is padded to its bucket, and at 300-500 rows a power-of-two
 # bucket would waste up to a third of the GPU's work on padding rows.
 DEFAULT_DECODE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, *range(96, 513, 32))
+
+
+def decode_buckets_up_to(limit: int) -> tuple[int, ...]:
+    """``DEFAULT_DECODE_BUCKETS``, then every 64 rows above 512 up to ``limit`` (a step's most
+    decode rows: the decode cap, or every slot without one)."""
+    return (*DEFAULT_DECODE_BUCKETS, *range(576, -(-limit // 64) * 64 + 1, 64))
 DEFAULT_CODEC_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # The stateful codec's batches: every stream that completed a frame this step, about one in
 # seven of the running streams (73 at 512 streams). Its compiled step costs about linearly in
@@ -155,7 +163,7 @@ class BatchGraphs:
         address. These graphs replay on the codec's CUDA stream while the LM's graphs (captured
         on the default capture stream) run on another, so a shared workspace would be written by
         two GEMMs at once: the likely cause of engine steps that kept the GPU at 100% SM and 0%
-        memory traffic for 40-115 s on the H200 (docs/performance.md).
+        memory traffic for 40-115 s on the H200 (docs/performance_history.md).
         """
         pool = torch.cuda.graph_pool_handle()
         self.capture_stream = torch.cuda.Stream(self.device)
@@ -350,7 +358,8 @@ class CudaGraphModelRunner(ModelRunner):
     a step with both goes through one ``MixedGraphs`` replay where it fits (one pass over the
     weights instead of two). Other steps
     (chunked or continued prefills, more decode rows than the largest bucket) run eagerly. ``max_model_len`` bounds a graphed row's context (it
-    sizes the page-index buffers). ``fused`` uses ``FusedLlamaForward`` (fewer kernels).
+    sizes the page-index buffers). ``graph_forward``: the program's forward for the graphs (a fused
+    one, fewer kernels), else the model's.
     ``async_plan``: the graphs' attention plans send the page ids to the device without waiting
     for the step in flight (``GraphDecodeAttention``; ``set_async_plan`` switches it later).
     ``decode_attention``: "cuda-cores" (default) or "tensor-cores", FlashInfer's decode kernel in
@@ -369,7 +378,7 @@ class CudaGraphModelRunner(ModelRunner):
         prefill_row_buckets: Sequence[int] | None = None,
         capture: bool = True,
         progress: bool = True,
-        fused: bool = True,
+        graph_forward: Callable[..., torch.Tensor] | None = None,
         mixed: bool = False,
         mixed_decode_buckets: Sequence[int] | None = None,
         mixed_token_buckets: Sequence[int] | None = None,
@@ -386,15 +395,8 @@ class CudaGraphModelRunner(ModelRunner):
         tensor_cores = decode_attention == "tensor-cores"
         super().__init__(model, config, num_pages=num_pages + 1, **kwargs)
         self.scratch_page = num_pages
-        self.forward_fn: Callable[..., torch.Tensor] = model
-        if fused:
-            from engine.llm.gpu_forward import FusedLlamaForward
-
-            self.forward_fn = FusedLlamaForward.for_model(model)
-        # Penalty state with one extra row (index max_num_seqs) that padding rows update; the
-        # base class sees the first max_num_seqs rows as ``seen``.
-        self._seen_rows = torch.zeros(self.max_num_seqs + 1, self.seen.shape[1], dtype=torch.bool, device=self.device)
-        self.seen = self._seen_rows[: self.max_num_seqs]
+        # The step's forward in the graphs: the program's (e.g. a fused one), else the model's.
+        self.forward_fn: Callable[..., torch.Tensor] = graph_forward or model
         buckets = [b for b in decode_buckets if b <= self.max_num_seqs] or [self.max_num_seqs]
         f32, i64 = torch.float32, torch.int64
         self.graphs = DecodeGraphs(
@@ -404,8 +406,10 @@ class CudaGraphModelRunner(ModelRunner):
             scratch_page=self.scratch_page,
             max_pages_per_seq=-(-max_model_len // self.page_size),
             buckets=buckets,
-            # temperature, top_p, repetition penalty, seed, step, slot + 1 (0 = padding), allowed row, keep
-            extra_specs=[((), f32), ((), f32), ((), f32), ((), i64), ((), i64), ((), i64), ((), i64), ((), torch.bool)],
+            # temperature, top_p, repetition penalty, seed, step, slot + 1 (0 = padding), allowed row,
+            # keep, top_k
+            extra_specs=[((), f32), ((), f32), ((), f32), ((), i64), ((), i64), ((), i64), ((), i64), ((), torch.bool),
+                         ((), i64)],
             tensor_cores=tensor_cores,
         )
         from engine.llm.prefill_graphs import DEFAULT_PREFILL_BUCKETS, DEFAULT_PREFILL_ROW_BUCKETS, PrefillGraphs
@@ -464,44 +468,40 @@ class CudaGraphModelRunner(ModelRunner):
 
     def _graph_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, *extras: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.forward_fn(ids, pos, attn)  # [B, hidden]
-        return self._sample_in_graph(hidden, *extras, fresh_from=None)
+        r = self._graph_rows(*extras)
+        hidden = self._run_forward(self.forward_fn, ids, pos, attn, lambda: r.rows)  # [B, hidden]
+        return self.head.sample(hidden, r)
 
     def _prefill_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, last: torch.Tensor,
                       *extras: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.forward_fn(ids, pos, attn).index_select(0, last)  # [1, hidden]
-        return self._sample_in_graph(hidden, *extras, fresh_from=0)
+        r = self._graph_rows(*extras)
+        hidden = self._run_forward(self.forward_fn, ids, pos, attn, lambda: _rows_of_tokens(r.rows, attn.seg))
+        self.head.reset(r.rows)  # fresh prompts: their slots' previous state is forgotten
+        return self.head.sample(hidden.index_select(0, last), r)  # [R, hidden]
 
     def _mixed_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, last: torch.Tensor,
                     *extras: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decode rows then packed prompts (``MixedGraphs``): one forward, one sampler call over
+        """Decode rows then packed prompts (``MixedGraphs``): one forward, one head call over
         the decode rows and each prompt's last token."""
         b = attn.num_decode
-        hidden = self.forward_fn(ids, pos, attn)  # [b + t, hidden]
-        rows = torch.cat([hidden[:b], hidden[b:].index_select(0, last)])  # [b + r, hidden]
-        return self._sample_in_graph(rows, *extras, fresh_from=b)
+        r = self._graph_rows(*extras)
 
-    def _sample_in_graph(
-        self, hidden: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, penalty: torch.Tensor,
-        seeds: torch.Tensor, steps: torch.Tensor, slot1: torch.Tensor, allowed_rows: torch.Tensor,
-        keep: torch.Tensor, *, fresh_from: int | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``fresh_from``: the rows from there on are fresh prompts (None: none)."""
-        logits = self.model.compute_logits(hidden, self.vocab_ids)  # [B, K] float32
-        rows = (slot1 - 1).remainder(self.max_num_seqs + 1)  # padding (0) -> the extra row
-        if fresh_from is not None:  # a new sequence took this slot: forget its predecessor's tokens
-            self._seen_rows.index_fill_(0, rows[fresh_from:], False)
-        allowed = columns = None
-        if self.allowed_table is not None:
-            columns = self.allowed_cols.index_select(0, allowed_rows)  # [B, M]
-            allowed = self.allowed_valid.index_select(0, allowed_rows)  # [B, M]
-        cols = self.sampler(
-            logits, temperature=temperature, top_p=top_p, repetition_penalty=penalty, seeds=seeds,
-            steps=steps, seen=self._seen_rows.index_select(0, rows), allowed=allowed, columns=columns,
-        )  # [B]
-        self._seen_rows[rows, cols] = self._seen_rows[rows, cols] | keep
-        tokens = cols if self.vocab_ids is None else self.vocab_ids.index_select(0, cols)
-        return tokens, logits  # [B] token ids, [B, K] raw logits (for checks)
+        def token_rows() -> torch.Tensor:
+            return torch.cat([r.rows[:b], _rows_of_tokens(r.rows[b:], attn.prefill.seg)])
+
+        hidden = self._run_forward(self.forward_fn, ids, pos, attn, token_rows)  # [b + t, hidden]
+        rows = torch.cat([hidden[:b], hidden[b:].index_select(0, last)])  # [b + r, hidden]
+        self.head.reset(r.rows[b:])
+        return self.head.sample(rows, r)
+
+    def _graph_rows(self, temperature: torch.Tensor, top_p: torch.Tensor, penalty: torch.Tensor, seeds: torch.Tensor,
+                    steps: torch.Tensor, slot1: torch.Tensor, allowed_rows: torch.Tensor, keep: torch.Tensor,
+                    top_k: torch.Tensor) -> RowInputs:
+        """The graphs' per-row extras as the head's inputs (padding rows: slot + 1 = 0 -> the
+        head's padding row, ``max_num_seqs``)."""
+        return RowInputs(temperature=temperature, top_p=top_p, repetition_penalty=penalty, seeds=seeds, steps=steps,
+                         rows=(slot1 - 1).remainder(self.max_num_seqs + 1), allowed_rows=allowed_rows, keep=keep,
+                         top_k=top_k)
 
     def execute(self, batch: Any, feed: torch.Tensor | None = None) -> torch.Tensor:
         return torch.tensor(self.launch(batch, feed)(), dtype=torch.int64)  # the step's only host sync
@@ -517,12 +517,12 @@ class CudaGraphModelRunner(ModelRunner):
             self.num_eager_steps += 1
             done = self._execute_eager(batch, build_attention_metadata(batch, self.page_size), feed)
             values = done.tolist()
-            return LaunchedStep(lambda: values, done)
+            return LaunchedStep(lambda: values, _feed_column(done))
         wait = start_host_copy(tokens)
-        return LaunchedStep(lambda: wait().tolist(), tokens)
+        return LaunchedStep(lambda: wait().tolist(), _feed_column(tokens))
 
     def _execute_graphs(self, batch: Any, feed: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Device tokens [B] from graph replays, or None when some row cannot be graphed.
+        """Device tokens [B] (or [B, C]) from graph replays, or None when some row cannot be graphed.
 
         Decode rows replay a decode graph; fresh whole-prompt prefill rows (alone, or after
         the decode rows of a mixed step) replay one packed prefill graph. Rows are sampled
@@ -593,7 +593,7 @@ class CudaGraphModelRunner(ModelRunner):
             feed = feed.to(dev, non_blocking=True)
             ids = torch.where(src > 0, feed.index_select(0, (src - 1).clamp(min=0)), ids)
         return (ids, meta, floats[:, 0], floats[:, 1], floats[:, 2], ints[:, 1], ints[:, 2], ints[:, 3],
-                ints[:, 4], keep)
+                ints[:, 4], keep, ints[:, 6])
 
     def graph_inputs(self, batch: Any) -> list[torch.Tensor]:
         """A decode batch's graph inputs on the device: ids, then the sampler's per-row extras."""
@@ -610,21 +610,28 @@ class CudaGraphModelRunner(ModelRunner):
             torch.tensor([s.slot + 1 for s in seqs], dtype=i64),
             torch.tensor([getattr(s, "allowed_row", 0) for s in seqs], dtype=i64),
             torch.tensor(batch.is_sampled, dtype=torch.bool),
+            torch.tensor([p.top_k for p in params], dtype=i64),
         ]
         return [t.to(self.device, non_blocking=True) for t in host]
 
     def _execute_eager(self, batch: Any, meta: AttentionMetadata, feed: torch.Tensor | None = None) -> torch.Tensor:
         input_ids = torch.tensor(host_input_ids(batch, feed), dtype=torch.int64)  # [T]
-        logits = self._forward(input_ids, meta)  # [B, K]
-        cols = self._sample(logits, batch)  # [B]
-        tokens = cols if self.vocab_ids is None else self.vocab_ids.index_select(0, cols)
+        hidden = self._hidden(input_ids, meta, batch)  # [B, H]
+        tokens, _ = self._sample_eager(hidden, batch)
         return tokens.cpu()
 
-    def _forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Eager forward (prefill / mixed steps) through ``forward_fn``: float32 logits [B, K]."""
+    def _hidden(self, input_ids: torch.Tensor, meta: AttentionMetadata, batch: Any = None) -> torch.Tensor:
+        """Eager forward (prefill / mixed steps) through ``forward_fn``: hidden [B, H] of each
+        row's last token."""
         self.attn.begin_step(meta)
         ids = input_ids.to(self.device, non_blocking=True)
         positions = meta.positions.to(self.device, non_blocking=True)
-        hidden = self.forward_fn(ids, positions, self.attn)  # [T, hidden]
+        hidden = self._run_forward(self.forward_fn, ids, positions, self.attn, lambda: self._token_rows(meta, batch))
         last = (meta.qo_indptr[1:].to(torch.int64) - 1).to(self.device, non_blocking=True)  # [B]
-        return self.model.compute_logits(hidden.index_select(0, last), self.vocab_ids)
+        return hidden.index_select(0, last)
+
+
+def _rows_of_tokens(rows: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+    """Packed prompts' per-token state rows [T] from per-prompt rows [R] and each token's prompt
+    index [T]; padding tokens (index R or more) read the last row (their output is dropped)."""
+    return rows.index_select(0, seg.clamp(max=rows.shape[0] - 1))

@@ -37,6 +37,7 @@ class DecodeInputBuilder:
         self._num_pages = np.zeros(max_num_seqs, dtype=np.int64)  # len(seq.pages) when filled
         self._floats = np.zeros((max_num_seqs, 3), dtype=np.float32)  # temperature, top_p, penalty
         self._seed = np.zeros(max_num_seqs, dtype=np.int64)
+        self._top_k = np.zeros(max_num_seqs, dtype=np.int64)
 
     def _refresh(self, seqs: Sequence[Any]) -> None:
         owner, num_pages = self._owner, self._num_pages
@@ -51,15 +52,16 @@ class DecodeInputBuilder:
             p = s.params
             self._floats[slot] = (p.temperature, p.top_p, p.repetition_penalty)
             self._seed[slot] = p.seed
+            self._top_k[slot] = p.top_k
             owner[slot] = s
 
     def build(self, seqs: Sequence[Any], bucket: int, is_sampled: Sequence[bool]
               ) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Decode rows ``seqs`` (one new token each) padded to ``bucket`` rows.
 
-        Returns (metadata on the CPU, int64 [bucket, 6] = token (``PENDING`` if still on the
+        Returns (metadata on the CPU, int64 [bucket, 7] = token (``PENDING`` if still on the
         device), seed, step, slot + 1, allowed row, 1 + the pending token's row in the launched
-        step (0: none); float32 [bucket, 3] = temperature, top_p, repetition penalty; bool [bucket] keep).
+        step (0: none), top_k; float32 [bucket, 3] = temperature, top_p, repetition penalty; bool [bucket] keep).
         Padding rows: one token in the scratch page, zeros elsewhere (slot + 1 = 0).
         """
         n = len(seqs)
@@ -69,7 +71,9 @@ class DecodeInputBuilder:
         ps = self.page_size
         # one pass over the rows: slot, the new token's position, the token (a decode row's is
         # its sequence's last), tokens generated so far, allowed row
-        per_row = np.array([(s.slot, s.num_computed_tokens, s.output_ids[-1] if s.output_ids else s.prompt_ids[-1],
+        per_row = np.array([(s.slot, s.num_computed_tokens,
+                             s.next_input if s.next_input is not None else
+                             s.output_ids[-1] if s.output_ids else s.prompt_ids[-1],
                              len(s.output_ids), s.allowed_row) for s in seqs], np.int64).reshape(n, 5)
         slots = per_row[:, 0]
         pos = per_row[:, 1]
@@ -98,7 +102,7 @@ class DecodeInputBuilder:
             positions=torch.from_numpy(np.concatenate([pos, np.zeros(pad, np.int64)])),
             num_decode_seqs=bucket,
         )
-        ints = np.zeros((bucket, 6), np.int64)
+        ints = np.zeros((bucket, 7), np.int64)
         ints[:n, 0] = per_row[:, 2]
         pending = np.flatnonzero(ints[:n, 0] == PENDING)
         if pending.size:  # last token still on the device: the launched step's row holds it
@@ -107,6 +111,7 @@ class DecodeInputBuilder:
         ints[:n, 2] = per_row[:, 3]
         ints[:n, 3] = slots + 1
         ints[:n, 4] = per_row[:, 4]
+        ints[:n, 6] = self._top_k[slots]
         floats = np.zeros((bucket, 3), np.float32)
         floats[:n] = self._floats[slots]
         keep = np.zeros(bucket, np.bool_)

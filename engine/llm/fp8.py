@@ -10,12 +10,12 @@ path, and what tests compare the GPU GEMM with).
 
 KV cache (``--kv-cache-dtype fp8``): K and V are stored as fp8 with scale 1.0, i.e. the value
 itself, saturated at +-448 (see ``to_fp8_saturated``). This is what vLLM does without
-calibrated scales; e4m3 keeps 3 mantissa bits for |x| in [2^-6, 448] and the K/V of a Llama
-layer stay far inside that range (``benchmark/fp8_check.py`` reports their maximum).
+calibrated scales; e4m3 keeps 3 mantissa bits for |x| in [2^-6, 448] and the K/V of a decoder
+layer stay far inside that range (``benchmark/gpu/fp8_check.py`` reports their maximum).
 
 ``quantise_decoder_linears_`` swaps the ``nn.Linear`` modules of every decoder layer for
 ``Fp8Linear`` in place (the bf16 weights are freed), so the model's own forward and
-``FusedLlamaForward`` both run on the fp8 weights. Embedding and LM head stay in the model's
+a program's fused forward (built after it) both run on the fp8 weights. Embedding and LM head stay in the model's
 dtype. Quantise after the model is on its device and in its dtype: ``Module.to(dtype)``
 afterwards would cast the fp8 buffers too.
 """

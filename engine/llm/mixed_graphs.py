@@ -3,7 +3,7 @@
 A step that carries prompts otherwise replays a decode graph and then a packed prefill graph,
 and each replay reads all the weights and launches every layer's kernels again: on the H200 a
 second with 1.3-1.9 prompts per step ran 12.5-14 ms steps against 9.4 ms for 384-row steps
-without prompts (docs/performance.md, run 11). Here the prompts' tokens follow the decode rows
+without prompts (docs/performance_history.md, run 11). Here the prompts' tokens follow the decode rows
 through every GEMM of one forward; only attention is split (``MixedAttention``): the decode
 rows' paged attention (FlashInfer, as in ``DecodeGraphs``), then the packed prompts' causal
 attention over their own tokens (``GraphPrefillAttention``). Each prompt's last token is
@@ -35,8 +35,8 @@ __all__ = ["MixedAttention", "MixedGraphs", "DEFAULT_MIXED_DECODE_BUCKETS", "DEF
 # without one, to 320); a step with more rows than the largest bucket replays the decode and
 # prefill graphs one after the other
 DEFAULT_MIXED_DECODE_BUCKETS: tuple[int, ...] = tuple(range(64, 321, 32))
-# Prompt tokens: one to a few prompts (about 10-20 ids each with Llama 3's lengths: served steps
-# under load carried about 30 prompt tokens, docs/performance.md run 27), up to the largest
+# Prompt tokens: one to a few prompts (about 10-20 ids each with a typical tokenizer's lengths: served steps
+# under load carried about 30 prompt tokens, docs/performance_history.md run 27), up to the largest
 # prefill graph's 512; padding tokens go through every GEMM, hence 384 between 256 and 512
 DEFAULT_MIXED_TOKEN_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 384, 512)
 

@@ -1,9 +1,10 @@
-"""Model runner: turns a ``ScheduledBatch`` into tensors, runs the model, samples.
+"""Model runner: turns a ``ScheduledBatch`` into tensors, runs the program's model, samples.
 
-It owns the device buffers: the paged KV cache, the attention backend (plain torch here;
-FlashInfer and CUDA graphs plug in through ``attention_backend_factory`` and by overriding
-the ``_forward`` / ``_sample`` seams) and the per-slot repetition-penalty masks.
-``execute`` has exactly one host synchronisation: reading the sampled tokens at the end.
+It owns the device buffers: the paged KV cache and the attention backend (plain torch here;
+FlashInfer and CUDA graphs plug in through ``attention_backend_factory`` and the subclass in
+``engine.llm.cuda_graphs``). The program's token head (``engine.llm.token_head``) samples and
+keeps its per-slot state. ``execute`` has exactly one host synchronisation: reading the
+sampled tokens at the end.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from engine.llm.attention import (
     build_attention_metadata,
     torch_paged_attention_factory,
 )
-from engine.llm.sampler import Sampler
 from engine.llm.scheduler import ScheduledBatch
 from engine.llm.sequence import PENDING
+from engine.llm.token_head import RowInputs, SingleTokenHead, TokenHead, allowed_columns
 
-__all__ = ["AttentionBackendFactory", "LaunchedStep", "ModelRunner", "allowed_columns", "host_input_ids", "kv_bytes_per_page", "num_pages_for_memory"]
+__all__ = ["AttentionBackendFactory", "LaunchedStep", "ModelRunner", "allowed_columns", "host_input_ids",
+           "kv_bytes_per_page", "num_pages_for_memory"]
 
 AttentionBackendFactory = Callable[[KVCacheSpec, list[torch.Tensor]], AttentionBackend]
 
@@ -85,6 +87,9 @@ def host_input_ids(batch: ScheduledBatch, feed: torch.Tensor | None) -> list[int
     ids: list[int] = []
     prev = None
     for s, n in zip(batch.seqs, batch.num_new_tokens):
+        if s.next_input is not None and not s.is_prefill:  # the program's input for this position
+            ids.append(s.next_input)
+            continue
         toks = s.token_slice(s.num_computed_tokens, s.num_computed_tokens + n)
         if toks and toks[-1] == PENDING:
             if feed is None or s.pending_row < 0:
@@ -96,26 +101,18 @@ def host_input_ids(batch: ScheduledBatch, feed: torch.Tensor | None) -> list[int
     return ids
 
 
-def allowed_columns(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """bool [R, K] column masks -> (int64 [R, M] each row's allowed columns ascending, padded
-    with column 0; bool [R, M] which entries are real), M = the largest row count."""
-    counts = table.sum(dim=1)  # [R]
-    m = max(int(counts.max()), 1)
-    cols = torch.zeros(table.shape[0], m, dtype=torch.int64, device=table.device)
-    valid = torch.arange(m, device=table.device).unsqueeze(0) < counts.unsqueeze(1)  # [R, M]
-    for r in range(table.shape[0]):
-        idx = torch.nonzero(table[r]).flatten()
-        cols[r, : idx.numel()] = idx
-    return cols, valid
-
-
 class ModelRunner:
-    """Runs one engine step on ``model`` (``forward(ids, positions, attn)`` + ``compute_logits``).
+    """Runs one engine step: ``forward(ids, positions, attn)`` (``token_rows`` too, for a
+    program whose embedding reads per-slot state), then the program's token head.
 
-    ``vocab_ids`` restricts the head (and sampling) to a subset of the vocabulary; sampled
-    indices are mapped back to token ids. ``allowed_table`` (bool [R, K]) masks columns per
-    row: each sequence's ``allowed_row`` picks one row. ``kv_cache_dtype`` stores the KV pages
-    in another dtype than the model's (float8_e4m3fn: ``engine.llm.fp8``); None = ``dtype``.
+    ``head``: the program's ``TokenHead``; None builds a ``SingleTokenHead`` over
+    ``model.compute_logits`` with ``vocab_ids`` (a column subset of the vocabulary) and
+    ``allowed_table`` (bool [R, K] per-position column masks: each sequence's ``allowed_row``
+    picks one). ``config`` gives the KV cache's shape (``num_hidden_layers``,
+    ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``; ``vocab_size`` for the default
+    head). ``uses_token_rows``: ``forward`` takes a fourth argument, each token's state row (its
+    sequence's slot). ``kv_cache_dtype`` stores the KV pages in another dtype than the model's
+    (float8_e4m3fn: ``engine.llm.fp8``); None = ``dtype``.
     """
 
     def __init__(
@@ -132,6 +129,8 @@ class ModelRunner:
         vocab_ids: list[int] | torch.Tensor | None = None,
         allowed_table: torch.Tensor | None = None,
         kv_cache_dtype: torch.dtype | None = None,
+        head: TokenHead | None = None,
+        uses_token_rows: bool = False,
     ) -> None:
         self.model = model
         self.config = config
@@ -139,8 +138,9 @@ class ModelRunner:
         self.dtype = dtype
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs
+        self.uses_token_rows = uses_token_rows
         # A KV page no sequence owns (CUDA-graph padding rows write there); set by subclasses
-        # that allocate one, or by ``build_orpheus_backend``.
+        # that allocate one, or by ``engine.llm.build``.
         self.scratch_page: int | None = None
         self.spec = KVCacheSpec(
             num_layers=config.num_hidden_layers,
@@ -156,25 +156,20 @@ class ModelRunner:
         )
         self.kv_caches = allocate_kv_caches(self.spec)
         self.attn = attention_backend_factory(self.spec, self.kv_caches)
-        self.sampler = Sampler()
-        self.vocab_ids: torch.Tensor | None = None
-        if vocab_ids is not None:
-            self.vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.int64).to(self.device)  # [K]
-        num_cols = config.vocab_size if self.vocab_ids is None else int(self.vocab_ids.numel())
-        if allowed_table is not None and allowed_table.shape[-1] != num_cols:
-            raise ValueError(f"allowed_table has {allowed_table.shape[-1]} columns, logits have {num_cols}")
-        self.allowed_table = None if allowed_table is None else allowed_table.to(self.device, torch.bool)
-        # The sampler works on each row's allowed columns only (Orpheus: 4,097 of 28,673).
-        self.allowed_cols: torch.Tensor | None = None  # int64 [R, M]
-        self.allowed_valid: torch.Tensor | None = None  # bool [R, M]
-        if self.allowed_table is not None:
-            self.allowed_cols, self.allowed_valid = allowed_columns(self.allowed_table)
-        # Tokens each slot's sequence generated so far (repetition penalty), in column space.
-        self.seen = torch.zeros(max_num_seqs, num_cols, dtype=torch.bool, device=self.device)
+        if head is None:
+            head = SingleTokenHead(model.compute_logits, vocab_size=config.vocab_size, max_num_seqs=max_num_seqs,
+                                   device=self.device, vocab_ids=vocab_ids, allowed_table=allowed_table)
+        self.head: TokenHead = head
+
+    @property
+    def seen(self) -> torch.Tensor:
+        """The default head's repetition-penalty rows of the slots (``SingleTokenHead.seen``)."""
+        return self.head.seen  # type: ignore[attr-defined]
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, feed: torch.Tensor | None = None) -> torch.Tensor:
-        """Run one step; returns the sampled token ids, int64 [B] on the CPU.
+        """Run one step; returns the sampled tokens on the CPU: int64 [B] (or [B, C] for a head
+        that samples C codebooks per row).
 
         Rows whose chunk does not reach the end of their sequence (``is_sampled`` false) get a
         token too; it is meaningless and the caller drops it. ``feed``: the previous launched
@@ -182,9 +177,8 @@ class ModelRunner:
         """
         meta = build_attention_metadata(batch, self.page_size)
         input_ids = torch.tensor(host_input_ids(batch, feed), dtype=torch.int64)  # [T]
-        logits = self._forward(input_ids, meta)  # [B, K] float32
-        cols = self._sample(logits, batch)  # [B]
-        tokens = cols if self.vocab_ids is None else self.vocab_ids.index_select(0, cols)
+        hidden = self._hidden(input_ids, meta, batch)  # [B, H]
+        tokens, _ = self._sample_eager(hidden, batch)
         return tokens.cpu()  # the step's only host sync
 
     def launch(self, batch: ScheduledBatch, feed: torch.Tensor | None = None) -> LaunchedStep:
@@ -192,45 +186,64 @@ class ModelRunner:
         the caller can do host work while the device runs). Here: all at once."""
         tokens = self.execute(batch, feed)
         values = tokens.tolist()
-        return LaunchedStep(lambda: values, tokens)
+        return LaunchedStep(lambda: values, _feed_column(tokens))
 
-    def _forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Host input_ids [T] + host metadata -> float32 logits [B, K] of each row's last token."""
+    def _token_rows(self, meta: AttentionMetadata, batch: ScheduledBatch) -> torch.Tensor:
+        """Each new token's state row (its sequence's slot), int64 [T] on the device."""
+        counts = (meta.qo_indptr[1:] - meta.qo_indptr[:-1]).to(torch.int64)  # [B]
+        slots = torch.tensor([s.slot for s in batch.seqs], dtype=torch.int64)
+        return torch.repeat_interleave(slots, counts).to(self.device, non_blocking=True)
+
+    def _run_forward(self, forward: Callable[..., torch.Tensor], ids: torch.Tensor, positions: torch.Tensor,
+                     attn: Any, token_rows: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if self.uses_token_rows:
+            return forward(ids, positions, attn, token_rows())
+        return forward(ids, positions, attn)
+
+    def _hidden(self, input_ids: torch.Tensor, meta: AttentionMetadata, batch: ScheduledBatch | None = None
+                ) -> torch.Tensor:
+        """Host input_ids [T] + host metadata -> hidden [B, H] of each row's last token."""
         self.attn.begin_step(meta)
         ids = input_ids.to(self.device, non_blocking=True)
         positions = meta.positions.to(self.device, non_blocking=True)
-        hidden = self.model(ids, positions, self.attn)  # [T, hidden]
+        hidden = self._run_forward(self.model, ids, positions, self.attn, lambda: self._token_rows(meta, batch))
         last = (meta.qo_indptr[1:].to(torch.int64) - 1).to(self.device, non_blocking=True)  # [B]
-        return self.model.compute_logits(hidden.index_select(0, last), self.vocab_ids)
+        return hidden.index_select(0, last)
 
-    def _sample(self, logits: torch.Tensor, batch: ScheduledBatch) -> torch.Tensor:
-        """float32 logits [B, K] -> sampled column indices [B]; updates the penalty masks."""
+    def _forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Host input_ids [T] + host metadata -> float32 logits [B, K] of each row's last token
+        (a ``SingleTokenHead``'s; for checks)."""
+        return self.head.logits(self._hidden(input_ids, meta))  # type: ignore[attr-defined]
+
+    def row_inputs(self, batch: ScheduledBatch) -> RowInputs:
+        """A batch's sampling inputs on the device, with the eager sampler's host hints."""
         dev = self.device
         seqs = batch.seqs
-        fresh = [s.slot for s in seqs if s.num_computed_tokens == 0]
-        if fresh:  # a new sequence took this slot: forget its predecessor's tokens
-            self.seen[torch.tensor(fresh, dtype=torch.int64).to(dev)] = False
-        slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64).to(dev)  # [B]
-        f32 = torch.float32
+        f32, i64 = torch.float32, torch.int64
         params = [s.params for s in seqs]
-        allowed = columns = None
-        if self.allowed_table is not None:
-            rows = torch.tensor([s.allowed_row for s in seqs], dtype=torch.int64).to(dev)
-            columns = self.allowed_cols.index_select(0, rows)  # [B, M]
-            allowed = self.allowed_valid.index_select(0, rows)  # [B, M]
-        cols = self.sampler(
-            logits,
+        top_k = [p.top_k for p in params]
+        return RowInputs(
             temperature=torch.tensor([p.temperature for p in params], dtype=f32).to(dev),
             top_p=torch.tensor([p.top_p for p in params], dtype=f32).to(dev),
             repetition_penalty=torch.tensor([p.repetition_penalty for p in params], dtype=f32).to(dev),
-            seeds=torch.tensor([p.seed for p in params], dtype=torch.int64).to(dev),
-            steps=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64).to(dev),
-            seen=self.seen.index_select(0, slots),
-            allowed=allowed,
-            columns=columns,
+            seeds=torch.tensor([p.seed for p in params], dtype=i64).to(dev),
+            steps=torch.tensor([s.num_output_tokens for s in seqs], dtype=i64).to(dev),
+            rows=torch.tensor([s.slot for s in seqs], dtype=i64).to(dev),
+            allowed_rows=torch.tensor([s.allowed_row for s in seqs], dtype=i64).to(dev),
+            keep=torch.tensor(batch.is_sampled, dtype=torch.bool).to(dev),
+            top_k=torch.tensor(top_k, dtype=i64).to(dev) if any(top_k) else None,
             all_greedy=all(p.temperature <= 0 for p in params),
             any_top_p=any(p.top_p < 1 for p in params),
-        )  # [B]
-        keep = torch.tensor(batch.is_sampled, dtype=torch.bool).to(dev)  # [B]
-        self.seen[slots, cols] = self.seen[slots, cols] | keep
-        return cols
+        )
+
+    def _sample_eager(self, hidden: torch.Tensor, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [B, H] -> the head's tokens; fresh sequences' state rows are reset first."""
+        fresh = [s.slot for s in batch.seqs if s.num_computed_tokens == 0]
+        if fresh:  # a new sequence took this slot: forget its predecessor's state
+            self.head.reset(torch.tensor(fresh, dtype=torch.int64).to(self.device))
+        return self.head.sample(hidden, self.row_inputs(batch))
+
+
+def _feed_column(tokens: torch.Tensor) -> torch.Tensor:
+    """The column a ``PENDING`` input takes from a step's tokens (the first codebook of a frame)."""
+    return tokens if tokens.dim() == 1 else tokens[:, 0]

@@ -59,9 +59,15 @@ class GraphPrefillAttention:
         self._mask: torch.Tensor | None = None
         # A bf16 kernel that takes the mask (memory-efficient attention) on CUDA: the math
         # fallback computes in float32, two GEMMs and a softmax per layer that took about 1.1 ms
-        # of a step with 384 prompt tokens (H200 kernel table, docs/performance.md run 14)
+        # of a step with 384 prompt tokens (H200 kernel table, docs/performance_history.md run 14)
         self._backends = ([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if dev.type == "cuda"
                           else [SDPBackend.MATH])
+
+    @property
+    def seg(self) -> torch.Tensor:
+        """Each token's prompt index within the packed step, int64 [num_tokens] (padding: past
+        the last prompt)."""
+        return self._seg
 
     def begin_step(self, slots: torch.Tensor, seg: torch.Tensor | None = None) -> None:
         """Stage the padded slots [num_tokens] and sequence indices [num_tokens] (outside the graph).

@@ -1,7 +1,8 @@
 """Batch-invariant sampling on device tensors.
 
-Each row is sampled from its own logits with its own temperature, top-p, repetition penalty
-and random stream. The randomness is Gumbel-max with noise from a counter-based integer hash of
+Each row is sampled from its own logits with its own temperature, top-p, top-k, repetition
+penalty and random stream (``salt`` gives a row a second stream in the same step, e.g. for the
+next codebook of a frame). The randomness is Gumbel-max with noise from a counter-based integer hash of
 (seed, step, vocab index), computed with int64 torch ops: no ``torch.Generator`` is shared
 across rows, so a row's sample does not depend on which rows share its batch or on their order.
 Every op is elementwise or per-row (sort, cumsum, argmax), so there is no host sync and the
@@ -9,8 +10,8 @@ whole sampler can be captured in a CUDA graph.
 
 Repetition penalty (CTRL / HF / vLLM formula: positive logits divided by the penalty, negative
 ones multiplied) applies to the tokens this sequence has *generated* (``seen``), not to its
-prompt. For Orpheus this is the same as penalising prompt + output, as vLLM does, because the
-prompt's text ids lie outside the audio vocabulary the head is restricted to.
+prompt. For a head restricted to audio ids this is the same as penalising prompt + output, as
+vLLM does, because the prompt's text ids lie outside the vocabulary the head samples.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def _row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """int64 [B] in [0, 2**32): one hash of (seed, step) per row."""
+def _row_keys(seeds: torch.Tensor, steps: torch.Tensor, salt: int = 0) -> torch.Tensor:
+    """int64 [B] in [0, 2**32): one hash of (seed, step[, salt]) per row."""
     row = _mix32((seeds & _MASK32) ^ 0x9E3779B9)
     row = _mix32(row ^ ((seeds >> 32) & _MASK32))
+    if salt:  # another stream of noise for the same row and step (a second codebook)
+        row = _mix32(row ^ (salt & _MASK32))
     return _mix32(row ^ (steps & _MASK32))
 
 
@@ -48,7 +51,7 @@ def _col_keys(num_cols: int, device: torch.device) -> torch.Tensor:
 
 
 def uniform_noise(
-    seeds: torch.Tensor, steps: torch.Tensor, num_cols: int, col_keys: torch.Tensor | None = None
+    seeds: torch.Tensor, steps: torch.Tensor, num_cols: int, col_keys: torch.Tensor | None = None, salt: int = 0
 ) -> torch.Tensor:
     """float32 [B, num_cols] in (0, 1), a pure function of (seed, step, column) per element.
 
@@ -56,7 +59,7 @@ def uniform_noise(
     ``col_keys`` [B, num_cols] gives each row its own columns' keys (a gathered subset).
     """
     cols = _col_keys(num_cols, seeds.device) if col_keys is None else col_keys  # [K] or [B, K]
-    x = _row_keys(seeds, steps).unsqueeze(1) ^ (cols.unsqueeze(0) if cols.dim() == 1 else cols)  # [B, K]
+    x = _row_keys(seeds, steps, salt).unsqueeze(1) ^ (cols.unsqueeze(0) if cols.dim() == 1 else cols)  # [B, K]
     x = x ^ (x >> 16)
     x = (x * _M1) & _MASK32
     x = x ^ (x >> 15)
@@ -73,10 +76,10 @@ def bits_to_unit(bits: torch.Tensor) -> torch.Tensor:
 
 
 def gumbel_noise(
-    seeds: torch.Tensor, steps: torch.Tensor, num_cols: int, col_keys: torch.Tensor | None = None
+    seeds: torch.Tensor, steps: torch.Tensor, num_cols: int, col_keys: torch.Tensor | None = None, salt: int = 0
 ) -> torch.Tensor:
     """float32 [B, num_cols] standard Gumbel noise, always finite (|g| < 17)."""
-    return -torch.log(-torch.log(uniform_noise(seeds, steps, num_cols, col_keys)))
+    return -torch.log(-torch.log(uniform_noise(seeds, steps, num_cols, col_keys, salt)))
 
 
 class Sampler:
@@ -99,6 +102,8 @@ class Sampler:
         all_greedy: bool = False,  # host-side hint: every temperature is 0, skip the sampling
         any_top_p: bool = True,  # host-side hint: False when every top_p is 1, skip the sort
         columns: torch.Tensor | None = None,  # int64 [B, M] ascending: the only columns a row may emit
+        top_k: torch.Tensor | None = None,  # int64 [B]; 0 = off
+        salt: int = 0,  # another noise stream (one per codebook sampled in the same step)
     ) -> torch.Tensor:
         """Sample one column per row. With ``columns`` (and ``allowed`` [B, M] marking the real
         entries of each row's list) the work runs on the gathered [B, M] logits only; the
@@ -110,16 +115,16 @@ class Sampler:
             picked = self._sample(
                 logits.gather(1, columns), temperature, top_p, repetition_penalty, seeds, steps,
                 None if seen is None else seen.gather(1, columns), allowed, all_greedy, any_top_p,
-                self._col_keys[columns],
+                self._col_keys[columns], top_k, salt,
             )  # [B] indices into each row's list
             return columns.gather(1, picked.unsqueeze(1)).squeeze(1)
         return self._sample(logits, temperature, top_p, repetition_penalty, seeds, steps, seen, allowed,
-                            all_greedy, any_top_p, None)
+                            all_greedy, any_top_p, None, top_k, salt)
 
     def _sample(self, logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
                 repetition_penalty: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
                 seen: torch.Tensor | None, allowed: torch.Tensor | None, all_greedy: bool, any_top_p: bool,
-                col_keys: torch.Tensor | None) -> torch.Tensor:
+                col_keys: torch.Tensor | None, top_k: torch.Tensor | None = None, salt: int = 0) -> torch.Tensor:
         logits = logits.float()
         if seen is not None:
             penalty = repetition_penalty.unsqueeze(1)  # [B, 1]
@@ -135,18 +140,21 @@ class Sampler:
         temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
         scaled = logits / temp.unsqueeze(1)  # [B, K]
         drop = torch.isneginf(logits)  # disallowed columns, [B, K]
-        if any_top_p:
+        if any_top_p or top_k is not None:
             probs = torch.softmax(scaled, dim=-1)
             sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [B, K]
             mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
             drop_sorted = mass_before >= top_p.unsqueeze(1)  # the top token is always kept
+            if top_k is not None:  # ranks at or past k (0: no limit)
+                rank = torch.arange(sorted_probs.shape[1], device=logits.device).unsqueeze(0)  # [1, K]
+                drop_sorted = drop_sorted | ((top_k.unsqueeze(1) > 0) & (rank >= top_k.unsqueeze(1)))
             drop = drop | torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         k = logits.shape[1]
         if col_keys is None:
             if self._col_keys is None or self._col_keys.numel() != k or self._col_keys.device != logits.device:
                 self._col_keys = _col_keys(k, logits.device)
             col_keys = self._col_keys
-        noise = gumbel_noise(seeds, steps, k, col_keys)  # [B, K]
+        noise = gumbel_noise(seeds, steps, k, col_keys, salt)  # [B, K]
         # Mask after adding the noise, so a dropped column can never win (no -inf + x = NaN).
         sampled = (scaled + noise).masked_fill(drop, float("-inf")).argmax(dim=-1)  # [B]
         return torch.where(is_greedy, greedy, sampled)

@@ -5,6 +5,13 @@ Policy (written down because callers depend on it):
   from waiting to running, so a running sequence never runs out of KV cache and nothing is
   ever preempted: no out-of-memory crash by construction. The price is capacity held for
   tokens that may never be generated (a stream that stops early frees its pages then).
+  A sequence with ``reserve_tokens`` (a turn fed text while it speaks, whose length nobody
+  knows) reserves that many and takes a page more whenever its next token needs one; when none
+  is free it skips the step (``num_page_waits``). Admitting such a sequence leaves one free page
+  for every running one that grows, so each can take its next page.
+- A paused sequence (``pause``: its program has no input for the next position yet) keeps its
+  pages and slot and takes no rows until ``resume``; with only paused sequences running there
+  is no work.
 - Waiting jobs are admitted earliest deadline first (``set_deadline``: the engine core's time by
   which a job's audio is needed, so a new stream's first segment, due in 150 ms, goes before a
   segment generated ahead for a stream with seconds of audio buffered), ties and jobs without a
@@ -49,7 +56,7 @@ Policy (written down because callers depend on it):
   not due within the decode horizon out of a step with at least ``decode_fill_seqs`` decode
   rows, riders included: in a burst of starts each new stream brings two prompts, its first
   segment's and the one generated ahead, and on the H200 steps with about three prompts were
-  the slowest of a 3 s ramp (docs/performance.md, run 17). The segment ahead is prefilled once
+  the slowest of a 3 s ramp (docs/performance_history.md, run 17). The segment ahead is prefilled once
   its stream's head has ended and it is due, or when a step has room again.
 """
 
@@ -180,6 +187,9 @@ class Scheduler:
         self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
         self._live: dict[int, Sequence] = {}  # waiting and running, by seq_id
         self._is_waiting_sorted = True
+        self._num_paused = 0  # running sequences with is_paused set
+        self._num_growing = 0  # running sequences with a reservation (they take pages as they grow)
+        self.num_page_waits = 0  # decodes skipped because no page was free to grow into
 
     def set_deadline(self, seq_id: int, deadline_s: float) -> Sequence | None:
         """When this sequence's next audio is needed (unknown or finished ids are ignored);
@@ -243,8 +253,25 @@ class Scheduler:
                 return seq
         return None
 
+    def pause(self, seq: Sequence) -> None:
+        """Hold a running sequence: no rows until ``resume`` (idempotent)."""
+        if seq.status is SequenceStatus.RUNNING and not seq.is_paused:
+            self._num_paused += 1
+        seq.is_paused = True
+
+    def resume(self, seq: Sequence) -> None:
+        """Let a paused sequence decode again (idempotent)."""
+        if seq.status is SequenceStatus.RUNNING and seq.is_paused:
+            self._num_paused -= 1
+        seq.is_paused = False
+
     def finish(self, seq: Sequence) -> None:
         """A running sequence is done: free its pages and slot."""
+        if seq.is_paused:
+            self._num_paused -= 1
+            seq.is_paused = False
+        if seq.reserve_tokens is not None:
+            self._num_growing -= 1
         self.running.remove(seq)
         self._live.pop(seq.seq_id, None)
         self.allocator.deallocate(seq.pages)
@@ -254,7 +281,8 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Waiting sequences, or running ones that are not paused."""
+        return bool(self.waiting) or len(self.running) > self._num_paused
 
     @property
     def num_waiting(self) -> int:
@@ -269,7 +297,10 @@ class Scheduler:
     def _can_admit(self, seq: Sequence) -> bool:
         if not self._free_slots:
             return False
-        return self.allocator.can_allocate(num_pages_for(seq.max_num_tokens, self.allocator.page_size))
+        pages = num_pages_for(seq.num_reserved_tokens, self.allocator.page_size)
+        if seq.reserve_tokens is not None:  # leave every growing sequence a page to grow into
+            pages += self._num_growing
+        return self.allocator.can_allocate(pages)
 
     def _admit(self) -> None:
         if not self._is_waiting_sorted:  # stable: equal deadlines keep arrival order
@@ -278,8 +309,12 @@ class Scheduler:
         while self.waiting and self._can_admit(self.waiting[0]):
             seq = self.waiting.popleft()
             seq.pages = self.allocator.allocate(
-                num_pages_for(seq.max_num_tokens, self.allocator.page_size)
+                num_pages_for(seq.num_reserved_tokens, self.allocator.page_size)
             )
+            if seq.reserve_tokens is not None:
+                self._num_growing += 1
+            if seq.is_paused:
+                self._num_paused += 1
             seq.slot = self._free_slots.pop()
             seq.status = SequenceStatus.RUNNING
             seq.ready_s = self._clock()
@@ -300,11 +335,13 @@ class Scheduler:
             uncomputed = len(s.prompt_ids) + num_outputs - s.num_computed_tokens
             if uncomputed == 1:
                 # (a sequence whose last allowed token is in flight is done, whatever that token is)
-                if num_outputs < s.params.max_tokens:
+                if num_outputs < s.params.max_tokens and not s.is_paused:
                     ready.append(s)
             elif uncomputed > 1:
                 prefills.append(s)
         decodes = self._pick_decodes(ready)
+        if self._num_growing:
+            decodes = self._grow(decodes)
         if prefills and self.config.hold_undue_prompts:
             prefills = self._due_prompts(len(decodes), prefills)
         prefills.sort(key=_by_deadline)
@@ -348,6 +385,20 @@ class Scheduler:
         if len(rows) < keep:
             rows += ordered[due:no_deadline][:keep - len(rows)]
         return rows[:cap]
+
+    def _grow(self, decodes: list[Sequence]) -> list[Sequence]:
+        """Give each decode row whose next token starts a page that page; rows that find none
+        free skip the step (counted in ``num_page_waits``)."""
+        ps = self.allocator.page_size
+        kept = []
+        for s in decodes:
+            if s.reserve_tokens is not None and s.num_computed_tokens >= len(s.pages) * ps:
+                if not self.allocator.can_allocate(1):
+                    self.num_page_waits += 1
+                    continue
+                s.pages.extend(self.allocator.allocate(1))
+            kept.append(s)
+        return kept
 
     def _is_busy(self, num_decodes: int) -> bool:
         """A step with at least the fill count of decode rows: prompts may be held back."""

@@ -12,7 +12,7 @@ __all__ = ["PENDING", "SamplingParams", "Sequence", "SequenceStatus"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-sequence sampling settings. ``temperature == 0`` means greedy.
+    """Per-sequence sampling settings. ``temperature == 0`` means greedy; ``top_k`` 0 is off.
 
     ``seed`` with the sequence's step counter fixes its random stream, independent of the
     batch it shares. ``max_tokens`` counts generated tokens (the stop token included).
@@ -23,6 +23,7 @@ class SamplingParams:
     repetition_penalty: float = 1.3
     seed: int = 0
     max_tokens: int = 1200
+    top_k: int = 0  # 0 = off
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -33,6 +34,8 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
 
 
 PENDING = -1  # an output id whose token is still on the device (asynchronous steps)
@@ -77,6 +80,15 @@ class Sequence:
     # Output tokens the program has seen (``LMBackend``): the next token's position, for
     # ``Program.allowed_row``, is this many plus those still in flight.
     num_program_tokens: int = 0
+    # Programs that choose each decode row's input (input streaming: the next text token) set
+    # it here; None feeds the last output token, as a plain LM does.
+    next_input: int | None = None
+    # A paused sequence (its program has no input for the next position yet: the text ran out
+    # on a stream that has not ended) keeps its pages and slot but takes no decode rows.
+    is_paused: bool = False
+    # KV tokens reserved at admission; None reserves every token the sequence can ever hold
+    # (prompt + max_tokens). A sequence with a reservation gets further pages as it grows.
+    reserve_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -104,8 +116,16 @@ class Sequence:
 
     @property
     def max_num_tokens(self) -> int:
-        """Most tokens this sequence can ever hold in the KV cache (what admission reserves)."""
+        """Most tokens this sequence can ever hold in the KV cache."""
         return len(self.prompt_ids) + self.params.max_tokens
+
+    @property
+    def num_reserved_tokens(self) -> int:
+        """KV tokens admission reserves: all it can ever hold, or ``reserve_tokens`` (then it
+        grows page by page)."""
+        if self.reserve_tokens is None:
+            return self.max_num_tokens
+        return min(self.max_num_tokens, max(self.reserve_tokens, len(self.prompt_ids) + 1))
 
     def token_slice(self, start: int, stop: int) -> list[int]:
         """``(prompt_ids + output_ids)[start:stop]`` without building the whole list."""

@@ -215,7 +215,7 @@ class StreamingDecoder:
     A larger ``ramp_step_samples`` reaches the full lookahead in fewer frames: fewer samples
     decoded with less context and less audio in frames 2-4 (1536: 1024, 512, 512, 1024 samples),
     so a player that waits for a start buffer starts a frame later but with more of the ramp's
-    deficit behind it (docs/performance.md, "Scheduling for real time").
+    deficit behind it (docs/performance_history.md, "Scheduling for real time").
     """
 
     def __init__(self, decoder: SnacDecoder | None = None, *, window_frames: int = DEFAULT_WINDOW_FRAMES,

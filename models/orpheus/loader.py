@@ -107,7 +107,7 @@ def resolve_dir(path_or_hub_id: str | os.PathLike, *, allow_patterns: list[str],
         raise RuntimeError(
             f"{what}: cannot download hub id {s!r} and it is not in the local hub cache "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Fix: go online, "
-            f"or download it elsewhere (huggingface-cli download {s}) and pass the local "
+            f"or download it elsewhere (hf download {s}) and pass the local "
             "directory, or use --load-format dummy for random weights"
         ) from e
 

@@ -1,8 +1,5 @@
-"""Fixtures for the benchmark's tests: in-process fake servers, a native WebSocket one and a raw
-HTTP one streaming chunked audio. Both answer at once (no pacing), so tests stay fast.
-
-They are served through the ``fakes`` fixture (not imported as a module) so that the tests work
-under any pytest import mode and never clash with helper modules of other test directories."""
+"""Fixtures for the benchmark's tests: in-process fake servers (native WebSocket, chunked HTTP)
+that answer at once, served through the ``fakes`` fixture."""
 
 from __future__ import annotations
 
@@ -133,6 +130,8 @@ async def http_server(*, status: int = 200
         server.close()
 
 
+# Served through a fixture rather than imported as a module, so that the tests work under any
+# pytest import mode and never clash with helper modules of other test directories.
 @pytest.fixture
 def fakes() -> SimpleNamespace:
     """The fake servers (async context managers) and the audio they send."""

@@ -139,3 +139,35 @@ def test_main_unreachable_target_exits_1(capsys: pytest.CaptureFixture[str]) -> 
     """A server that is not there is one clear line on stderr and exit status 1."""
     assert main(["--url", "ws://127.0.0.1:9/v1/stream", "--no-progress"]) == 1
     assert "cannot reach native target" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, missing, words", [
+    (["--plots", "out"], {"matplotlib"}, "--plots needs matplotlib"),
+    (["--asr"], {"pocketsphinx"}, "--asr needs pocketsphinx"),
+    (["--target", "openai"], {"httpx"}, "--target openai needs httpx"),
+    (["--plots", "out", "--asr"], {"matplotlib", "pocketsphinx"},
+     "--plots needs matplotlib and --asr needs pocketsphinx"),
+])
+def test_a_missing_extra_is_refused_before_the_benchmark_runs(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        argv: list[str], missing: set[str], words: str) -> None:
+    """An option whose optional module is not installed exits 2 at once, naming the bench extra."""
+    import importlib.util
+
+    from benchmark.bench import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name in missing else real(name))
+    monkeypatch.setattr("benchmark.bench.runner.run", lambda config: pytest.fail("the benchmark ran"))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and 'pip install -e ".[bench]"' in err
+
+
+def test_no_extra_is_asked_for_when_none_is_needed() -> None:
+    """The native target without plots or ASR needs no optional module."""
+    from benchmark.bench.cli import missing_extras
+
+    assert missing_extras(BenchConfig(), find_spec=lambda name: None) == []

@@ -19,7 +19,7 @@ EXAMPLES: list[m.Message] = [
     m.Shutdown(),
     m.Hello("hibari", ["heart"], "heart", 24000, {"speed": {"min": 0.5, "max": 2.0}}),
     m.Hello("orpheus", ["tara"], "tara", 24000, {}, "NVIDIA H200, 140 GiB, GPU-1234, torch 2.11.0, CUDA 13.0"),
-    m.Hello("qwen3-tts", ["vivian"], "vivian", 24000, {}, "cpu", True),
+    m.Hello("qwen3-tts", ["vivian"], "vivian", 24000, {}, "cpu", "random", supports_cloning=True),
     m.Started(7, "heart", {"speed": 1.0}),
     m.Audio(7, b"\x00\x01" * 100, (0, 12), 123.5),
     m.Audio(7, b"", None, 0.0),
@@ -30,6 +30,8 @@ EXAMPLES: list[m.Message] = [
     m.Batch([m.Audio(7, b"\x00\x01" * 4, (0, 12), 1.5), m.Done(7, "end", 4, {}),
              m.Error(8, "model_error", "boom", True)]),
     m.Batch([]),
+    m.Heartbeat(0.0, 0),
+    m.Heartbeat(12.5, 4096),
 ]
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 from engine import messages as m
 from engine.core import EngineCore
@@ -103,3 +105,55 @@ def test_a_slow_step_is_logged_with_the_streams_it_held(monkeypatch, caplog) -> 
         assert any("engine step took" in r.message and "2 streams" in r.message for r in caplog.records)
         assert _received(outbox)
         assert loop._step_since is None
+
+
+class BlockingBackend(FakeBackend):
+    """A FakeBackend whose steps block until ``release`` is set (a long step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def step(self) -> list:
+        self.entered.set()
+        assert self.release.wait(60), "the test never released the step"
+        return super().step()
+
+
+def _next_of(outbox: ShmQueue, kind: type, timeout_s: float = 60.0) -> m.Message:
+    """The next message of ``kind`` the engine sends (others are skipped)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        data = outbox.get(timeout_s=1.0)
+        if data is not None:
+            msg = m.decode(data)
+            for item in msg.messages if type(msg) is m.Batch else [msg]:
+                if type(item) is kind:
+                    return item
+    raise AssertionError(f"no {kind.__name__} within {timeout_s} s")
+
+
+def test_heartbeats_keep_coming_while_a_step_blocks() -> None:
+    """The heartbeat thread beats at its interval also while a step blocks the loop, and says
+    how long the step has run; the loop ends on Shutdown."""
+    backend = BlockingBackend()
+    inbox = ShmQueue.create(capacity_bytes=1 << 18, max_message_bytes=1 << 16)
+    outbox = ShmQueue.create(capacity_bytes=1 << 18, max_message_bytes=1 << 16)
+    loop = EngineLoop(EngineCore(backend), inbox, outbox, stats_interval_s=60.0,
+                      heartbeat_interval_s=0.02)
+    runner = threading.Thread(target=loop.run, daemon=True)
+    with inbox, outbox:
+        runner.start()
+        assert _next_of(outbox, m.Heartbeat).step_s == 0.0  # idle: beats too
+        for msg in (m.Open(1, None, {}), m.Text(1, "Hello there, a sentence long enough."),
+                    m.Flush(1)):
+            inbox.put(m.encode(msg), timeout_s=10)
+        assert backend.entered.wait(60)
+        while (beat := _next_of(outbox, m.Heartbeat)).step_s == 0.0:
+            pass  # one sent before the step began
+        assert beat.step_s > 0.0 and beat.num_steps == 0
+        backend.release.set()
+        inbox.put(m.encode(m.Shutdown()), timeout_s=10)
+        runner.join(60)
+        assert not runner.is_alive()

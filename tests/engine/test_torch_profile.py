@@ -1,3 +1,5 @@
+"""Tests for engine.torch_profile: the profiler window over the served engine's loaded steps."""
+
 from __future__ import annotations
 
 import gzip

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from engine import messages as em
-from gateway.session import Session, ToClient, ToEngine
+from gateway import protocol as p
+from gateway.session import Close, Session, ToClient, ToEngine
 
 HELLO = em.Hello("fake", ["a", "b"], "a", 24000, {})
 LIMITS = {"max_streams_per_connection": 2, "max_text_chars_per_stream": 20,
@@ -214,7 +215,7 @@ def test_a_registered_voice_is_resolved_into_the_open() -> None:
         asked.append(voice)
         return ref if voice in ("v-1", "Alice") else None
 
-    hello = em.Hello("fake", ["a", "b"], "a", 24000, {}, "", True)
+    hello = em.Hello("fake", ["a", "b"], "a", 24000, {}, "", supports_cloning=True)
     s = Session(hello=hello, limits=LIMITS, allocate_key=itertools.count(1).__next__,
                 is_engine_ready=lambda: True, resolve_voice=resolve)
     assert s.greeting()["supports_cloning"] is True
@@ -251,3 +252,169 @@ def test_stop_accepting_then_shutdown_ends_streams_with_server_shutdown() -> Non
     assert _engine(actions) == [em.Cancel(1)] and s.num_active_streams == 0
     [err] = _client(actions)
     assert (err["code"], err["retryable"], err["stream"]) == ("server_shutdown", True, "x")
+
+
+# --- hostile frames: each answered with a documented error, and nothing that fails to encode --
+
+DECLARED = em.Hello("fake", ["a"], "a", 24000, {
+    "seed": {"type": "int", "min": 0, "max": 2**63 - 1},
+    "top_p": {"min": 0.0, "max": 1.0, "min_inclusive": False},
+})
+
+
+def _declared_session() -> Session:
+    keys = itertools.count(1)
+    return Session(hello=DECLARED, limits=LIMITS, allocate_key=lambda: next(keys),
+                   is_engine_ready=lambda: True)
+
+
+def _encodable(actions: list) -> list:
+    """Every action's payload encodes as it will be sent (client maps in both encodings)."""
+    for a in actions:
+        if isinstance(a, ToEngine):
+            assert em.decode(em.encode(a.msg)) == a.msg
+        elif isinstance(a, ToClient):
+            for enc in p.Encoding:
+                p.decode_server_frame(p.encode_server_message(a.msg, enc))
+    return actions
+
+
+def _error_of(s: Session, frame: bytes | str) -> dict:
+    actions = _encodable(s.receive_frame(frame))
+    assert _engine(actions) == []
+    [err] = _client(actions)
+    assert err["type"] == "error"
+    return err
+
+
+@pytest.mark.parametrize("frame", [
+    "[" * 1000 + "]" * 1000,
+    '{"type": "start", "stream": "x", "options": {"seed": ' + "[" * 5000 + "]" * 5000 + "}}",
+    b"\x91" * 5000 + b"\xc0",
+], ids=["json-array", "json-in-options", "msgpack"])
+def test_deeply_nested_frames_are_bad_messages(frame: bytes | str) -> None:
+    """Frames nested past the decoders' depth guard get bad_message, not a RecursionError."""
+    s = _declared_session()
+    err = _error_of(s, frame)
+    assert err["code"] in ("bad_message", "invalid_option") and not err["retryable"]
+
+
+@pytest.mark.parametrize("field,frame", [
+    ("stream", '{"type": "start", "stream": "\\ud800"}'),
+    ("stream", b"\x82\xa4type\xa5start\xa6stream\xa3\xed\xa0\x80"),  # msgpack: an encoded surrogate
+    ("stream", b"\x82\xa4type\xa3end\xa6stream\xa2\xff\xfe"),  # msgpack: bytes that are not UTF-8
+    ("voice", '{"type": "start", "stream": "x", "voice": "a\\udfff"}'),
+    ("options", '{"type": "start", "stream": "x", "options": {"\\udc00": 1}}'),
+    ("options", '{"type": "start", "stream": "x", "options": {"style": "\\udc00"}}'),
+])
+def test_lone_surrogates_are_bad_messages_naming_the_field(field: str, frame: bytes | str) -> None:
+    """A lone surrogate (JSON escape) or non-UTF-8 bytes (msgpack) is bad_message naming the field."""
+    err = _error_of(_declared_session(), frame)
+    assert err["code"] == "bad_message" and f"'{field}" in err["message"]
+
+
+@pytest.mark.parametrize("encoding", list(p.Encoding))
+def test_lone_surrogate_in_text_ends_nothing(encoding: p.Encoding) -> None:
+    """text with a lone surrogate is refused for that frame; the stream goes on."""
+    s = _declared_session()
+    _encodable(_send(s, type="start", stream="x"))
+    if encoding is p.Encoding.JSON:
+        frame: bytes | str = json.dumps({"type": "text", "stream": "x", "text": "hi \ud800"})
+    else:
+        frame = msgpack.Packer(unicode_errors="surrogatepass").pack(
+            {"type": "text", "stream": "x", "text": "hi \ud800"})
+    err = _error_of(s, frame)
+    assert (err["code"], err["stream"]) == ("bad_message", "x") and "'text'" in err["message"]
+    assert _engine(_send(s, type="text", stream="x", text="fine")) == [em.Text(1, "fine")]
+
+
+@pytest.mark.parametrize("options", [
+    '{"seed": %d}' % 2**70,
+    '{"seed": %d}' % -(2**70),
+    '{"other": %d}' % 2**64,
+    '{"seed": %s}' % ("9" * 4000),
+    '{"seed": -1}',
+    '{"seed": %d}' % 2**63,
+    '{"top_p": 0}',
+    '{"top_p": 1.5}',
+    '{"seed": [1]}',
+    '{"seed": {"a": 1}}',
+])
+def test_options_outside_declared_or_representable_ranges_are_invalid(options: str) -> None:
+    """Integers past 64 bits, declared ranges and non-scalar values are invalid_option."""
+    frame = '{"type": "start", "stream": "x", "options": %s}' % options
+    err = _error_of(_declared_session(), frame)
+    assert err["code"] == "invalid_option" and err["stream"] == "x"
+
+
+def test_options_at_the_declared_bounds_reach_the_engine() -> None:
+    """The largest declared seed and an inclusive top_p bound are accepted."""
+    s = _declared_session()
+    actions = _encodable(_send(s, type="start", stream="x",
+                               options={"seed": 2**63 - 1, "top_p": 1.0, "free": 2**64 - 1}))
+    assert _engine(actions) == [em.Open(1, None, {"seed": 2**63 - 1, "top_p": 1.0,
+                                                  "free": 2**64 - 1}, "pcm_s16le")]
+
+
+def test_an_unexpected_failure_is_an_internal_error_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug behind receive_frame becomes an `internal` error; the session keeps serving."""
+    s = _declared_session()
+    monkeypatch.setattr(s, "_dispatch", lambda msg: 1 / 0)
+    assert _error_of(s, msgpack.packb({"type": "end", "stream": "x"}))["code"] == "internal"
+    monkeypatch.undo()
+    assert _engine(_send(s, type="start", stream="x")) == [em.Open(1, None, {}, "pcm_s16le")]
+
+
+# --- slow consumers and a failed engine ---------------------------------------------------
+
+
+def test_slow_consumer_cancels_every_stream_errors_and_closes_1008() -> None:
+    """on_slow_consumer cancels all streams in the engine, sends slow_consumer, closes 1008."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    _send(s, type="start", stream="y")
+    actions = _encodable(s.on_slow_consumer())
+    assert sorted(m.key for m in _engine(actions)) == [1, 2]
+    assert all(isinstance(m, em.Cancel) for m in _engine(actions))
+    [err] = _client(actions)
+    assert (err["code"], err["stream"], err["retryable"]) == ("slow_consumer", None, True)
+    assert isinstance(actions[-1], Close) and actions[-1].code == 1008
+    assert s.num_active_streams == 0
+    assert s.on_engine(em.Audio(1, b"\0\0", None, 0.0)) == []
+    assert s.receive_frame(msgpack.packb({"type": "start", "stream": "z"})) == []
+    assert s.on_slow_consumer() == [] and s.close() == []
+
+
+def test_final_engine_loss_fails_streams_for_good_and_closes_1011() -> None:
+    """After the last allowed restart: engine_failed (not retryable) per stream and for the
+    connection, then a 1011 close."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    actions = _encodable(s.on_engine_lost(is_final=True))
+    errs = _client(actions)
+    assert [(e["stream"], e["code"], e["retryable"]) for e in errs] == [
+        ("x", "engine_failed", False), (None, "engine_failed", False)]
+    assert isinstance(actions[-1], Close) and actions[-1].code == 1011
+    assert s.on_engine_lost(is_final=True) == []
+
+
+def test_samples_sent_are_counted_when_a_stream_ends() -> None:
+    """Each ended stream adds the samples it sent to the metrics (sample accounting)."""
+    counted: list[int] = []
+
+    class Metrics:
+        observe_ttfa = observe_chunk_gap = count_error = count_stream = lambda self, x: None
+
+        def count_samples_sent(self, n: int) -> None:
+            counted.append(n)
+
+    keys = itertools.count(1)
+    s = Session(hello=HELLO, limits=LIMITS, allocate_key=lambda: next(keys),
+                is_engine_ready=lambda: True, metrics=Metrics())
+    _send(s, type="start", stream="x")
+    _send(s, type="start", stream="y")
+    s.on_engine(em.Audio(1, b"\0\0" * 5, None, 0.0))
+    s.on_audio(em.Audio(2, b"\0\0" * 3, None, 0.0))
+    s.on_engine(em.Done(1, "end", 5, {}))
+    s.close()
+    assert counted == [5, 3]

@@ -112,15 +112,18 @@ def test_non_audio_frames_go_through_the_writer() -> None:
 
 
 def test_slow_consumer_is_closed_when_the_outbox_overflows() -> None:
-    """Audio queued under back-pressure past max_outbox_bytes closes the connection with 1008."""
+    """Audio queued under back-pressure past max_outbox_bytes empties the outbox, calls
+    on_overflow (the gateway's slow-consumer handling) once, and closes with 1008."""
     ws = FakeWs()
     ws.paused = True
-    conn = _conn(ws, max_outbox_bytes=200)
+    overflows: list[tuple[int, bool]] = []
+    conn = Connection(ws, session=None, encoding=p.Encoding.MSGPACK,  # type: ignore[arg-type]
+                      max_outbox_bytes=200,
+                      on_overflow=lambda c: overflows.append((len(c.outbox), c.is_closing)))
     for seq in range(20):
         conn.push_audio(_audio(seq))
-    assert conn.is_closing and conn.close_code == 1008
-    # the audio is dropped; a slow_consumer error is queued before the close
-    assert [msgpack.unpackb(data)["code"] for _, data in conn.outbox] == ["slow_consumer"]
+    assert overflows == [(0, False)]  # called with the outbox emptied, before the close
+    assert conn.is_closing and conn.close_code == 1008 and not conn.outbox
 
 
 def test_cancel_drops_queued_audio_of_that_stream_only() -> None:

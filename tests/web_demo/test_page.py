@@ -80,9 +80,53 @@ def test_reconnects_after_the_server_restarts(demo_factory: Any, server_factory:
               " && s.samplesPlayed === s.samplesReceived && s.samplesPlayed > 0; })()")
 
 
+# Every element that draws something, and what of it does not show: text cut by its own box
+# (an ellipsis, overflow hidden) or sticking out of the card or page it sits in.
+FIND_CLIPPED = """() => {
+  const out = [];
+  const name = (el) => el.id ? '#' + el.id : el.tagName.toLowerCase() + '.' + [...el.classList].join('.');
+  for (const el of document.querySelectorAll('body *')) {
+    const box = el.getBoundingClientRect();
+    if (!box.width || !box.height) continue;
+    const css = getComputedStyle(el);
+    const clips = css.overflowX !== 'visible' || css.textOverflow === 'ellipsis';
+    if (clips && el.tagName !== 'TEXTAREA' && el.scrollWidth > el.clientWidth + 1) out.push(name(el) + ' cut');
+    const frame = (el.parentElement.closest('.card, .banner, .top, .foot') || document.body).getBoundingClientRect();
+    if (box.left < frame.left - 1 || box.right > frame.right + 1) out.push(name(el) + ' sticks out');
+  }
+  return out;
+}"""
+
+# A turn typed while another one speaks, a second (longer) voice name, an error banner: the page
+# with as much to show as it gets.
+BUSY_PAGE = """async () => {
+  const select = document.getElementById('voice');
+  select.append(new Option('a-voice-with-a-name-longer-than-a-phone-screen-is-wide', 'a-voice-with-a-name-longer-than-a-phone-screen-is-wide'));
+  window.voxgateDemo.speak('The first sentence is short. The second one follows it, and then we are done.');
+}"""
+
+
+@pytest.mark.parametrize("width", [360, 1280])
+def test_nothing_is_cut_or_sticks_out(demo_factory: Any, voxgate_server: Any, width: int) -> None:
+    """At phone and desktop widths, with every figure filled in, no text is truncated or spills over."""
+    demo = demo_factory(voxgate_server.base_url, width=width, height=860).open()
+    demo.page.evaluate(BUSY_PAGE)
+    demo.wait("window.voxgateDemo.stats().currentTurn.status === 'done'"
+              " && window.voxgateDemo.stats().playingTurn !== null")
+    demo.page.evaluate("window.voxgateDemo.speak('A second turn, typed while the first one speaks.')")
+    demo.wait("document.getElementById('m-ttfa-server').textContent !== '–'")
+    demo.page.click(".settings summary")
+    demo.page.evaluate("window.voxgateDemo.showError('A long error message from the server, to see it wrap.')")
+    for tab in ("#tab-llm", "#tab-type"):
+        demo.page.click(tab)
+        assert demo.page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
+        assert demo.page.evaluate(FIND_CLIPPED) == []
+    demo.screenshot(f"demo-{width}.png", full_page=True)
+
+
 def test_narrow_screen_layout(demo_factory: Any, voxgate_server: Any) -> None:
     """On a phone-sized screen the cards stack in one column and nothing overflows sideways."""
-    demo = demo_factory(voxgate_server.base_url, width=390, height=844).open()
+    demo = demo_factory(voxgate_server.base_url, width=360, height=800).open()
     overflow = demo.page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0
     boxes = [demo.page.locator(sel).bounding_box() for sel in (".input-card", ".metrics-card")]

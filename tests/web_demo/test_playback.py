@@ -54,7 +54,8 @@ def test_metrics_show_numbers(demo: Any) -> None:
     assert int(demo.page.inner_text("#m-chunks")) == stats["currentTurn"]["chunks"] > 0
     assert re.fullmatch(r"\d+\.\d s", demo.page.inner_text("#m-audio"))
     assert demo.page.inner_text("#m-underruns") == str(stats["underruns"])
-    assert "server" in demo.page.inner_text("#m-ttfa-sub")  # the server's own TTFA from `done`
+    server = demo.page.inner_text("#m-ttfa-server")  # the server's own TTFA from `done`
+    assert server == f"{math.floor(stats['currentTurn']['serverTtfaMs'] + 0.5)} ms"
 
 
 def test_spans_highlight_the_text_being_spoken(demo: Any) -> None:

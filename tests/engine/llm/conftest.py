@@ -1,8 +1,5 @@
-"""Fixtures: a tiny random Orpheus-vocab Llama checkpoint (HF layout), our model on its weights,
-and helpers to build a runner / scheduler / LMBackend around it.
-
-The checkpoint builder is shared with tests/models/orpheus (same tiny config and tokenizer).
-"""
+"""Fixtures: a tiny random Orpheus-vocabulary Llama checkpoint (shared with tests/models/orpheus),
+our model on its weights, and builders of a runner, scheduler and LMBackend around it."""
 
 from __future__ import annotations
 
@@ -20,7 +17,7 @@ from engine.llm.model_runner import ModelRunner
 from engine.llm.page_allocator import PageAllocator
 from engine.llm.scheduler import Scheduler, SchedulerConfig
 from engine.llm.sequence import SamplingParams
-from tests.models.orpheus.orpheus_fixtures import save_tiny_checkpoint
+from tests.models.orpheus.orpheus_fixtures import make_small_codec, save_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -131,21 +128,13 @@ def drain(backend: LMBackend, max_steps: int = 10_000) -> list:
 @pytest.fixture(scope="session")
 def small_codec():
     """A ``SnacDecoder`` over a random SNAC 24 kHz with a narrow decoder (fast on the CPU)."""
-    import snac
-
-    from models.orpheus.codec import SnacDecoder
-    from models.orpheus.loader import SNAC_24KHZ_CONFIG
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = snac.SNAC(**{**SNAC_24KHZ_CONFIG, "decoder_dim": 64, "encoder_dim": 8})
-    return SnacDecoder(model.eval())
+    return make_small_codec()
 
 
 def make_orpheus_program(codec, **kw):
     """An ``OrpheusProgram`` on the shared test tokenizer that also records each job's tokens
     (``program.tokens[options["tag"]]``)."""
-    from engine.llm.program import OrpheusProgram
+    from models.orpheus.program import OrpheusProgram
     from tests.models.orpheus.orpheus_fixtures import build_tokenizer
 
     class Recording(OrpheusProgram):

@@ -1,6 +1,5 @@
-"""CUDA-graph replays emulated on the CPU: each replay runs the captured step function eagerly,
-so ``CudaGraphModelRunner``'s graph path (decode input tables, packed prompts, the token feed of
-asynchronous steps) is tested without a GPU."""
+"""CUDA-graph replays emulated on the CPU (each replay runs the captured step eagerly), so the
+graph runner's paths are tested without a GPU."""
 
 from __future__ import annotations
 

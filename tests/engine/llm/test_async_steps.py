@@ -1,7 +1,5 @@
-"""Asynchronous steps (``LMBackend(async_steps=True)``): step N+1 is scheduled and launched
-before step N's tokens reach the host. The tokens and the audio must be those of the
-synchronous loop: every row is sampled from its own noise, so a wasted row (a sequence that
-stopped at N, still in N+1) changes no other row."""
+"""Asynchronous steps (``LMBackend(async_steps=True)``) give the tokens and audio of the
+synchronous loop."""
 
 from __future__ import annotations
 
@@ -11,6 +9,8 @@ import torch
 from engine.llm.sequence import PENDING
 from tests.engine.llm.conftest import TokenProgram, drain, make_backend, make_orpheus_program
 
+# Every row is sampled from its own noise, so a wasted row (a sequence that stopped at step N,
+# still in N+1, launched before N's tokens reached the host) changes no other row.
 SAMPLED = dict(temperature=0.9, top_p=0.95, repetition_penalty=1.1)
 
 
@@ -173,7 +173,7 @@ def _emulated_graph_runner(model, max_num_seqs: int = 8):
 
     from engine.llm.attention import torch_paged_attention_factory
     from engine.llm.cuda_graphs import CudaGraphModelRunner
-    from engine.llm.gpu_forward import FusedLlamaForward
+    from models.orpheus.fused_forward import FusedLlamaForward
     from tests.engine.llm.graph_emulation import emulate_replays
 
     runner = CudaGraphModelRunner(copy.deepcopy(model), model.config, device="cpu", dtype=torch.float32,

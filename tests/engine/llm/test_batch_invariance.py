@@ -1,10 +1,5 @@
-"""Batch invariance: a stream's tokens (and audio) do not depend on who shares its batch.
-
-The target job runs alone, then beside 1, 3 and 7 others that join at different steps (their
-prefill chunks mixed with the target's decodes). Tokens must be identical; Orpheus audio equal
-within 1e-5 (the codec decodes the windows of all streams in one batched call, where float
-rounding may differ in the last bits).
-"""
+"""Batch invariance: a stream's tokens (and, within 1e-5, its audio) do not depend on who shares its
+batch or when they join."""
 
 from __future__ import annotations
 
@@ -98,4 +93,6 @@ def test_orpheus_tokens_and_audio_identical_beside_others(llm_model, small_codec
     assert pcm0.size == len(tokens0) // 7 * 2048 > 0
     for toks, pcm in results[1:]:
         assert toks == tokens0
+        # not exact: the codec decodes all streams' windows in one batched call, whose float
+        # rounding may differ in the last bits
         np.testing.assert_allclose(pcm, pcm0, atol=1e-5)

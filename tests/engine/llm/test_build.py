@@ -29,7 +29,7 @@ def small_snac_dir(tmp_path_factory):
 
 def test_build_serve_and_validate_on_cpu(llm_tiny_dir, small_snac_dir):
     """The built backend announces Orpheus' voices, rejects bad options, and streams audio."""
-    from engine.llm.build import build_orpheus_backend
+    from models.orpheus.build import build_orpheus_backend
 
     backend = build_orpheus_backend(
         str(llm_tiny_dir), device="cpu", codec_path=str(small_snac_dir), max_num_seqs=2, max_model_len=128,
@@ -53,7 +53,7 @@ def test_build_serve_and_validate_on_cpu(llm_tiny_dir, small_snac_dir):
 
 def test_ramp_settings_resolve_per_device():
     """ramp_step_samples 0 (auto): 1024, plus the loaded 1536 on CUDA only; a given step is fixed."""
-    from engine.llm.build import _ramp_steps
+    from models.orpheus.build import _ramp_steps
 
     assert _ramp_steps(0, "cuda") == {"ramp_step_samples": 1024, "loaded_ramp_step_samples": 1536}
     assert _ramp_steps(0, "cpu") == {"ramp_step_samples": 1024, "loaded_ramp_step_samples": None}
@@ -85,12 +85,13 @@ def test_prefill_batching_resolves_auto_by_the_runner_s_graphs():
     mixed graphs); explicit values are kept."""
     from types import SimpleNamespace
 
-    from engine.llm.build import AUTO_PREFILL_BATCH_CUDA, AUTO_PREFILL_WAIT_S_CUDA, _prefill_batching
+    from engine.llm.build import _prefill_batching
+    from models.orpheus.build import AUTO_PREFILL_BATCH_CUDA, AUTO_PREFILL_WAIT_S_CUDA, ORPHEUS_DEFAULTS
 
     separate = SimpleNamespace(prefill_graphs=object(), mixed_graphs=None)
     mixed = SimpleNamespace(prefill_graphs=object(), mixed_graphs=object())
     plain = SimpleNamespace()
-    assert _prefill_batching(-1.0, -1, separate) == (AUTO_PREFILL_WAIT_S_CUDA, AUTO_PREFILL_BATCH_CUDA)
+    assert _prefill_batching(-1.0, -1, separate, ORPHEUS_DEFAULTS) == (AUTO_PREFILL_WAIT_S_CUDA, AUTO_PREFILL_BATCH_CUDA)
     assert _prefill_batching(-1.0, -1, mixed) == (0.0, 0)
     assert _prefill_batching(-1.0, -1, plain) == (0.0, 0)
     assert _prefill_batching(0.01, 3, mixed) == (0.01, 3)
@@ -136,7 +137,7 @@ def test_hold_undue_prompts_reaches_the_scheduler(llm_tiny_dir, small_snac_dir):
     """EngineConfig(hold_undue_prompts="on") reaches the built scheduler. (--async-plan reaches
     the CUDA-graph runner, on a GPU only: tests/engine/llm/test_gpu.py.)"""
     from engine.config import EngineConfig
-    from engine.llm.build import build_orpheus_backend
+    from models.orpheus.build import build_orpheus_backend
 
     backend = build_orpheus_backend(str(llm_tiny_dir), config=EngineConfig(hold_undue_prompts="on"), device="cpu",
                                     codec_path=str(small_snac_dir), max_num_seqs=2, max_model_len=128, warmup=False)
@@ -148,10 +149,11 @@ def test_hold_undue_prompts_reaches_the_scheduler(llm_tiny_dir, small_snac_dir):
 def test_auto_decode_cap_by_device_and_weights() -> None:
     """-1 picks the measured cap: 384 on CUDA, 448 with fp8 weights, none on the CPU; a given
     cap (0 = none) is kept."""
-    from engine.llm.build import AUTO_DECODE_CAP_CUDA, AUTO_DECODE_CAP_CUDA_FP8, auto_decode_cap
+    from engine.llm.build import auto_decode_cap
+    from models.orpheus.build import AUTO_DECODE_CAP_CUDA, AUTO_DECODE_CAP_CUDA_FP8, ORPHEUS_DEFAULTS
 
     assert (AUTO_DECODE_CAP_CUDA, AUTO_DECODE_CAP_CUDA_FP8) == (384, 448)
-    assert auto_decode_cap(-1, "cuda", False) == 384
-    assert auto_decode_cap(-1, "cuda", True) == 448
-    assert auto_decode_cap(-1, "cpu", False) == 0
+    assert auto_decode_cap(-1, "cuda", False, ORPHEUS_DEFAULTS) == 384
+    assert auto_decode_cap(-1, "cuda", True, ORPHEUS_DEFAULTS) == 448
+    assert auto_decode_cap(-1, "cpu", False, ORPHEUS_DEFAULTS) == 0
     assert auto_decode_cap(0, "cuda", True) == 0 and auto_decode_cap(200, "cuda", True) == 200

@@ -1,11 +1,5 @@
-"""CPU tests of the FlashInfer backend's planning and K/V writes, against a torch stand-in.
-
-The stand-in ``flashinfer`` module below implements the two wrappers' documented semantics
-(paged NHD cache, decode over whole sequences, prefill causal to the end of each sequence) in
-plain torch, so the backend's slicing of mixed batches and its fixed-buffer graph mode are
-checked against ``TorchPagedAttention`` without a GPU. The real kernels are checked on the GPU
-by ``benchmark.gpu_check`` and ``tests/engine/llm/test_gpu.py``.
-"""
+"""CPU tests of the FlashInfer backend's planning and K/V writes against a torch stand-in of its
+wrappers (the real kernels: tests/engine/llm/test_gpu.py and ``benchmark.gpu.gpu_check``)."""
 
 from __future__ import annotations
 
@@ -36,6 +30,9 @@ def _attend(q, cache, pages, kv_len, causal):  # noqa: ANN001
 
 
 class _FakeWrapper:
+    """FlashInfer's wrappers as documented, in plain torch: a paged NHD cache, decode over whole
+    sequences, prefill causal to the end of each sequence."""
+
     def __init__(self, workspace, layout, use_cuda_graph=False, paged_kv_indptr_buffer=None,  # noqa: ANN001
                  paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None, use_tensor_cores=False) -> None:
         assert layout == "NHD"
@@ -229,15 +226,15 @@ def test_decode_kernel_choice_reaches_the_graph_wrappers(fake_flashinfer) -> Non
     for kernel, tc in (("cuda-cores", False), ("tensor-cores", True)):
         runner = CudaGraphModelRunner(model, cfg, device="cpu", dtype=torch.float32, num_pages=16, max_model_len=64,
                                       max_num_seqs=4, decode_buckets=(1, 4), prefill_buckets=(), capture=False,
-                                      fused=False, decode_attention=kernel)
+                                      decode_attention=kernel)
         assert isinstance(runner.graphs, DecodeGraphs) and runner.graphs.tensor_cores is tc
         mixed = CudaGraphModelRunner(model, cfg, device="cpu", dtype=torch.float32, num_pages=16, max_model_len=64,
                                      max_num_seqs=4, decode_buckets=(1, 4), prefill_buckets=(32,), capture=False,
-                                     fused=False, mixed=True, mixed_decode_buckets=(4,), decode_attention=kernel)
+                                     mixed=True, mixed_decode_buckets=(4,), decode_attention=kernel)
         assert mixed.mixed_graphs is not None and mixed.mixed_graphs.decode_tensor_cores is tc
     with pytest.raises(ValueError, match="cuda-cores, tensor-cores"):
         CudaGraphModelRunner(model, cfg, device="cpu", dtype=torch.float32, num_pages=16, max_model_len=64,
-                             max_num_seqs=4, prefill_buckets=(), capture=False, fused=False, decode_attention="tpu")
+                             max_num_seqs=4, prefill_buckets=(), capture=False, decode_attention="tpu")
 
 
 def test_set_async_plan_reaches_every_captured_decode_attention(fake_flashinfer) -> None:  # noqa: ANN001
@@ -255,7 +252,7 @@ def test_set_async_plan_reaches_every_captured_decode_attention(fake_flashinfer)
     model = LlamaModel(cfg, max_seq_len=64).init_random_(seed=0)
     runner = CudaGraphModelRunner(model, cfg, device="cpu", dtype=torch.float32, num_pages=16, max_model_len=64,
                                   max_num_seqs=4, decode_buckets=(1, 4), prefill_buckets=(32,), capture=False,
-                                  fused=False, mixed=True, mixed_decode_buckets=(4,), async_plan=True)
+                                  mixed=True, mixed_decode_buckets=(4,), async_plan=True)
     plain, mixed_dec = (SimpleNamespace(async_plan=True) for _ in range(2))
     runner.graphs._graphs = {4: SimpleNamespace(attn=plain)}
     runner.mixed_graphs._graphs = {(4, 32): SimpleNamespace(attn=MixedAttention(mixed_dec, None, 4))}

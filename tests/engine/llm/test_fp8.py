@@ -1,10 +1,5 @@
-"""fp8 option: weight/activation quantisation, fp8 linears in the model and the fused forward,
-the fp8 KV cache through the paged attention backends, and the option's validation.
-
-Numerics are checked against float references (the unquantised matmul, the fp32 model, fp32
-attention) with bounds derived from e4m3's 3 mantissa bits, never against numbers this code
-produced. The real ``torch._scaled_mm`` GPU path is checked in the GPU-marked tests at the end.
-"""
+"""fp8 option: quantisation, fp8 linears, the fp8 KV cache and the option's validation, against
+float references with bounds from e4m3's precision (GPU-marked tests at the end)."""
 
 from __future__ import annotations
 
@@ -37,7 +32,7 @@ from engine.llm.fp8 import (
     resolve_fp8_options,
     to_fp8_saturated,
 )
-from engine.llm.gpu_forward import FusedLlamaForward
+from models.orpheus.fused_forward import FusedLlamaForward
 from engine.llm.model_runner import ModelRunner, kv_bytes_per_page
 from engine.llm.scheduler import ScheduledBatch
 from engine.llm.sequence import SamplingParams, Sequence
@@ -429,7 +424,7 @@ def test_cli_maps_fp8_flags_and_rejects_cpu() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_build_orpheus_backend_refuses_fp8_on_cpu_before_loading() -> None:
     """build_orpheus_backend with an fp8 option on the CPU fails at start-up with a ValueError."""
-    from engine.llm.build import build_orpheus_backend
+    from models.orpheus.build import build_orpheus_backend
 
     for kw in (dict(kv_cache_dtype="fp8"), dict(quantization="fp8")):
         with pytest.raises(ValueError, match="CUDA"):

@@ -143,7 +143,7 @@ def test_prefill_graph_matches_eager_flashinfer() -> None:
 def test_graph_decode_fn_matches_eager_decode_requests() -> None:
     """The CUDA-graph decode_fn gives decode_requests' samples for a stream's windows."""
     pytest.importorskip("snac")
-    from engine.llm.codec_graphs import make_graph_decode_fn
+    from models.orpheus.codec_graphs import make_graph_decode_fn
     from models.orpheus.codec import SnacDecoder, StreamingDecoder, decode_requests
     from models.orpheus.loader import load_snac
 

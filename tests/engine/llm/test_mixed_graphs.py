@@ -1,8 +1,5 @@
-"""``MixedGraphs``: decode rows and fresh prompts in one graph replay (one pass over the
-weights). On the CPU the replay is emulated (the step function runs on the graph's static
-buffers), so what is tested is the packing: decode rows padded to a bucket, prompts packed and
-padded behind them, one sampler call, outputs split back; the tokens must be those of the two
-separate replays."""
+"""``MixedGraphs``: decode rows and fresh prompts packed into one (CPU-emulated) replay give the
+tokens of two separate replays."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ SAMPLED = dict(temperature=0.9, top_p=0.95, repetition_penalty=1.1)
 def _runner(model, *, mixed: bool, record: list[str]):
     from engine.llm.attention import torch_paged_attention_factory
     from engine.llm.cuda_graphs import CudaGraphModelRunner
-    from engine.llm.gpu_forward import FusedLlamaForward
+    from models.orpheus.fused_forward import FusedLlamaForward
     from tests.engine.llm.graph_emulation import emulate_mixed, emulate_replays
 
     runner = CudaGraphModelRunner(copy.deepcopy(model), model.config, device="cpu", dtype=torch.float32,
@@ -100,20 +97,20 @@ def test_a_mixed_step_samples_like_separate_replays(llm_model):
         for i in (3, 4):
             backend.add_job(i, f"{21 + i} {22 + i} {23 + i}", "v", dict(SAMPLED, seed=i, max_tokens=9))
         captured = []
-        real = runner._sample_in_graph
+        real = runner.head.sample
 
-        def spy(hidden, *extras, fresh_from, _real=real):  # noqa: ANN001, ANN202
-            out = _real(hidden, *extras, fresh_from=fresh_from)
-            captured.append((out[1], extras[5]))  # logits, slot + 1
+        def spy(hidden, r, _real=real):  # noqa: ANN001, ANN202
+            out = _real(hidden, r)
+            captured.append((out[1], r.rows + 1))  # logits, slot + 1 (padding: max_num_seqs + 1)
             return out
 
-        runner._sample_in_graph = spy
+        runner.head.sample = spy
         backend.step()
         assert record[-1] == ("mixed" if mixed else "prefill")
         rows = {}
         for lg, slot1 in captured:
             for row, s in zip(lg, slot1.tolist()):
-                if s > 0:
+                if 0 < s <= runner.max_num_seqs:
                     rows[s - 1] = row
         logits[mixed] = rows
         assert not runner.seen[3:5].any() or runner.seen[3:5].sum() <= 2  # reset, then one token each

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.models.orpheus.orpheus_fixtures import save_tiny_checkpoint
+from tests.models.orpheus.orpheus_fixtures import make_small_codec, save_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +21,9 @@ def hf_model(tiny_dir):
     from transformers import LlamaForCausalLM
 
     return LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def small_codec():
+    """A ``SnacDecoder`` over a random SNAC 24 kHz with a narrow decoder (fast on the CPU)."""
+    return make_small_codec()

@@ -1,9 +1,5 @@
-"""A contiguous-cache causal attention backend for CPU parity tests of ``LlamaModel``.
-
-Implements the ``AttentionBackend`` contract ``__call__(layer, q, k, v) -> o`` for a batch of
-sequences whose tokens are concatenated in the order of ``seq_ids``: each call appends the
-step's k/v to every sequence's per-layer cache, then attends causally over that sequence.
-"""
+"""A contiguous-cache causal attention backend (the ``AttentionBackend`` contract) for CPU parity
+tests of ``LlamaModel``."""
 
 from __future__ import annotations
 

@@ -59,3 +59,16 @@ def save_tiny_checkpoint(path: Path, seed: int = 0, **overrides) -> Path:
     model.save_pretrained(path)
     build_tokenizer().save_pretrained(path)
     return path
+
+
+def make_small_codec():
+    """A ``SnacDecoder`` over a random SNAC 24 kHz with a narrow decoder (fast on the CPU)."""
+    import snac
+
+    from models.orpheus.codec import SnacDecoder
+    from models.orpheus.loader import SNAC_24KHZ_CONFIG
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = snac.SNAC(**{**SNAC_24KHZ_CONFIG, "decoder_dim": 64, "encoder_dim": 8})
+    return SnacDecoder(model.eval())

@@ -1,0 +1,112 @@
+"""Loading the Orpheus program for the runtime: Llama-3B + SNAC, its codec graphs, its defaults.
+
+``load`` is what ``engine.llm.build.build_lm_backend`` calls (``--model orpheus``);
+``build_orpheus_backend`` is the same with Orpheus's own settings as keywords.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.llm.backend import LMBackend
+from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
+
+__all__ = ["ORPHEUS_DEFAULTS", "build_orpheus_backend", "load"]
+
+RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-start ramp
+AUTO_DECODE_CAP_CUDA = 384  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs): 11.1-11.8 ms served on an H200 (runs 24-26)
+# With fp8 weights (--quantization fp8), on H200s (docs/performance_history.md run 28): at cap 512, steps
+# of 11.2-11.8 ms once every stream was due left new streams barely above real time, and 500
+# streams underran at their start (93.4% on time; 87.2% at 512 streams in run 27); cap 448 kept
+# 500-512 streams on time on one GPU and 480-576 on another; 384 rows did not cover 512 streams' demand (39.4%).
+AUTO_DECODE_CAP_CUDA_FP8 = 448
+AUTO_DECODE_HORIZON_S_CUDA = 1.0  # scheduler.decode_horizon_s on CUDA: = CoreConfig.lookahead_slack_s, so segments generated ahead only fill
+AUTO_RAMP_STEPS_CUDA = (1024, 1536)  # ramp_step_samples: light load, under load (OrpheusProgram)
+# scheduler.decode_fill_seqs: rows filled with the next deadlines while fewer are due. On an H200,
+# 320 streams of 10 s over a 10 s ramp: 98.3% on time with 256 (run 17) against 78.5% with 64
+# (run 16), whose small steps (about 5 ms for 64 rows) left streams a second ahead at most
+AUTO_DECODE_FILL_CUDA = 256
+AUTO_PREFILL_WAIT_S_CUDA = 0.05  # scheduler.prefill_wait_s: a due prompt waits at most 50 ms for company
+AUTO_PREFILL_BATCH_CUDA = 8  # scheduler.prefill_batch_seqs: this many prompts go at once
+ORPHEUS_DEFAULTS = ServingDefaults(
+    decode_cap=AUTO_DECODE_CAP_CUDA, decode_cap_fp8=AUTO_DECODE_CAP_CUDA_FP8,
+    decode_horizon_s=AUTO_DECODE_HORIZON_S_CUDA, decode_fill_seqs=AUTO_DECODE_FILL_CUDA,
+    prefill_wait_s=AUTO_PREFILL_WAIT_S_CUDA, prefill_batch_seqs=AUTO_PREFILL_BATCH_CUDA,
+)
+
+
+def _ramp_steps(ramp_step_samples: int, device: str) -> dict[str, int | None]:
+    """OrpheusProgram's ramp settings: a fixed step, or (0) the automatic pair on CUDA."""
+    if ramp_step_samples:
+        return {"ramp_step_samples": ramp_step_samples, "loaded_ramp_step_samples": None}
+    light, loaded = AUTO_RAMP_STEPS_CUDA
+    return {"ramp_step_samples": light, "loaded_ramp_step_samples": loaded if device == "cuda" else None}
+
+
+def load(ctx: LoadContext) -> ProgramModel:
+    """Orpheus + SNAC on ``ctx.device``. Settings (``ctx.setting``): ``codec_path`` (local SNAC
+    dir or hub id), ``stateful_codec`` (default True: SNAC decodes each frame once per stream,
+    ``StreamingCodecGraphs``, CUDA graphs when graphs serve; False re-decodes a window per
+    frame), ``codec_dtype`` of the stateful codec ("auto": bf16 on CUDA, fp32 on the CPU;
+    "float32", "bfloat16"; the ramp's window decodes stay fp32), ``codec_compile`` (default:
+    with CUDA graphs; the stateful codec's channels-last step through ``torch.compile``),
+    ``ramp_step_samples`` (the fast-start ramp's lookahead growth per frame,
+    ``models.orpheus.codec.StreamingDecoder``; 0 = ``AUTO_RAMP_STEPS_CUDA`` on CUDA, the second
+    for segments that start under load, 1024 on the CPU)."""
+    import torch
+
+    from engine.llm.fp8 import quantise_decoder_linears_
+    from models.orpheus.codec import SnacDecoder
+    from models.orpheus.fused_forward import FusedLlamaForward
+    from models.orpheus.loader import SNAC_HUB_ID, load_orpheus, load_snac
+    from models.orpheus.program import OrpheusProgram
+
+    device = ctx.device
+    model, tokenizer, llama_config = load_orpheus(
+        ctx.model_id, device=device, dtype=ctx.dtype, load_format=ctx.load_format, max_seq_len=ctx.max_model_len
+    )
+    if ctx.quantise_fp8:
+        quantise_decoder_linears_(model)  # before the fused forward is built
+    codec_path = ctx.setting("codec_path", None) or SNAC_HUB_ID
+    codec = SnacDecoder(load_snac(codec_path, device=device, load_format=ctx.load_format)).to(device)
+    decode_fn = None
+    use_stateful = ctx.setting("stateful_codec", True)
+    # With the stateful codec the window decoder only serves the fast-start ramp (frames 1-4,
+    # all of them from the stream's start), so 4-frame windows suffice: a third less work.
+    window_frames = RAMP_WINDOW_FRAMES if use_stateful else None
+    if ctx.use_graphs:
+        from models.orpheus.codec_graphs import make_graph_decode_fn
+
+        decode_fn = make_graph_decode_fn(codec, window_frames=window_frames)  # all streams' windows, one replay
+    stream_codec = None
+    if use_stateful:  # each frame through SNAC once (models.orpheus.program)
+        from models.orpheus.codec_stream_graphs import StreamingCodecGraphs
+        from models.orpheus.snac_stream import StreamingSnac
+
+        codec_dtype_name = ctx.setting("codec_dtype", "auto")
+        if codec_dtype_name not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"codec_dtype must be auto, float32 or bfloat16, got {codec_dtype_name!r}")
+        if codec_dtype_name == "auto":
+            codec_dtype_name = "bfloat16" if device == "cuda" else "float32"
+        # torch.compile'd channels-last step on CUDA graphs: 1.14 ms for 64 rows in bf16 on the
+        # H200 vs 4.22 ms for the plain NCW layers (benchmark.gpu.codec_stream --compare); ~40 s of
+        # compilation at start-up.
+        compiled = ctx.setting("codec_compile", decode_fn is not None)
+        stream_codec = StreamingCodecGraphs(
+            StreamingSnac(codec, max_streams=ctx.max_num_seqs, device=device, dtype=getattr(torch, codec_dtype_name),
+                          channels_last=compiled, compile=compiled),
+            capture=decode_fn is not None)
+    program = OrpheusProgram(tokenizer, codec, model_name=ctx.model_id, decode_fn=decode_fn,
+                             stream_codec=stream_codec, window_frames=window_frames,
+                             **_ramp_steps(ctx.setting("ramp_step_samples", 0), device))
+    graph_forward = FusedLlamaForward.for_model(model) if ctx.use_graphs else None
+    return ProgramModel(program=program, model=model, kv_shape=llama_config, graph_forward=graph_forward,
+                        defaults=ORPHEUS_DEFAULTS)
+
+
+def build_orpheus_backend(model_path_or_id: str, **kwargs: Any) -> LMBackend:
+    """``build_lm_backend`` for Orpheus: the runtime's keywords and ``load``'s settings
+    (``codec_path``, ``stateful_codec``, ``codec_dtype``, ``codec_compile``, ``ramp_step_samples``)."""
+    from engine.llm.build import build_lm_backend
+
+    return build_lm_backend(load, model_path_or_id, **kwargs)

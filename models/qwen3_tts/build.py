@@ -1,0 +1,72 @@
+"""Loading the Qwen3-TTS program for the runtime (``--model qwen3-tts``, ``Qwen/Qwen3-TTS-...``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.llm.backend import LMBackend
+from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
+
+__all__ = ["QWEN3_DEFAULTS", "build_qwen3_backend", "load"]
+
+# Not yet measured on a GPU: no decode cap (every running stream decodes each step).
+QWEN3_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0)
+# The codec's batches: every stream decodes a frame per step (all decode rows), so its buckets
+# follow the decode rows'.
+CODEC_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, *range(96, 513, 32), *range(576, 2049, 64))
+
+
+def load(ctx: LoadContext) -> ProgramModel:
+    """Talker + code predictor on ``ctx.device`` in ``ctx.dtype``; the codec in ``codec_dtype``
+    ("auto": bfloat16 on CUDA, float32 on the CPU; "float32", "bfloat16"); the speaker encoder on
+    Base checkpoints."""
+    import torch
+
+    from engine.llm.fp8 import quantise_decoder_linears_
+    from models.qwen3_tts.codec import CodecStream
+    from models.qwen3_tts.loader import load_qwen3_tts
+    from models.qwen3_tts.program import Qwen3Forward, Qwen3Head, Qwen3Program, Qwen3Slots, StandInTokenizer
+
+    name = ctx.setting("codec_dtype", "auto")
+    if name == "auto":
+        name = "bfloat16" if ctx.device == "cuda" else "float32"
+    if name not in ("float32", "bfloat16"):
+        raise ValueError(f"codec_dtype must be auto, float32 or bfloat16, got {name!r}")
+    codec_dtype = getattr(torch, name)
+    model_id = ctx.model_id
+    loaded = load_qwen3_tts(model_id, device=ctx.device, dtype=ctx.dtype, codec_dtype=codec_dtype,
+                            load_format=ctx.load_format)
+    config = loaded.config
+    talker = loaded.model.talker
+    if ctx.quantise_fp8:
+        quantise_decoder_linears_(talker.model)
+    tokenizer = loaded.tokenizer or StandInTokenizer(config)
+    slots = Qwen3Slots(talker, ctx.max_num_seqs, ctx.device)
+    codec_stream = CodecStream(loaded.codec, ctx.max_num_seqs, device=ctx.device, dtype=codec_dtype)
+    program = Qwen3Program(talker, config, tokenizer, codec_stream, model_name=model_id, slots=slots,
+                           speaker_encoder=loaded.model.speaker_encoder)
+    if ctx.use_graphs:
+        program.make_codec_graphs([b for b in CODEC_BUCKETS if b <= ctx.max_num_seqs] or [ctx.max_num_seqs])
+    t = config.talker
+    shape = _KVShape(t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.vocab_size)
+    return ProgramModel(program=program, model=Qwen3Forward(talker, slots), kv_shape=shape,
+                        head=Qwen3Head(talker, slots), uses_token_rows=True, supports_mixed_graphs=False,
+                        defaults=QWEN3_DEFAULTS)
+
+
+class _KVShape:
+    """The KV cache's shape for the runtime (``engine.llm.model_runner``)."""
+
+    def __init__(self, layers: int, heads: int, kv_heads: int, head_dim: int, vocab_size: int) -> None:
+        self.num_hidden_layers = layers
+        self.num_attention_heads = heads
+        self.num_key_value_heads = kv_heads
+        self.head_dim = head_dim
+        self.vocab_size = vocab_size
+
+
+def build_qwen3_backend(model_path_or_id: str, **kwargs: Any) -> LMBackend:
+    """``build_lm_backend`` for Qwen3-TTS (the runtime's keywords and ``codec_dtype``)."""
+    from engine.llm.build import build_lm_backend
+
+    return build_lm_backend(load, model_path_or_id, **kwargs)

@@ -1,0 +1,156 @@
+"""The code predictor (``talker.code_predictor.*``) and ``decode_frame``: one frame's 16 codes.
+
+Static shapes only, so the whole of ``decode_frame`` can run inside a captured CUDA graph: no
+``.item()``, no branch on tensor values, a dense KV cache of fixed length ``num_code_groups``
+allocated per call, the 15 steps unrolled in Python (a fixed count).
+
+How the reference builds a frame (``Qwen3TTSTalkerForConditionalGeneration.forward`` and the code
+predictor's ``generate``): codebook 0 comes from the talker's ``codec_head`` on the talker's
+final hidden state, with the codec ids ``[vocab - 1024, vocab)`` suppressed except
+``codec_eos`` (and eos itself suppressed for the first ``min_new_tokens = 2`` frames). The code
+predictor then runs over positions 0..15 with plain RoPE: position 0 is the talker hidden
+state, position 1 the talker's embedding of code 0, position k >= 2 the code predictor's
+embedding table k-2 of code k-1 (each input through ``small_to_mtp_projection`` when the widths
+differ); ``lm_head[k-1]`` on position k's output gives code k.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from models.qwen3_tts.config import TalkerConfig
+from models.qwen3_tts.talker import Qwen3Layer, RMSNorm, rope_cos_sin, rope_inv_freq
+
+__all__ = ["CodePredictor", "SampleFn", "decode_frame", "code0_mask", "MIN_FRAMES_BEFORE_EOS"]
+
+# A sampler: logits [B, V] float32 and a salt (one per codebook, so each draws its own noise)
+# -> ids [B] int64 (column indices).
+SampleFn = Callable[[Tensor, int], Tensor]
+
+MIN_FRAMES_BEFORE_EOS = 2  # the reference's talker generate(min_new_tokens=2)
+
+
+class _PredictorBackbone(nn.Module):
+    """``talker.code_predictor.model.*``."""
+
+    def __init__(self, talker: TalkerConfig) -> None:
+        super().__init__()
+        c = talker.code_predictor
+        self.layers = nn.ModuleList(
+            Qwen3Layer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
+                       c.head_dim, c.rms_norm_eps, i) for i in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        # Tables for codebooks 1..G-1, in the *talker's* width (projected like the hidden state).
+        self.codec_embedding = nn.ModuleList(
+            nn.Embedding(c.vocab_size, talker.hidden_size) for _ in range(c.num_code_groups - 1))
+
+
+class _DenseCache:
+    """Per-call KV cache [B, S, Hkv, D] per layer; ``__call__`` is the attention contract over
+    inputs [B, n, H, D] written at the static offset ``self.offset``."""
+
+    def __init__(self, num_layers: int, batch: int, length: int, kv_heads: int, head_dim: int,
+                 like: Tensor) -> None:
+        shape = (batch, length, kv_heads, head_dim)
+        self.k = [like.new_zeros(shape) for _ in range(num_layers)]
+        self.v = [like.new_zeros(shape) for _ in range(num_layers)]
+        self.length = length
+        self.offset = 0
+
+    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        n, p = q.shape[1], self.offset
+        self.k[layer][:, p:p + n] = k
+        self.v[layer][:, p:p + n] = v
+        kc, vc = self.k[layer][:, :p + n], self.v[layer][:, :p + n]  # [B, S, Hkv, D] (S static)
+        rep = q.shape[2] // kc.shape[2]
+        kc, vc = kc.repeat_interleave(rep, dim=2), vc.repeat_interleave(rep, dim=2)  # [B, S, Hq, D]
+        scores = torch.einsum("bnhd,bshd->bhns", q.float(), kc.float()) * q.shape[-1] ** -0.5  # [B, Hq, n, S]
+        qpos = torch.arange(p, p + n, device=q.device)[:, None]
+        future = torch.arange(p + n, device=q.device)[None, :] > qpos  # [n, S]
+        scores = scores.masked_fill(future, float("-inf"))
+        o = torch.einsum("bhns,bshd->bnhd", scores.softmax(-1), vc.float())  # [B, n, Hq, D]
+        return o.to(q.dtype)
+
+
+class CodePredictor(nn.Module):
+    """``talker.code_predictor.*``: 5 Qwen3 layers (1.7B: x 1024) and 15 heads of 2048 codes."""
+
+    def __init__(self, talker: TalkerConfig) -> None:
+        super().__init__()
+        c = talker.code_predictor
+        self.config = c
+        self.model = _PredictorBackbone(talker)
+        self.lm_head = nn.ModuleList(nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+                                     for _ in range(c.num_code_groups - 1))
+        self.small_to_mtp_projection = (nn.Linear(talker.hidden_size, c.hidden_size, bias=True)
+                                        if c.hidden_size != talker.hidden_size else nn.Identity())
+        self.register_buffer("inv_freq", torch.empty(c.head_dim // 2), persistent=False)
+
+    @torch.no_grad()
+    def setup_rope(self, device: torch.device | str | None = None) -> None:
+        self.inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope_theta, device)
+
+    def _run(self, x: Tensor, cache: _DenseCache) -> Tensor:
+        """x [B, n, H_talker] at positions cache.offset.. -> normed hidden [B, n, H_cp]."""
+        b, n, _ = x.shape
+        h = self.small_to_mtp_projection(x)
+        pos = torch.arange(cache.offset, cache.offset + n, device=x.device)
+        cos, sin = rope_cos_sin(pos, self.inv_freq, h.dtype)  # [n, 1, D] broadcasts over [B, n, H, D]
+        for layer in self.model.layers:
+            h = layer(h, cos, sin, cache)
+        cache.offset += n
+        return self.model.norm(h)
+
+    def predict(self, hidden: Tensor, code0_embed: Tensor, sample: SampleFn) -> Tensor:
+        """hidden, code0_embed [B, H_talker] -> codes 1..G-1 [B, G-1] (salts 1..G-1)."""
+        c = self.config
+        cache = _DenseCache(c.num_hidden_layers, hidden.shape[0], c.num_code_groups, c.num_key_value_heads,
+                            c.head_dim, hidden)
+        h = self._run(torch.stack((hidden, code0_embed), dim=1), cache)[:, -1]  # [B, H_cp]
+        codes = []
+        for k in range(1, c.num_code_groups):
+            code = sample(self.lm_head[k - 1](h).float(), k)  # [B]
+            codes.append(code)
+            if k < c.num_code_groups - 1:
+                x = self.model.codec_embedding[k - 1](code)[:, None]  # [B, 1, H_talker]
+                h = self._run(x, cache)[:, -1]
+        return torch.stack(codes, dim=1)
+
+
+def code0_mask(config: TalkerConfig, device: torch.device | str | None = None) -> Tensor:
+    """bool [vocab]: the codec ids codebook 0 may take (the reference suppresses
+    ``[vocab - 1024, vocab)`` except eos: codes 0..2047, and eos)."""
+    allowed = torch.ones(config.vocab_size, dtype=torch.bool, device=device)
+    allowed[max(config.vocab_size - 1024, 0):] = False
+    allowed[config.codec_eos_token_id] = True
+    return allowed
+
+
+def decode_frame(talker: nn.Module, hidden: Tensor, sample: SampleFn, *, allowed: Tensor,
+                 eos_ok: Tensor | None = None, slots: Tensor | None = None,
+                 last_codes: Tensor | None = None) -> Tensor:
+    """One frame per row: talker hidden [B, H] -> codes [B, G] (codebook 0 may be eos).
+
+    ``allowed`` is ``code0_mask(...)`` (pass one tensor, built once). ``eos_ok`` bool [B]: rows that
+    may stop now (the reference forbids eos before frame ``MIN_FRAMES_BEFORE_EOS``); None = all.
+    Salt 0 samples codebook 0, salt k codebook k. With ``slots`` [B] and ``last_codes``
+    [num_slots, G] (the per-slot device state the next decode row embeds), the codes are also
+    written there (padding rows should point at a scratch slot).
+    """
+    cfg = talker.config
+    logits = talker.codec_logits(hidden)  # [B, V] float32
+    mask = allowed[None, :].expand_as(logits)
+    if eos_ok is not None:
+        eos = torch.arange(allowed.numel(), device=allowed.device) == cfg.codec_eos_token_id  # (capturable)
+        mask = mask & ~(eos[None, :] & ~eos_ok[:, None])
+    code0 = sample(logits.masked_fill(~mask, float("-inf")), 0)  # [B]
+    rest = talker.code_predictor.predict(hidden, talker.model.codec_embedding(code0), sample)  # [B, G-1]
+    codes = torch.cat((code0[:, None], rest), dim=1)
+    if last_codes is not None:
+        if slots is None:
+            raise ValueError("decode_frame: last_codes needs slots")
+        last_codes.index_copy_(0, slots, codes)
+    return codes

@@ -1,0 +1,420 @@
+"""The Qwen3-TTS program: text streamed into the talker's dual track, 16 codebooks a frame, the
+12 Hz codec decoded once per frame per stream.
+
+What the runtime sees (``engine.llm.program``):
+- a turn is one sequence (``input_streaming``): text arrives through ``push_text``; the prompt is
+  built once the first text token is final (``prompt_ids``); each decode row's input is the next
+  text-track token (``next_input``: the text, then ``tts_eos`` after the turn's end, then
+  ``tts_pad``), packed with ``LAST_FRAME`` so the embedding adds the previous frame's 16 codes
+  from the per-slot state; a row whose text has not arrived pauses the sequence;
+- the token head (``Qwen3Head``) samples a whole frame inside the step: codebook 0 from the
+  talker's codec head (specials suppressed, eos banned for the first frames, the repetition
+  penalty over the row's own code-0 ids), codebooks 1-15 from the code predictor; tokens are
+  ``[B, 16]`` and eos on codebook 0 stops;
+- per-slot device state (``Qwen3Slots``): the last frame's codes (written by the head, read by
+  the next step's embedding) and a cloned voice's x-vector (written in ``bind_slot``);
+- audio: each frame of each stream through ``CodecStream`` once (all streams of a step in one
+  call, a CUDA graph per batch bucket on the GPU, on the codec's own CUDA stream); the codec is
+  causal, so a frame's 1,920 samples go out at once and nothing is left at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import unicodedata
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from engine.backend import BackendInfo, OptionError
+from engine.llm.program import Collect
+from engine.llm.sampler import Sampler
+from engine.llm.sequence import SamplingParams
+from engine.llm.token_head import RowInputs
+from models.qwen3_tts.code_predictor import MIN_FRAMES_BEFORE_EOS, code0_mask, decode_frame
+from models.qwen3_tts.config import Qwen3TTSConfig
+from models.qwen3_tts.prompt import TextStream, TextTokenizer, build_prompt, languages, speakers
+from models.qwen3_tts.talker import XVECTOR, Talker, pack, unpack
+
+__all__ = ["LAST_FRAME", "Qwen3Forward", "Qwen3Head", "Qwen3Program", "Qwen3Slots", "Qwen3State",
+           "SAMPLES_PER_FRAME", "StandInTokenizer"]
+
+LAST_FRAME = XVECTOR - 1  # 4093: a decode row's codec track is its slot's previous frame
+SAMPLES_PER_FRAME = 1920  # 80 ms at 24 kHz
+FRAMES_PER_SECOND = 12.5
+# The reference's generation defaults (talker and code predictor alike).
+DEFAULT_OPTIONS: dict[str, Any] = {"temperature": 0.9, "top_p": 1.0, "top_k": 50, "repetition_penalty": 1.05,
+                                   "max_tokens": 1500, "language": "auto", "instruct": None, "seed": None}
+OPTION_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "top_k": (0, 2048), "repetition_penalty": (0.5, 2.0),
+                 "max_tokens": (1, 8192)}
+# Scripts the model's ten languages are written in (unicodedata names start with these words).
+_SCRIPTS = ("LATIN", "CJK", "HIRAGANA", "KATAKANA", "HANGUL", "CYRILLIC", "IDEOGRAPHIC", "FULLWIDTH", "HALFWIDTH",
+            "DIGIT", "SPACE", "BOPOMOFO")
+
+
+class Qwen3Slots:
+    """Per-slot device state shared by the forward and the head (row ``max_num_seqs``: padding)."""
+
+    def __init__(self, talker: Talker, max_num_seqs: int, device: torch.device | str) -> None:
+        cfg = talker.config
+        s = max_num_seqs + 1
+        dtype = talker.codec_head.weight.dtype
+        self.last_codes = torch.zeros(s, cfg.num_code_groups, dtype=torch.int64, device=device)  # [S, 16]
+        self.xvectors = torch.zeros(s, cfg.hidden_size, dtype=dtype, device=device)  # [S, H]
+        self.seen = torch.zeros(s, cfg.vocab_size, dtype=torch.bool, device=device)  # code-0 ids generated
+
+
+class Qwen3Forward:
+    """``forward(ids [T], positions [T], attn, token_rows [T]) -> hidden [T, H]``: packed ids
+    (``talker.pack``) whose codec field is a codec id, ``NO_CODEC``, ``XVECTOR`` (the row's
+    x-vector) or ``LAST_FRAME`` (the row's previous frame, 16 codes summed)."""
+
+    def __init__(self, talker: Talker, slots: Qwen3Slots) -> None:
+        self.talker = talker
+        self.slots = slots
+
+    def __call__(self, ids: Tensor, positions: Tensor, attn: Any, token_rows: Tensor) -> Tensor:
+        t = self.talker
+        text_ids, codec = unpack(ids)
+        x = t.embed_text(text_ids)  # [T, H]
+        is_codec = codec < LAST_FRAME
+        cemb = t.model.codec_embedding(torch.where(is_codec, codec, torch.zeros_like(codec)))  # [T, H]
+        track = torch.where(is_codec[:, None], cemb, torch.zeros_like(cemb))
+        xv = self.slots.xvectors.index_select(0, token_rows)  # [T, H]
+        track = torch.where((codec == XVECTOR)[:, None], xv.to(track.dtype), track)
+        frame = t.embed_codes(self.slots.last_codes.index_select(0, token_rows))  # [T, H]
+        track = torch.where((codec == LAST_FRAME)[:, None], frame.to(track.dtype), track)
+        return t(x + track, positions, attn)  # [T, H]
+
+
+class Qwen3Head:
+    """``TokenHead``: one frame of 16 codes per row (``decode_frame``), written to the slots' state."""
+
+    def __init__(self, talker: Talker, slots: Qwen3Slots) -> None:
+        self.talker = talker
+        self.slots = slots
+        self.num_columns = talker.config.num_code_groups
+        self.allowed = code0_mask(talker.config, talker.codec_head.weight.device)  # [V]
+        self.sampler = Sampler()
+
+    def reset(self, rows: Tensor) -> None:
+        self.slots.seen.index_fill_(0, rows, False)
+
+    def sample(self, hidden: Tensor, r: RowInputs) -> tuple[Tensor, Tensor]:
+        seen = self.slots.seen.index_select(0, r.rows)  # [B, V]
+        no_penalty = torch.ones_like(r.repetition_penalty)
+
+        def sample(logits: Tensor, salt: int) -> Tensor:  # codebook ``salt`` (0: the talker's head)
+            return self.sampler(
+                logits, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seeds=r.seeds, steps=r.steps,
+                repetition_penalty=r.repetition_penalty if salt == 0 else no_penalty,
+                seen=seen if salt == 0 else None, all_greedy=r.all_greedy, any_top_p=r.any_top_p, salt=salt)
+
+        codes = decode_frame(self.talker, hidden, sample, allowed=self.allowed,
+                             eos_ok=r.steps >= MIN_FRAMES_BEFORE_EOS, slots=r.rows,
+                             last_codes=self.slots.last_codes)  # [B, 16]
+        code0 = codes[:, 0]
+        self.slots.seen[r.rows, code0] = self.slots.seen[r.rows, code0] | r.keep
+        return codes, codes
+
+
+class StandInTokenizer:
+    """``--load-format dummy`` without tokenizer files: the Qwen2 pre-tokenizer's pieces, each one
+    id (a hash), the template's special tokens at their ids. About Qwen's token counts for
+    English (a word, its space and its punctuation), deterministic, no files."""
+
+    def __init__(self, config: Qwen3TTSConfig) -> None:
+        from tokenizers import Regex, pre_tokenizers
+
+        from models.qwen3_tts.prompt import QWEN2_SPLIT_PATTERN
+
+        self._split = pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False)
+        self._special = {"<|im_start|>": config.im_start_token_id, "<|im_end|>": config.im_end_token_id}
+        self._span = max(1, min(100_000, config.tts_pad_token_id - 2000))
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> Any:
+        ids: list[int] = []
+        words: list[int | None] = []
+        word = 0
+        for part in _split_special(text, self._special):
+            if part in self._special:
+                ids.append(self._special[part])
+                words.append(None)
+                continue
+            for piece, _ in self._split.pre_tokenize_str(part):
+                ids.append(1000 + zlib.crc32(piece.encode()) % self._span)
+                words.append(word)
+                word += 1
+        return _Encoding(ids, words)
+
+
+@dataclass
+class _Encoding:
+    ids: list[int]
+    word_ids: list[int | None]
+
+
+def _split_special(text: str, special: dict[str, int]) -> list[str]:
+    out, i = [], 0
+    while i < len(text):
+        j = min((text.find(s, i) for s in special if text.find(s, i) >= 0), default=-1)
+        if j < 0:
+            out.append(text[i:])
+            break
+        if j > i:
+            out.append(text[i:j])
+        tok = next(s for s in special if text.startswith(s, j))
+        out.append(tok)
+        i = j + len(tok)
+    return [p for p in out if p]
+
+
+@dataclass
+class Qwen3State:
+    """One turn: its voice, options, text so far (as final token ids) and codec progress."""
+
+    speaker: str | None
+    language: str
+    instruct_ids: list[int] | None
+    stream: TextStream
+    xvector: Tensor | None = None
+    text_ids: list[int] = field(default_factory=list)  # final text token ids received
+    is_final: bool = False
+    prefix: list[int] | None = None  # the prompt (built once the first text id is final)
+    slot: int = -1
+    num_frames: int = 0  # frames through the codec
+
+
+class Qwen3Program:
+    """Qwen3-TTS 12 Hz over the runtime; see the module docstring."""
+
+    input_streaming = True
+    reserve_tokens = 256  # KV tokens at admission (about 20 s of audio); pages are added as it grows
+
+    def __init__(self, talker: Talker, config: Qwen3TTSConfig, tokenizer: Any, codec_stream: Any, *,
+                 model_name: str = "qwen3-tts", slots: Qwen3Slots, speaker_encoder: Any = None,
+                 codec_graphs: Any = None, seed_rng: random.Random | None = None) -> None:
+        self.talker = talker
+        self.config = config
+        self.tokenizer = tokenizer if isinstance(tokenizer, TextTokenizer) else TextTokenizer(tokenizer)
+        self.codec_stream = codec_stream
+        self.codec_graphs = codec_graphs  # BatchGraphs of the codec step, or None (eager)
+        self.slots = slots
+        self.speaker_encoder = speaker_encoder
+        self._seed_rng = seed_rng or random.Random()
+        self.stop_ids = frozenset({config.talker.codec_eos_token_id})
+        self.vocab_ids = None
+        self.allowed_table = None
+        self._cuda_stream = None
+        dev = slots.last_codes.device
+        if dev.type == "cuda":
+            self._cuda_stream = torch.cuda.Stream(dev)
+        self._totals = {"codec_frames": 0}
+        voices = tuple(speakers(config))
+        ranges: dict[str, Any] = {n: {"min": lo, "max": hi, "default": DEFAULT_OPTIONS[n]}
+                                  for n, (lo, hi) in OPTION_RANGES.items()}
+        ranges["seed"] = {"min": 0, "max": 2**63 - 1, "default": None}
+        ranges["language"] = {"choices": languages(config), "default": "auto"}
+        if config.supports_instruct:
+            ranges["instruct"] = {"type": "string", "default": None}
+        self.info = BackendInfo(model=model_name, voices=voices, default_voice=voices[0] if voices else "",
+                                sample_rate=24000, options=ranges, input_streaming=True)
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def validate(self, voice: str | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        served = self.info.voices
+        if voice is None or voice == "":
+            if not served:
+                raise OptionError("unknown_voice", "this checkpoint has no built-in speakers: register a voice "
+                                  "(POST /v1/voices) and name it in start")
+            voice = self.info.default_voice
+        if voice.lower() not in served:
+            raise OptionError("unknown_voice", f"unknown voice {voice!r}; voices: {', '.join(served) or 'none'}")
+        unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
+        if unknown:
+            raise OptionError("invalid_option", f"unknown option {unknown[0]!r}; options: {', '.join(DEFAULT_OPTIONS)}")
+        out = dict(DEFAULT_OPTIONS)
+        for name, value in options.items():
+            out[name] = self._option(name, value)
+        return voice.lower(), out
+
+    def _option(self, name: str, value: Any) -> Any:
+        if name == "seed":
+            if value is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+                raise OptionError("invalid_option", f"seed must be an integer in [0, 2^63), got {value!r}")
+            return value
+        if name == "language":
+            if not isinstance(value, str) or value.lower() not in languages(self.config):
+                raise OptionError("invalid_option", f"unknown language {value!r}; languages: "
+                                  f"{', '.join(languages(self.config))}")
+            return value.lower()
+        if name == "instruct":
+            if value is None:
+                return None
+            if not self.config.supports_instruct:
+                raise OptionError("invalid_option", "this checkpoint does not take an instruct")
+            if not isinstance(value, str) or len(value) > 1000:
+                raise OptionError("invalid_option", "instruct must be a string of at most 1000 characters")
+            return value
+        lo, hi = OPTION_RANGES[name]
+        is_int = name in ("top_k", "max_tokens")
+        ok = isinstance(value, int) if is_int else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok or not math.isfinite(value) or not lo <= value <= hi:
+            raise OptionError("invalid_option", f"{name} must be {'an integer' if is_int else 'a number'} in "
+                              f"[{lo}, {hi}], got {value!r}")
+        if name == "top_p" and value <= 0:
+            raise OptionError("invalid_option", f"top_p must be in (0, 1], got {value!r}")
+        return int(value) if is_int else float(value)
+
+    def sampling_params(self, options: dict[str, Any]) -> SamplingParams:
+        seed = options.get("seed")
+        return SamplingParams(
+            temperature=float(options["temperature"]), top_p=float(options["top_p"]), top_k=int(options["top_k"]),
+            repetition_penalty=float(options["repetition_penalty"]), max_tokens=int(options["max_tokens"]),
+            seed=self._seed_rng.getrandbits(63) if seed is None else int(seed),
+        )
+
+    def new_state(self, voice: str, options: dict[str, Any]) -> Qwen3State:
+        instruct = options.get("instruct")
+        return Qwen3State(
+            speaker=voice or None, language=options.get("language", "auto"),
+            instruct_ids=self.tokenizer.instruct_ids(instruct) if instruct else None,
+            stream=TextStream(self.tokenizer),
+        )
+
+    # -- text -------------------------------------------------------------------------------
+
+    def push_text(self, state: Qwen3State, text: str, *, flush: bool, final: bool) -> None:
+        if state.is_final:
+            return
+        _check_script(text)
+        ids = state.stream.push(text) if text else []
+        if final or flush:  # flush: release the last word too; later text starts a new piece
+            ids = ids + state.stream.end()
+            if not final:
+                state.stream = TextStream(self.tokenizer)
+        state.text_ids.extend(ids)
+        state.is_final = final
+
+    def prompt_ids(self, state: Qwen3State) -> list[int] | None:
+        if state.prefix is None and state.text_ids:
+            prompt = build_prompt(self.config, state.text_ids[:1], role_ids=self.tokenizer.role_ids,
+                                  language=state.language, speaker=state.speaker, xvector=state.xvector is not None,
+                                  instruct_ids=state.instruct_ids)
+            state.prefix = prompt.packed
+        return state.prefix
+
+    def next_input(self, state: Qwen3State, position: int) -> int | None:
+        k = position  # the row that generates frame ``position`` feeds back frame position - 1 ...
+        track = len(state.text_ids) - 1  # ... with text-track entry position - 1 (the prompt holds text 0)
+        if k - 1 < track:
+            return pack(state.text_ids[k], LAST_FRAME)
+        if not state.is_final:
+            return None  # the text has run out on a turn that goes on: pause
+        text = self.config.tts_eos_token_id if k - 1 == track else self.config.tts_pad_token_id
+        return pack(text, LAST_FRAME)
+
+    def bind_slot(self, state: Qwen3State, slot: int) -> None:
+        state.slot = slot
+        state.num_frames = 0
+        if state.xvector is not None:
+            self.slots.xvectors[slot].copy_(state.xvector.to(self.slots.xvectors.dtype), non_blocking=True)
+
+    def allowed_row(self, state: Qwen3State, ahead: int = 0) -> int:
+        return 0
+
+    def note_step_interval(self, seconds: float) -> None:
+        pass
+
+    def note_due(self, state: Qwen3State, due_in_s: float) -> None:
+        pass
+
+    def release(self, state: Qwen3State) -> None:
+        pass
+
+    def totals(self) -> dict[str, int]:
+        return dict(self._totals)
+
+    # -- frames -> audio --------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _on_codec_stream(self) -> Iterator[None]:
+        if self._cuda_stream is None:
+            yield
+        else:
+            with torch.cuda.stream(self._cuda_stream):
+                yield
+
+    def launch_postprocess(self, states: list[Qwen3State], tokens: list[Any]) -> Collect:
+        """Every row's frame through the streaming codec, one batched call."""
+        if not states:
+            return lambda: []
+        fresh = [s.slot for s in states if s.num_frames == 0]
+        for s in states:
+            s.num_frames += 1
+        self._totals["codec_frames"] += len(states)
+        dev = self.slots.last_codes.device
+        with self._on_codec_stream():
+            if fresh:
+                self.codec_stream.reset(torch.tensor(fresh, dtype=torch.int64).to(dev, non_blocking=True))
+            slots = torch.tensor([s.slot for s in states], dtype=torch.int64).to(dev, non_blocking=True)
+            codes = torch.tensor(tokens, dtype=torch.int64).to(dev, non_blocking=True)  # [N, 16]
+            if self.codec_graphs is not None:
+                from engine.llm.host_copy import start_host_copy
+
+                pcm: list[Tensor] = []
+                waits = []
+                largest = self.codec_graphs.max_batch_size
+                for i in range(0, len(states), largest):
+                    (out,) = self.codec_graphs.run(slots[i:i + largest] + 1, codes[i:i + largest])
+                    waits.append(start_host_copy(out))
+                return lambda: [row.numpy() for wait in waits for row in wait()]
+            with torch.inference_mode():
+                out = self.codec_stream.step(slots, codes).float().cpu()  # [N, 1920]
+        return lambda: [row.numpy() for row in out]
+
+    def launch_finish(self, states: list[Qwen3State]) -> Collect:
+        """The codec is causal: a finished turn has no audio left."""
+        return lambda: [None] * len(states)
+
+    def make_codec_graphs(self, buckets: Any) -> Any:
+        """Capture the codec step per batch bucket (CUDA): inputs slot + 1 (0: padding, the
+        scratch slot) and the frame's codes."""
+        from engine.llm.cuda_graphs import BatchGraphs
+
+        stream = self.codec_stream
+        scratch = stream.scratch_slot
+        g = self.config.talker.num_code_groups
+
+        def step(slot1: Tensor, codes: Tensor) -> Tensor:
+            slots = torch.where(slot1 > 0, slot1 - 1, torch.full_like(slot1, scratch))
+            return stream.step(slots, codes).float()
+
+        graphs = BatchGraphs(step, [((), torch.int64), ((g,), torch.int64)], buckets=buckets,
+                             device=self.slots.last_codes.device)
+        graphs.capture(desc="qwen3 codec graphs")
+        self.codec_graphs = graphs
+        return graphs
+
+
+def _check_script(text: str) -> None:
+    """Refuse letters of scripts none of the model's languages is written in (that stream only)."""
+    for ch in text:
+        if ch.isascii() or not ch.isalpha():
+            continue
+        name = unicodedata.name(ch, "")
+        if not name.startswith(_SCRIPTS):
+            script = name.split(" ")[0] if name else f"U+{ord(ch):04X}"
+            raise ValueError(f"Qwen3-TTS cannot speak text in the {script.title()} script ({ch!r}); it speaks "
+                             "Chinese, English, Japanese, Korean, German, French, Russian, Portuguese, Spanish "
+                             "and Italian")
+

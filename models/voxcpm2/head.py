@@ -1,0 +1,102 @@
+"""``PatchHead``: the runtime's token head for VoxCPM2 — a patch of latents per step and a stop flag.
+
+Inside the captured step, for each row's last hidden state [2H] (backbone | residual):
+
+1. ``mu`` = the two streams projected to the DiT width; the condition is the slot's previous
+   patch (``SlotFeatures.last``: zeros before the first patch, or a continuation prompt's last
+   patch);
+2. noise [D, P] from (seed, patch index, element) (``flow.patch_noise``; ``RowInputs.steps`` is
+   the patch index), integrated by ``flow.euler_solve`` with the slot's own step count and
+   guidance scale;
+3. the stop head on the backbone stream; stop is ignored while the patch index is <= the slot's
+   ``min_len`` (the reference's ``i > min_len``: at least ``min_len + 2`` patches);
+4. the patch is written to ``SlotFeatures.last[slot]`` (the next decode row's input and the next
+   condition) and to the slot's ring ``ring[slot, index % R]`` (what the VAE stream decodes).
+
+What it returns as tokens, int64 [B, 2]: column 0 is the id the runtime feeds back and checks
+for stop: ``model.LAST_PATCH`` to go on, ``model.STOP`` when this patch is the last one (the
+patch of a stop step is real audio and is in the ring: the reference keeps it too); column 1 is
+the patch index. Once a slot has stopped, its state is frozen (later steps already in flight for
+it write nothing and return STOP again) until ``reset`` for a new sequence.
+
+Per-slot settings (``configure``): the Euler schedule (padded to ``max_steps`` updates), the
+guidance scale, ``min_len`` and the first condition. ``reset(rows)`` (the runtime, at a new
+sequence's first step, after the program configured the slot) clears only the stop flag.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from engine.llm.token_head import RowInputs
+from models.voxcpm2.flow import NoiseFn, euler_solve, patch_noise, schedule
+from models.voxcpm2.model import LAST_PATCH, STOP, SlotFeatures, VoxCPM2Model
+
+__all__ = ["PatchHead"]
+
+
+class PatchHead:
+    num_columns = 2
+
+    def __init__(self, model: VoxCPM2Model, feats: SlotFeatures, *, max_num_seqs: int, max_steps: int = 10,
+                 ring_patches: int = 16, noise: NoiseFn = patch_noise) -> None:
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if ring_patches < 1:
+            raise ValueError(f"ring_patches must be >= 1, got {ring_patches}")
+        c = model.config
+        dev = feats.last.device
+        self.model, self.feats, self.noise = model, feats, noise
+        self.max_steps, self.ring_patches = max_steps, ring_patches
+        self.patch_size, self.feat_dim = c.patch_size, c.feat_dim
+        rows = max_num_seqs + 1  # the last row is the padding rows'
+        self.ring = torch.zeros(rows, ring_patches, c.patch_size, c.feat_dim, device=dev, dtype=feats.last.dtype)
+        self.done = torch.zeros(rows, dtype=torch.bool, device=dev)
+        self.cfg = torch.full((rows,), 2.0, device=dev)
+        self.min_len = torch.full((rows,), 2, dtype=torch.int64, device=dev)
+        self.t = torch.zeros(rows, max_steps, device=dev)
+        self.dt = torch.zeros(rows, max_steps, device=dev)
+        self.live = torch.zeros(rows, max_steps, dtype=torch.bool, device=dev)
+        self.configure(max_num_seqs, steps=min(10, max_steps), cfg=2.0, min_len=2)
+
+    def configure(self, slot: int, *, steps: int, cfg: float, min_len: int, cond: Tensor | None = None) -> None:
+        """Set a slot's generation settings (host-side, before its sequence's first step)."""
+        if not 1 <= steps <= self.max_steps:
+            raise ValueError(f"steps must be in [1, {self.max_steps}], got {steps}")
+        t, dt, live = schedule(steps).padded(self.max_steps)
+        self.t[slot] = torch.tensor(t)
+        self.dt[slot] = torch.tensor(dt)
+        self.live[slot] = torch.tensor(live)
+        self.cfg[slot] = float(cfg)
+        self.min_len[slot] = int(min_len)
+        last = self.feats.last
+        last[slot] = 0 if cond is None else cond.to(last.device, last.dtype)
+        self.done[slot] = False
+
+    def reset(self, rows: Tensor) -> None:
+        self.done.index_fill_(0, rows, False)
+
+    def sample(self, hidden: Tensor, r: RowInputs) -> tuple[Tensor, Tensor]:
+        model, rows = self.model, r.rows
+        dtype = hidden.dtype
+        mu = model.dit_condition(hidden)  # [B, 2 Hd]
+        last = self.feats.last
+        cond = last.index_select(0, rows).transpose(1, 2).to(dtype)  # [B, D, P]
+        z = self.noise(r.seeds, r.steps, self.feat_dim, self.patch_size).to(dtype)
+        x = euler_solve(model.feat_decoder.estimator, z, mu, cond, t=self.t.index_select(0, rows),
+                        dt=self.dt.index_select(0, rows), live=self.live.index_select(0, rows),
+                        cfg=self.cfg.index_select(0, rows), mean_mode=model.config.dit.mean_mode)
+        patch = x.transpose(1, 2).to(last.dtype)  # [B, P, D]
+        logits = model.stop_logits(hidden.chunk(2, dim=-1)[0])  # [B, 2]
+        may_stop = r.steps > self.min_len.index_select(0, rows)
+        stop = (logits[:, 1] > logits[:, 0]) & may_stop
+        was_done = self.done.index_select(0, rows)
+        write = r.keep & ~was_done  # [B]
+        w = write.view(-1, 1, 1)
+        last.index_copy_(0, rows, torch.where(w, patch, last.index_select(0, rows)))
+        ring_pos = r.steps % self.ring_patches
+        self.ring[rows, ring_pos] = torch.where(w, patch, self.ring[rows, ring_pos])
+        self.done.index_copy_(0, rows, was_done | (write & stop))
+        col0 = torch.where(stop | was_done, torch.full_like(r.steps, STOP), torch.full_like(r.steps, LAST_PATCH))
+        return torch.stack((col0, r.steps), dim=1), logits

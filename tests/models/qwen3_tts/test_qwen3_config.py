@@ -1,0 +1,102 @@
+"""Config presets, config.json round trips, validation helpers and the dummy loader."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from models.qwen3_tts.codec import CodecStream
+from models.qwen3_tts.config import PRESETS, CodecConfig, Qwen3TTSConfig, TalkerConfig
+from models.qwen3_tts.loader import load_qwen3_tts
+from models.qwen3_tts.prompt import build_prompt, languages, resolve_language, resolve_speaker, speakers
+from models.qwen3_tts.talker import NO_CODEC, XVECTOR, Qwen3TTSModel, pack, unpack
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_round_trip_through_config_json(name):
+    """Every preset survives to_hf_dict -> from_hf_dict unchanged."""
+    cfg = PRESETS[name]
+    again = Qwen3TTSConfig.from_hf_dict(cfg.to_hf_dict(), cfg.codec.to_hf_dict())
+    assert again == cfg
+
+
+def test_real_model_geometry_builds_on_meta():
+    """The 1.7B preset has the projection between talker (2048) and predictor (1024); 0.6B has none."""
+    with torch.device("meta"):
+        big = Qwen3TTSModel(PRESETS["qwen3-tts-1.7b-customvoice"])
+        small = Qwen3TTSModel(PRESETS["qwen3-tts-0.6b-base"])
+    assert "talker.code_predictor.small_to_mtp_projection.weight" in big.state_dict()
+    assert "talker.code_predictor.small_to_mtp_projection.weight" not in small.state_dict()
+    assert small.speaker_encoder is not None and big.speaker_encoder is None
+    n = sum(p.numel() for p in big.parameters())
+    assert 1.5e9 < n < 2.2e9, n
+    assert PRESETS["qwen3-tts-1.7b-customvoice"].codec.samples_per_frame == 1920
+
+
+def test_bad_configs_raise_value_error():
+    """Inconsistent configs are refused with ValueError naming the problem."""
+    with pytest.raises(ValueError, match="mrope_section"):
+        TalkerConfig(head_dim=64)
+    with pytest.raises(ValueError, match="speaker_encoder"):
+        dataclasses.replace(PRESETS["tiny"], tts_model_type="base")
+    with pytest.raises(ValueError, match="num_quantizers"):
+        dataclasses.replace(PRESETS["tiny"], codec=CodecConfig(num_quantizers=8))
+    with pytest.raises(ValueError, match="qwen3_tts"):
+        Qwen3TTSConfig.from_hf_dict({"model_type": "llama"})
+
+
+def test_pack_round_trip():
+    """pack/unpack keep a text id and a codec field (ids, NO_CODEC, XVECTOR) apart."""
+    text = torch.tensor([0, 151671, 151935, 42])
+    codec = torch.tensor([2149, NO_CODEC, XVECTOR, 0])
+    t, c = unpack(pack(text, codec))
+    assert t.tolist() == text.tolist() and c.tolist() == codec.tolist()
+
+
+def test_unknown_speaker_and_language_list_what_is_served():
+    """Validation errors name the served speakers and languages."""
+    cfg = PRESETS["qwen3-tts-1.7b-customvoice"]
+    assert "ryan" in speakers(cfg) and "english" in languages(cfg) and "beijing_dialect" not in languages(cfg)
+    with pytest.raises(ValueError, match="served speakers: aiden, dylan"):
+        resolve_speaker(cfg, "bob")
+    with pytest.raises(ValueError, match="served languages: auto, chinese"):
+        resolve_language(cfg, "klingon")
+    assert resolve_speaker(cfg, "Ryan") == "ryan" and resolve_language(cfg, None) == "auto"
+    with pytest.raises(ValueError, match="cannot clone"):
+        build_prompt(cfg, [1], role_ids=[151644, 2, 3], xvector=True)
+
+
+def test_dummy_load_makes_audible_audio():
+    """--load-format dummy: random weights, no files, a codec whose streamed output is not silent."""
+    loaded = load_qwen3_tts("tiny", load_format="dummy", dtype=torch.float32)
+    assert loaded.tokenizer is None
+    stream = CodecStream(loaded.codec, max_slots=1)
+    codes = torch.randint(0, 2048, (4, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        pcm = torch.cat([stream.step(torch.tensor([0]), codes[t:t + 1])[0] for t in range(4)])
+        whole = loaded.codec(codes[None])[0]
+    assert float(pcm.abs().max()) > 1e-3
+    assert float((pcm - whole).abs().max()) <= 1e-5 * float(whole.abs().max())
+
+
+def test_dummy_load_reads_a_folders_config(tmp_path):
+    """A folder with only config.json gives that config and random weights."""
+    import json
+
+    cfg = PRESETS["tiny-base"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+    (tmp_path / "speech_tokenizer").mkdir()
+    (tmp_path / "speech_tokenizer" / "config.json").write_text(json.dumps(cfg.codec.to_hf_dict()))
+    loaded = load_qwen3_tts(tmp_path, load_format="dummy", dtype=torch.float32)
+    assert loaded.config == cfg and loaded.model.speaker_encoder is not None
+
+
+def test_missing_weights_fail_clearly(tmp_path):
+    """A folder without weights raises FileNotFoundError naming it."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(PRESETS["tiny"].to_hf_dict()))
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_qwen3_tts(tmp_path, dtype=torch.float32)

@@ -1,0 +1,242 @@
+"""The Qwen3-TTS program served by the runtime (LMBackend): reference parity through the runtime,
+input streaming (word by word, pauses), batch invariance, bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from engine.backend import OptionError
+from tests.models.qwen3_tts.qwen3_fixtures import GEN_JOBS
+
+SAMPLED = {"temperature": 0.9, "top_k": 50, "top_p": 0.95, "max_tokens": 24}
+
+
+def _backend(model: str = "tiny", **kw: Any) -> Any:
+    from models.qwen3_tts.build import build_qwen3_backend
+
+    kw.setdefault("load_format", "dummy")
+    return build_qwen3_backend(model, device="cpu", max_num_seqs=8, max_model_len=512, warmup=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Any:
+    return _backend()
+
+
+def _record(backend: Any) -> dict[int, list[list[int]]]:
+    """A fresh dict: job tag -> the frames (16 codes each) the program is given from now on."""
+    program = backend.program
+    if not hasattr(program, "_test_frames"):
+        real, real_new = program.launch_postprocess, program.new_state
+        tags: dict[int, int] = {}
+
+        def launch(states, tokens):  # noqa: ANN001, ANN202
+            for st, row in zip(states, tokens):
+                program._test_frames.setdefault(tags[id(st)], []).append(list(row))
+            return real(states, tokens)
+
+        def new_state(voice, options):  # noqa: ANN001, ANN202
+            st = real_new(voice, options)
+            tags[id(st)] = options["tag"]
+            return st
+
+        program.launch_postprocess, program.new_state = launch, new_state
+    program._test_frames = {}
+    return program._test_frames
+
+
+def _add(backend: Any, job: int, first: str, options: dict[str, Any], voice: str | None = None) -> None:
+    v, opts = backend.validate(voice, {k: x for k, x in options.items() if k != "tag"})
+    opts["tag"] = job
+    backend.add_job(job, first, v, opts)
+
+
+def _drain(backend: Any, outs: list | None = None, max_steps: int = 5000) -> list:
+    outs = [] if outs is None else outs
+    for _ in range(max_steps):
+        if not backend.has_work():
+            return outs
+        outs.extend(backend.step())
+    raise AssertionError("backend did not finish")
+
+
+def _audio(outs: list, job: int) -> np.ndarray:
+    parts = [o.pcm for o in outs if o.job_id == job and o.pcm is not None and o.pcm.size]
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def _run(backend: Any, pieces: list[str], options: dict[str, Any], *, job: int = 1, steps_between: int = 0,
+         voice: str | None = None) -> tuple[list, list[list[int]]]:
+    frames = _record(backend)
+    _add(backend, job, pieces[0], options, voice)
+    outs: list = []
+    for p in pieces[1:]:
+        for _ in range(steps_between):
+            outs.extend(backend.step())
+        backend.push_text(job, p)
+    backend.push_text(job, "", final=True)
+    _drain(backend, outs)
+    assert not [o.error for o in outs if o.error is not None]
+    return outs, frames.get(job, [])
+
+
+def test_served_greedy_frames_equal_the_reference(ckpt_root, reference) -> None:
+    """Greedy through the runtime (paged attention, the head in the step, the text track fed as
+    next inputs) gives the reference's 16 codebooks frame for frame, text at once and word by word."""
+    job = GEN_JOBS["cv_dual"]
+    backend = _backend(str(ckpt_root / "custom"), load_format="auto")
+    opts = {"temperature": 0.0, "repetition_penalty": 1.05, "language": job["language"].lower(),
+            "max_tokens": job["max_new_tokens"] - 1}
+    ref = reference["cv_dual"]["codes"].tolist()
+    _, at_once = _run(backend, [job["text"]], opts, voice=job["speaker"])
+    words = job["text"].split(" ")
+    _, by_word = _run(backend, [words[0]] + [" " + w for w in words[1:]], opts, job=2, steps_between=2,
+                      voice=job["speaker"])
+    assert at_once == ref
+    assert by_word == ref
+
+
+def test_text_word_by_word_gives_the_tokens_of_text_at_once(tiny) -> None:
+    """Sampled with a seed: the same frames and audio whether the text came at once or a word at a time."""
+    text = "Hello there, this is streamed text: 3 words at a time, or one."
+    opts = dict(SAMPLED, seed=7)
+    outs_a, a = _run(tiny, [text], opts, job=1)
+    words = text.split(" ")
+    outs_b, b = _run(tiny, [words[0]] + [" " + w for w in words[1:]], opts, job=2)
+    assert a == b and len(a) == SAMPLED["max_tokens"]
+    np.testing.assert_array_equal(_audio(outs_a, 1), _audio(outs_b, 2))
+
+
+def test_a_paused_sequence_resumes_with_identical_output(tiny) -> None:
+    """Text that runs out mid-turn pauses the sequence (no decode rows, no work); more text resumes
+    it, and the frames are those of the whole text at once."""
+    opts = dict(SAMPLED, seed=11, max_tokens=20)
+    _, whole = _run(tiny, ["One two three four five six seven."], opts, job=1)
+    frames = _record(tiny)
+    _add(tiny, 2, "One two", opts)
+    outs: list = []
+    paused_seen = False
+    for piece in (" three", " four", " five", " six", " seven."):
+        for _ in range(40):  # runs until the text track is used up: the sequence pauses
+            outs.extend(tiny.step())
+            seq = next((s for s in tiny.scheduler.running if s.seq_id == 2), None)
+            if seq is not None and seq.is_paused:
+                paused_seen = True
+                assert not tiny.has_work()  # a paused turn is no work for the engine loop
+                break
+        tiny.push_text(2, piece)
+    tiny.push_text(2, "", final=True)
+    _drain(tiny, outs)
+    assert paused_seen
+    assert frames[2] == whole
+
+
+def test_a_stream_alone_equals_the_same_stream_among_others(tiny) -> None:
+    """Batch invariance: a stream's frames alone equal those beside 1, 3 and 7 others that join at
+    different steps, and its audio too (to float32 rounding)."""
+    text = "A stream that must not depend on its neighbours."
+    opts = dict(SAMPLED, seed=5)
+    outs, alone = _run(tiny, [text], opts, job=1)
+    solo_audio = _audio(outs, 1)
+    for others in (1, 3, 7):
+        frames = _record(tiny)
+        _add(tiny, 100, text, opts)
+        tiny.push_text(100, "", final=True)
+        outs = []
+        for k in range(others):
+            for _ in range(k + 1):
+                outs.extend(tiny.step())
+            _add(tiny, 200 + k, f"Neighbour {k} says something else entirely.", dict(SAMPLED, seed=100 + k))
+            tiny.push_text(200 + k, "", final=True)
+        _drain(tiny, outs)
+        assert frames[100] == alone, f"with {others} others"
+        # (float32 codec GEMMs of other batch sizes round differently: equal to rounding error)
+        np.testing.assert_allclose(_audio(outs, 100), solo_audio, rtol=0, atol=2e-6)
+
+
+def test_unknown_speaker_and_language_list_what_is_served(tiny) -> None:
+    """An unknown voice or language is refused naming the served ones."""
+    with pytest.raises(OptionError) as e:
+        tiny.validate("nobody", {})
+    assert e.value.code == "unknown_voice" and "ryan" in str(e.value)
+    with pytest.raises(OptionError) as e:
+        tiny.validate(None, {"language": "klingon"})
+    assert e.value.code == "invalid_option" and "english" in str(e.value)
+
+
+def test_text_in_an_unsupported_script_fails_that_stream_only(tiny) -> None:
+    """Arabic text fails its own turn with model_error; a turn beside it is unaffected."""
+    opts = dict(SAMPLED, seed=3, max_tokens=6)
+    _add(tiny, 1, "Hello there my friend", opts)
+    _add(tiny, 2, "Fine words here.", opts)
+    tiny.push_text(2, "", final=True)
+    tiny.push_text(1, " مرحبا")
+    outs = _drain(tiny, [])
+    errors = [o for o in outs if o.error is not None]
+    assert [o.job_id for o in errors] == [1] and errors[0].error.code == "model_error"
+    assert "Arabic" in errors[0].error.message
+    assert [o.job_id for o in outs if o.is_finished] == [2] and _audio(outs, 2).size == 6 * 1920
+
+
+def test_a_turn_that_ends_without_text_finishes_silent(tiny) -> None:
+    """end with no text at all: the job finishes with no audio and no error."""
+    opts = dict(SAMPLED, seed=1)
+    _add(tiny, 9, "", opts)
+    tiny.push_text(9, "", final=True)
+    outs = _drain(tiny, [])
+    assert [(o.job_id, o.is_finished, o.error) for o in outs] == [(9, True, None)]
+
+
+def test_slot_state_is_per_sequence_on_the_cpu_graph_path() -> None:
+    """The head writes each row's frame into its own slot of ``last_codes`` (padding: the last row)."""
+    backend = _backend()
+    slots = backend.program.slots
+    assert slots.last_codes.shape == (9, 16) and slots.xvectors.shape[0] == 9
+    torch.testing.assert_close(slots.last_codes, torch.zeros_like(slots.last_codes))
+
+
+@pytest.mark.parametrize("async_steps", [False, True], ids=["sync", "async-steps"])
+def test_the_cuda_graph_path_gives_the_eager_frames(async_steps: bool) -> None:
+    """``CudaGraphModelRunner``'s path emulated on the CPU (decode input tables with the program's
+    next inputs, packed prompts with per-token slot rows, the head in the step function) gives the
+    eager runner's frames, with and without asynchronous steps."""
+    from engine.llm.attention import torch_paged_attention_factory
+    from engine.llm.cuda_graphs import CudaGraphModelRunner
+    from tests.engine.llm.graph_emulation import emulate_replays
+
+    counts = {"eager": 0}
+
+    def factory(model, shape, **kw):  # noqa: ANN001, ANN003, ANN202
+        runner = CudaGraphModelRunner(model, shape, capture=False, prefill_buckets=(32,), max_model_len=512,
+                                      attention_backend_factory=torch_paged_attention_factory, **kw)
+        emulate_replays(runner, num_tokens=32)
+        real = runner._execute_eager
+
+        def count(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            counts["eager"] += 1
+            return real(*a, **k)
+
+        runner._execute_eager = count
+        return runner
+
+    texts = ["Graphs must not change a thing.", "Nor for this one, which joins later on.", "Short."]
+    runs = []
+    for backend in (_backend(), _backend(runner_factory=factory, async_steps=async_steps)):
+        frames = _record(backend)
+        outs: list = []
+        for i, text in enumerate(texts):
+            words = text.split(" ")
+            _add(backend, i, words[0], dict(SAMPLED, seed=20 + i, max_tokens=12 + 3 * i))
+            for w in words[1:]:
+                outs.extend(backend.step())
+                backend.push_text(i, " " + w)
+            backend.push_text(i, "", final=True)
+        _drain(backend, outs)
+        assert not [o.error for o in outs if o.error is not None]
+        runs.append(frames)
+    assert counts["eager"] == 0
+    assert runs[0] == runs[1]
