@@ -21,6 +21,11 @@ Contract:
   next audio is needed (the engine core keeps it current: a stream's first audio soon, a playing
   stream's when its client would run dry, a segment generated ahead later). A backend that
   can choose what to run next serves the earliest deadline first; one without it is FIFO.
+- Optional ``prepare_voice(voice_ref) -> str``: make a registered voice (``engine.messages.
+  VoiceRef``: a WAV file, its rate, sha256 and transcript) usable and return the voice name to
+  pass to ``validate``; raise ``OptionError`` if the reference cannot be used. It is called
+  only while ``info.supports_cloning`` is true; without both, the backend cannot clone (the
+  stream fails with ``cloning_unsupported``).
 - Input streaming (``info.input_streaming``): the engine core gives each stream's turn one job
   and feeds it ``push_text(job_id, text, flush=..., final=...)`` as text arrives; the backend
   speaks it as the model takes it, and ends the job after ``final``.
@@ -58,6 +63,7 @@ class BackendInfo:
     sample_rate: int
     # Names and ranges of the per-stream options a client may set, for docs and errors.
     options: dict[str, Any] = field(default_factory=dict)
+    supports_cloning: bool = False  # has ``prepare_voice``: takes registered voices
     # The backend takes a stream's text as it arrives (native input streaming): one job per
     # turn, fed by ``push_text``, instead of one job per segment.
     input_streaming: bool = False

@@ -82,6 +82,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) | "fp8"
     quantization: str = "none"  # "none" | "fp8"
     synthetic_realtime: bool = True  # synthetic model: pace chunks at real time
+    synthetic_cloning: bool = False  # synthetic model: accept registered voices (tests)
     hibari_threads: int = 1
     core: CoreConfig = field(default_factory=CoreConfig)
     # Admission of streams by the capacity measured from the engine's step times: a stream past

@@ -26,7 +26,7 @@ import numpy as np
 
 from engine.admission import Admission, AdmissionConfig
 from engine.backend import Backend, JobOutput, OptionError
-from engine.messages import Audio, Done, Error, Message, Started
+from engine.messages import Audio, Done, Error, Message, Started, VoiceRef
 from engine.segmenter import Segment, Segmenter
 
 __all__ = ["CoreConfig", "EngineCore"]
@@ -160,13 +160,23 @@ class EngineCore:
     # --- commands --------------------------------------------------------------------------
 
     def open(self, key: int, voice: str | None, options: dict[str, Any],
-             fmt: str = "pcm_f32le") -> list[Message]:
+             fmt: str = "pcm_f32le", voice_ref: VoiceRef | None = None) -> list[Message]:
+        """Open a stream; with ``voice_ref`` (a registered voice) the backend's
+        ``prepare_voice`` names the voice, and ``voice`` is ignored."""
         if key in self._streams:
             return [Error(key, "stream_exists", f"stream key {key} is already open", False)]
         if len(self._streams) >= self.config.max_streams:
             return [Error(key, "capacity", f"server at capacity: {len(self._streams)} streams open "
                           f"(max_streams={self.config.max_streams}); retry later", True)]
         try:
+            if voice_ref is not None:
+                prepare = getattr(self.backend, "prepare_voice", None)
+                if prepare is None or not self.backend.info.supports_cloning:
+                    info = self.backend.info
+                    return [Error(key, "cloning_unsupported",
+                                  f"model {info.model} cannot clone voices; use one of its "
+                                  f"built-in voices: {', '.join(info.voices)}", False)]
+                voice = prepare(voice_ref)
             voice, options = self.backend.validate(voice, dict(options))
         except OptionError as exc:
             return [Error(key, exc.code, str(exc), False)]

@@ -163,7 +163,7 @@ class EngineLoop:
         core = self.core
         try:
             if isinstance(msg, m.Open):
-                out = core.open(msg.key, msg.voice, msg.options, msg.format)
+                out = core.open(msg.key, msg.voice, msg.options, msg.format, msg.voice_ref)
             elif isinstance(msg, m.Text):
                 out = core.add_text(msg.key, msg.text)
             elif isinstance(msg, m.Flush):
@@ -258,7 +258,8 @@ class EngineLoop:
 def _hello(backend: Backend) -> m.Hello:
     info = backend.info
     return m.Hello(info.model, list(info.voices), info.default_voice, info.sample_rate,
-                   dict(info.options), describe_device(), getattr(info, "weights", "loaded"))
+                   dict(info.options), describe_device(), getattr(info, "weights", "loaded"),
+                   info.supports_cloning)
 
 
 def engine_main(config: EngineConfig, inbox: ShmQueue, outbox: ShmQueue, log_level: str) -> None:

@@ -73,6 +73,7 @@ class ErrorCode(str, enum.Enum):
     CAPACITY = "capacity"  # the engine is full; retry later
     ENGINE_RESTARTED = "engine_restarted"  # the engine died; the stream is lost, retry
     ENGINE_UNAVAILABLE = "engine_unavailable"  # the engine is (re)starting
+    SERVER_SHUTDOWN = "server_shutdown"  # the server is stopping; retry on another
     ENGINE_FAILED = "engine_failed"  # the engine kept dying; the server exits
     MODEL_ERROR = "model_error"
     INTERNAL = "internal"
@@ -315,7 +316,7 @@ def encode_client_message(msg: dict[str, Any], encoding: Encoding = Encoding.MSG
 
 def hello(*, model: str, voices: list[str], sample_rate: int, default_voice: str,
           options: dict[str, Any], limits: dict[str, Any], device: str = "",
-          weights: str = "loaded") -> dict[str, Any]:
+          weights: str = "loaded", supports_cloning: bool = False) -> dict[str, Any]:
     return {
         "type": "hello",
         "protocol": PROTOCOL_VERSION,
@@ -328,6 +329,7 @@ def hello(*, model: str, voices: list[str], sample_rate: int, default_voice: str
         "limits": limits,
         "device": device,
         "weights": weights,
+        "supports_cloning": supports_cloning,
     }
 
 

@@ -227,6 +227,55 @@ def test_close_cancels_everything_in_the_engine() -> None:
     assert _engine(s.close()) == [em.Cancel(1)]
 
 
+def test_a_registered_voice_is_resolved_into_the_open() -> None:
+    """A start naming a registered voice (not a built-in one) opens with its VoiceRef; the
+    greeting says whether the model clones; a built-in name never reaches the resolver."""
+    ref = em.VoiceRef("v-1", "/data/voices/v-1.wav", 44100, "ab" * 32, None)
+    asked: list[str] = []
+
+    def resolve(voice: str) -> em.VoiceRef | None:
+        asked.append(voice)
+        return ref if voice in ("v-1", "Alice") else None
+
+    hello = em.Hello("fake", ["a", "b"], "a", 24000, {}, "", supports_cloning=True)
+    s = Session(hello=hello, limits=LIMITS, allocate_key=itertools.count(1).__next__,
+                is_engine_ready=lambda: True, resolve_voice=resolve)
+    assert s.greeting()["supports_cloning"] is True
+    assert _engine(_send(s, type="start", stream="x", voice="Alice")) == [
+        em.Open(1, "Alice", {}, "pcm_s16le", ref)]
+    [err] = _client(_send(s, type="start", stream="z", voice="nobody"))
+    assert err["code"] == "unknown_voice" and "registered" in err["message"]
+    assert _engine(_send(s, type="start", stream="y", voice="b")) == [em.Open(2, "b", {}, "pcm_s16le")]
+    assert asked == ["Alice", "nobody"]
+
+
+def test_an_ambiguous_registered_name_is_an_unknown_voice_naming_the_ids() -> None:
+    """A resolver's LookupError becomes unknown_voice with its message; nothing is opened."""
+    def resolve(voice: str) -> em.VoiceRef | None:
+        raise LookupError("2 registered voices are named 'Sam'; name one by its id: v-1, v-2")
+
+    s = Session(hello=HELLO, limits=LIMITS, allocate_key=itertools.count(1).__next__,
+                is_engine_ready=lambda: True, resolve_voice=resolve)
+    actions = _send(s, type="start", stream="x", voice="Sam")
+    assert _engine(actions) == [] and s.num_active_streams == 0
+    [err] = _client(actions)
+    assert err["code"] == "unknown_voice" and "v-1, v-2" in err["message"] and err["stream"] == "x"
+
+
+def test_stop_accepting_then_shutdown_ends_streams_with_server_shutdown() -> None:
+    """While draining a start is refused (retryable); shutdown cancels every live stream in the
+    engine and tells its client server_shutdown (retryable)."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    s.stop_accepting("the server is shutting down")
+    [refused] = _client(_send(s, type="start", stream="y"))
+    assert (refused["code"], refused["retryable"], refused["stream"]) == ("server_shutdown", True, "y")
+    actions = s.shutdown("the server is shutting down")
+    assert _engine(actions) == [em.Cancel(1)] and s.num_active_streams == 0
+    [err] = _client(actions)
+    assert (err["code"], err["retryable"], err["stream"]) == ("server_shutdown", True, "x")
+
+
 # --- hostile frames: each answered with a documented error, and nothing that fails to encode --
 
 DECLARED = em.Hello("fake", ["a"], "a", 24000, {
