@@ -68,6 +68,11 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m = sp.add_argument_group("model")
     g = sp.add_argument_group("network")
     lim = sp.add_argument_group("limits")
+    par = sp.add_argument_group(
+        "engines (data parallel; docs/deploy.md)",
+        "One engine process per GPU, or several CPU engines, behind one gateway and one port: each\n"
+        "new stream goes to the engine with the most headroom; one engine's crash fails only its\n"
+        "streams, and it restarts alone.")
     adm = sp.add_argument_group(
         "admission",
         "A stream is admitted at its first text while the engine's measured capacity has room\n"
@@ -143,8 +148,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                      help="with streams open and no output or heartbeat from the engine for this "
                           "many seconds, kill and restart it (its streams get engine_restarted); 0 off")
     lim.add_argument("--max-engine-restarts", type=int, metavar="N", default=GatewayConfig.max_engine_restarts,
-                     help="engine deaths tolerated within --engine-restart-window-s; one more and "
-                          "the server tells its clients (engine_failed) and exits with status 1")
+                     help="deaths of one engine tolerated within --engine-restart-window-s; one "
+                          "more and that engine is given up; once no engine can serve, the server "
+                          "tells its clients (engine_failed) and exits with status 1")
     lim.add_argument("--engine-restart-window-s", type=float, metavar="S",
                      default=GatewayConfig.engine_restart_window_s,
                      help="the window of --max-engine-restarts, seconds")
@@ -153,6 +159,17 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                           "draining, 503) and lets streams in flight finish for this many "
                           "seconds; then the rest end with server_shutdown (retryable), close "
                           "1001. SIGINT (Ctrl-C) stops at once")
+
+    par.add_argument("--gpus", type=_csv, metavar="IDS", default=GatewayConfig.gpus,
+                     help="comma-separated CUDA devices (indices as nvidia-smi numbers them, or "
+                          "GPU-/MIG- UUIDs): one engine process on each, which sees only its own "
+                          "GPU (CUDA_VISIBLE_DEVICES); implies --device cuda; --gpus 0 is the "
+                          "one-engine server on GPU 0 (default: none: one engine, on the device "
+                          "--device picks)")
+    par.add_argument("--engines", dest="num_engines", type=int, metavar="N", default=0,
+                     help="engine processes: 0 for one per GPU of --gpus, else one; more than "
+                          "one without --gpus are CPU engines (--device cpu), for CPU hosts and "
+                          "tests")
 
     sec.add_argument("--api-key", metavar="KEY", default=os.environ.get("VOXGATE_API_KEY", ""),
                      help="require this key on /v1/... and /metrics: 'Authorization: Bearer KEY', "
@@ -312,13 +329,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_device(config: EngineConfig, *,
-                 cuda_probe: Callable[[], str | None] | None = None) -> str | None:
+                 cuda_probe: Callable[[], str | None] | None = None,
+                 gpus: tuple[str, ...] = ()) -> str | None:
     """Why ``config.device`` cannot work here, in one line, or None. ``--device cuda`` needs a
-    GPU that torch sees (probed in a child process, so that the gateway never imports torch);
-    a CPU-only model with it is refused by ``EngineConfig`` (``models.registry``)."""
+    GPU that torch sees (probed in a child process, so that the gateway never imports torch),
+    and with ``--gpus`` every GPU listed; a CPU-only model with it is refused by
+    ``EngineConfig`` (``models.registry``)."""
     if config.device != "cuda":
         return None
-    return (cuda_probe or probe_cuda)()
+    if cuda_probe is not None:
+        return cuda_probe()
+    return probe_cuda(gpus=gpus) if gpus else probe_cuda()
 
 
 # Run in a child process: importing torch (and initialising CUDA) stays out of the gateway.
@@ -332,14 +353,20 @@ if torch.version.cuda is None:
     sys.exit(f"torch {torch.__version__} is a CPU build")
 if not torch.cuda.is_available():
     sys.exit(f"torch {torch.__version__} sees no CUDA GPU")
+wanted = sys.argv[1:]  # --gpus, as CUDA_VISIBLE_DEVICES (it stops at the first it cannot find)
+if wanted and torch.cuda.device_count() < len(wanted):
+    sys.exit(f"torch sees {torch.cuda.device_count()} of the {len(wanted)} GPUs of --gpus "
+             f"{','.join(wanted)} (nvidia-smi -L lists them)")
 """
 
 
-def probe_cuda(timeout_s: float = 120.0) -> str | None:
-    """None when torch sees a CUDA GPU, else why not (one line)."""
+def probe_cuda(timeout_s: float = 120.0, *, gpus: tuple[str, ...] = ()) -> str | None:
+    """None when torch sees a CUDA GPU (and, given ``gpus``, each of them), else why not (one
+    line)."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else None
     try:
-        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
+        done = subprocess.run([sys.executable, "-c", _PROBE, *gpus], capture_output=True,
+                              text=True, timeout=timeout_s, check=False, env=env)
     except subprocess.TimeoutExpired:
         return f"--device cuda: torch did not answer within {timeout_s:g} s whether it sees a GPU"
     if done.returncode == 0:
@@ -351,7 +378,19 @@ def probe_cuda(timeout_s: float = 120.0) -> str | None:
 
 def configs_from_args(args: argparse.Namespace) -> tuple[GatewayConfig, EngineConfig]:
     """Map parsed arguments onto the two process configurations (raises ValueError)."""
-    values = vars(args)
+    values = dict(vars(args))
+    gpus = tuple(values.get("gpus") or ())
+    num_engines = values.get("num_engines") or len(gpus) or 1
+    if gpus:  # one engine per GPU: each sees only its own
+        if values["device"] == "cpu":
+            raise ValueError("--gpus runs an engine on each GPU; it does not go with --device cpu")
+        values["device"] = "cuda"
+    elif num_engines > 1:  # several CPU engines
+        if values["device"] == "cuda":
+            raise ValueError("--engines N without --gpus runs CPU engines; for one engine per "
+                             "GPU use --gpus 0,1,...")
+        values["device"] = "cpu"
+    values["gpus"], values["num_engines"] = gpus, num_engines
     gateway = GatewayConfig(**{f.name: values[f.name] for f in fields(GatewayConfig)
                                if f.name in values})
     core = CoreConfig(lookahead_jobs=args.lookahead_jobs, max_streams=args.max_streams)
@@ -389,7 +428,10 @@ async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, signals.put_nowait, sig)
-    print(f"voxgate: starting the engine (model {engine_config.model}) ...", flush=True)
+    num_engines = gateway_config.num_engines
+    what = "the engine" if num_engines == 1 else f"{num_engines} engines"
+    on = f" on GPU{'s' * (num_engines > 1)} {','.join(gateway_config.gpus)}" if gateway_config.gpus else ""
+    print(f"voxgate: starting {what} (model {engine_config.model}){on} ...", flush=True)
     starting = asyncio.create_task(gateway.start_engine())
     first_signal = asyncio.create_task(signals.get())
     await asyncio.wait({starting, first_signal}, return_when=asyncio.FIRST_COMPLETED)
@@ -467,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         gateway_config, engine_config = configs_from_args(args)
     except ValueError as exc:
         return _usage_error(str(exc))
-    problem = check_device(engine_config)
+    problem = check_device(engine_config, gpus=gateway_config.gpus)
     if problem is not None:
         return _usage_error(problem)
     try:
