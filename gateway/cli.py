@@ -16,7 +16,7 @@ from typing import Callable
 from engine.admission import ADMISSION_POLICIES, AdmissionConfig
 from engine.config import DECODE_ATTENTION_KERNELS, EngineConfig
 from engine.core import CoreConfig
-from gateway.config import GatewayConfig
+from gateway.config import MAX_ENGINES, GatewayConfig
 from models import registry
 
 __all__ = ["main", "build_parser", "configs_from_args", "check_device", "probe_cuda"]
@@ -167,9 +167,11 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                           "one-engine server on GPU 0 (default: none: one engine, on the device "
                           "--device picks)")
     par.add_argument("--engines", dest="num_engines", type=int, metavar="N", default=0,
-                     help="engine processes: 0 for one per GPU of --gpus, else one; more than "
-                          "one without --gpus are CPU engines (--device cpu), for CPU hosts and "
-                          "tests")
+                     help="engine processes: 0 for one per GPU of --gpus, else one; with --gpus, "
+                          "a multiple of its GPUs, as many on each (--gpus 0 --engines 2: two "
+                          "engines sharing GPU 0, each with half of --gpu-memory-utilization); "
+                          "more than one without --gpus are CPU engines (--device cpu), for CPU "
+                          "hosts and tests")
 
     sec.add_argument("--api-key", metavar="KEY", default=os.environ.get("VOXGATE_API_KEY", ""),
                      help="require this key on /v1/... and /metrics: 'Authorization: Bearer KEY', "
@@ -249,7 +251,8 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
 
     gpu.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",
                      default=EngineConfig.gpu_memory_utilization,
-                     help="fraction of the GPU's memory for weights, KV cache and graphs")
+                     help="fraction of the GPU's memory for weights, KV cache and graphs; "
+                          "engines sharing a GPU (--gpus 0 --engines 2) split it evenly")
     gpu.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs, metavar="N",
                      help="segments generating at once (KV cache and batch slots); a stream "
                           "holds two, the one spoken and the one generated ahead")
@@ -376,21 +379,47 @@ def probe_cuda(timeout_s: float = 120.0, *, gpus: tuple[str, ...] = ()) -> str |
             "stack (pip install -e \".[gpu]\") on a machine with an NVIDIA GPU")
 
 
+def _engine_layout(gpus: tuple[str, ...], num_engines: int,
+                   device: str) -> tuple[tuple[str, ...], int, str, int]:
+    """``--gpus`` / ``--engines`` / ``--device`` as (gpus, engines, device, engines per GPU),
+    or a ValueError that names the flags."""
+    if num_engines < 0:
+        raise ValueError(f"--engines must be 0 (one per GPU of --gpus, else one) or a count of "
+                         f"engines, got {num_engines}")
+    if num_engines > MAX_ENGINES:
+        raise ValueError(f"--engines {num_engines}: at most {MAX_ENGINES} engines per server")
+    if gpus:
+        if device == "cpu":
+            raise ValueError("--gpus runs engines on GPUs; it does not go with --device cpu")
+        listed = ",".join(gpus)
+        twice = sorted({g for g in gpus if gpus.count(g) > 1})
+        if twice:
+            raise ValueError(f"--gpus {listed} lists GPU {twice[0]} more than once; for several "
+                             f"engines on one GPU use --gpus {twice[0]} --engines N")
+        num_engines = num_engines or len(gpus)
+        if num_engines % len(gpus):
+            raise ValueError(f"--engines {num_engines} with --gpus {listed}: every GPU gets as "
+                             f"many engines, so --engines must be a multiple of {len(gpus)}")
+        return gpus, num_engines, "cuda", num_engines // len(gpus)
+    num_engines = num_engines or 1
+    if num_engines > 1 and device == "cuda":
+        raise ValueError(f"--engines {num_engines} without --gpus runs CPU engines; on a GPU use "
+                         f"--gpus 0 --engines {num_engines} (engines sharing GPU 0) or --gpus "
+                         "0,1,... (one engine per GPU)")
+    return (), num_engines, ("cpu" if num_engines > 1 else device), 1
+
+
 def configs_from_args(args: argparse.Namespace) -> tuple[GatewayConfig, EngineConfig]:
     """Map parsed arguments onto the two process configurations (raises ValueError)."""
     values = dict(vars(args))
-    gpus = tuple(values.get("gpus") or ())
-    num_engines = values.get("num_engines") or len(gpus) or 1
-    if gpus:  # one engine per GPU: each sees only its own
-        if values["device"] == "cpu":
-            raise ValueError("--gpus runs an engine on each GPU; it does not go with --device cpu")
-        values["device"] = "cuda"
-    elif num_engines > 1:  # several CPU engines
-        if values["device"] == "cuda":
-            raise ValueError("--engines N without --gpus runs CPU engines; for one engine per "
-                             "GPU use --gpus 0,1,...")
-        values["device"] = "cpu"
-    values["gpus"], values["num_engines"] = gpus, num_engines
+    values["gpus"], values["num_engines"], values["device"], values["gpu_memory_share"] = (
+        _engine_layout(tuple(values.get("gpus") or ()), values.get("num_engines") or 0,
+                       values["device"]))
+    if values["gpus"]:
+        entry = registry.resolve(values["model"]).entry  # an unknown name lists what is served
+        if entry.device == "cpu":
+            raise ValueError(f"--gpus runs engines on GPUs, and --model {entry.name} runs on the "
+                             "CPU only; for several CPU engines use --engines N")
     gateway = GatewayConfig(**{f.name: values[f.name] for f in fields(GatewayConfig)
                                if f.name in values})
     core = CoreConfig(lookahead_jobs=args.lookahead_jobs, max_streams=args.max_streams)

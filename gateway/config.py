@@ -37,8 +37,9 @@ class GatewayConfig:
     # With streams open and nothing from the engine (no output, no heartbeat) for this long,
     # the engine is taken for hung: killed and restarted. 0 = off.
     engine_watchdog_s: float = 10.0
-    # Data parallel (gateway.engine_pool): one engine process per GPU in `gpus` (each sees only
-    # its own: CUDA_VISIBLE_DEVICES), else `num_engines` engines (more than one: CPU engines).
+    # Data parallel (gateway.engine_pool): `num_engines` engine processes on the GPUs in `gpus`
+    # (each sees only its own: CUDA_VISIBLE_DEVICES), as many on each (num_engines a multiple of
+    # len(gpus): engine i on gpus[i % len(gpus)]); with no gpus, CPU engines when more than one.
     gpus: tuple[str, ...] = ()
     num_engines: int = 1
     debug_timestamps: bool = False  # add engine_t (engine emit time) to audio messages
@@ -94,9 +95,9 @@ class GatewayConfig:
                                  "UUID (nvidia-smi -L)")
         if len(set(self.gpus)) != len(self.gpus):
             raise ValueError(f"gpus: a GPU is listed twice in {','.join(self.gpus)}")
-        if self.gpus and self.num_engines != len(self.gpus):
-            raise ValueError(f"num_engines ({self.num_engines}) must be the number of gpus "
-                             f"({len(self.gpus)}): one engine per GPU")
+        if self.gpus and self.num_engines % len(self.gpus):
+            raise ValueError(f"num_engines ({self.num_engines}) must be a multiple of the number "
+                             f"of gpus ({len(self.gpus)}): as many engines on each GPU")
         if self.drain_timeout_s < 0:
             raise ValueError("drain_timeout_s must be >= 0")
         if not 0 < self.min_voice_duration_s <= self.max_voice_duration_s:
@@ -115,3 +116,8 @@ class GatewayConfig:
             "max_frame_bytes": self.max_frame_bytes,
             "idle_timeout_s": self.idle_timeout_s,
         }
+
+    @property
+    def num_engines_per_gpu(self) -> int:
+        """Engines sharing each GPU of ``gpus`` (1 with no gpus)."""
+        return self.num_engines // len(self.gpus) if self.gpus else 1

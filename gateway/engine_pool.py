@@ -1,8 +1,10 @@
 """Several engine processes behind one gateway: one ``EngineSupervisor`` each, data parallel.
 
 ``voxgate serve --gpus 0,1`` starts one engine per GPU (its process sees only that GPU:
-``CUDA_VISIBLE_DEVICES``), ``--engines N`` starts N CPU engines; with neither there is one
-engine, as before (``--gpus 0`` is that one engine on GPU 0). Each engine has its own
+``CUDA_VISIBLE_DEVICES``), ``--gpus 0 --engines 2`` two engines sharing GPU 0 (each with half
+of ``--gpu-memory-utilization``: ``EngineConfig.gpu_memory_share``), ``--engines N`` alone N
+CPU engines; with neither there is one engine, as before (``--gpus 0`` is that one engine on
+GPU 0). Each engine has its own
 shared-memory queues and its own supervisor (handshake, watchdog, restarts with their own
 ``--max-engine-restarts`` budget), so one engine's death fails only the streams open in it,
 and it restarts alone while the others serve.
@@ -42,12 +44,16 @@ class EngineSpec:
 
 
 def engine_specs(config: GatewayConfig) -> list[EngineSpec]:
-    """The engines ``config`` asks for: one per ``gpus`` entry, else ``num_engines``."""
-    several = max(len(config.gpus), config.num_engines) > 1
+    """The engines ``config`` asks for: ``num_engines``, engine i on ``gpus[i % len(gpus)]``
+    (so that with several engines per GPU, consecutive indices are on different GPUs), or CPU
+    engines with no ``gpus``."""
+    several = config.num_engines > 1
     index_env = (lambda i: {"VOXGATE_ENGINE_INDEX": str(i)}) if several else (lambda i: {})
-    if config.gpus:
-        return [EngineSpec(gpu, {"CUDA_VISIBLE_DEVICES": gpu, **index_env(i)})
-                for i, gpu in enumerate(config.gpus)]
+    gpus = config.gpus
+    if gpus:
+        return [EngineSpec(gpus[i % len(gpus)],
+                           {"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)], **index_env(i)})
+                for i in range(config.num_engines)]
     return [EngineSpec("", index_env(i)) for i in range(config.num_engines)]
 
 
