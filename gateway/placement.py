@@ -1,7 +1,7 @@
 """Which engine a new stream goes to: the one with the most headroom. Pure Python, no I/O.
 
 ``EnginePool`` (``gateway.engine_pool``) describes each engine as an ``EngineLoad`` when a
-stream opens and calls ``choose_engine``. The policy (docs/architecture.md, "Data parallel"):
+stream opens and calls ``choose_engine``. The policy (docs/deploy.md, "Placement"):
 
 - Only an engine that is serving (``is_ready``) takes a stream: never one that is starting,
   restarting, failed or stopped.

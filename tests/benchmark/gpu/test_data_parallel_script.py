@@ -100,3 +100,10 @@ def test_an_unknown_plan_is_refused(tmp_path: Path) -> None:
     done = subprocess.run(["bash", str(SCRIPT), str(tmp_path), "two-gpus"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "PLAN must be one-gpu, shared-gpu, two-gpu or custom" in done.stdout
+
+
+def test_the_plans_docs_deploy_names_are_the_script_s() -> None:
+    """Every `data_parallel.sh $OUT PLAN` in docs/deploy.md is a plan of the script."""
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    named = set(re.findall(r"data_parallel\.sh \$OUT ([\w-]+)", doc))
+    assert named and named <= set(_plans())
