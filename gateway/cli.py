@@ -459,7 +459,9 @@ async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
         loop.add_signal_handler(sig, signals.put_nowait, sig)
     num_engines = gateway_config.num_engines
     what = "the engine" if num_engines == 1 else f"{num_engines} engines"
-    on = f" on GPU{'s' * (num_engines > 1)} {','.join(gateway_config.gpus)}" if gateway_config.gpus else ""
+    gpus, per_gpu = gateway_config.gpus, gateway_config.num_engines_per_gpu
+    on = (f" on GPU{'s' * (len(gpus) > 1)} {','.join(gpus)}"
+          f"{f', {per_gpu} per GPU' if per_gpu > 1 else ''}" if gpus else "")
     print(f"voxgate: starting {what} (model {engine_config.model}){on} ...", flush=True)
     starting = asyncio.create_task(gateway.start_engine())
     first_signal = asyncio.create_task(signals.get())
