@@ -33,6 +33,24 @@ TEMPLATE = ("{%- for m in messages -%}{{ bos_token }}[{{ m['role'] }}]{{ m['cont
             "{%- if m['content'] | length > 1 -%}<|AUDIO|><|audio_eos|>{%- endif -%}{%- endfor -%}")
 
 
+def _stop_soon(model: torch.nn.Module, gen: torch.Generator, lm_scale: float) -> None:
+    """Weights that end speech after a few frames: code 0 of every codebook embeds as one large
+    vector E, which then dominates the depth decoder's residual stream, and each codebook head's
+    column 0 points along the depth decoder's output for it, so a frame whose codebook 0 is 0
+    comes out all zeros (the stop frame); ``lm_head`` row 0 scaled by ``lm_scale`` makes
+    codebook 0 pick 0 now and then."""
+    cfg = model.config
+    v, n = cfg.vocab_size, cfg.num_codebooks
+    dm = model.depth_decoder.model
+    e = 30.0 * torch.randn(cfg.hidden_size, generator=gen)
+    for k in range(n):
+        dm.embed_tokens.weight[k * v] = e
+    x = dm.inputs_embeds_projector.weight @ e
+    h = dm.norm.weight * x / torch.sqrt(x.pow(2).mean() + cfg.depth_decoder_config.rms_norm_eps)
+    model.depth_decoder.codebooks_head.weight[:, :, 0] = 50.0 * h / h.pow(2).sum()
+    model.lm_head.weight[0] *= lm_scale
+
+
 def _randomize(model: torch.nn.Module, gen: torch.Generator, stop_scale: float | None) -> None:
     """Decisive LM weights (normal(0, 0.1), norms near 1); an audible codec (PyTorch's own init
     for its convolutions, linears and norms, random codebooks: zero ones decode to silence)."""
@@ -44,9 +62,8 @@ def _randomize(model: torch.nn.Module, gen: torch.Generator, stop_scale: float |
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             else:
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-        if stop_scale:  # make code 0 likely everywhere, so that an all-zero frame comes soon
-            model.lm_head.weight[0] *= stop_scale
-            model.depth_decoder.codebooks_head.weight[:, :, 0] *= stop_scale
+        if stop_scale:
+            _stop_soon(model, gen, stop_scale)
         codec = model.codec_model
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
         for m in codec.modules():
