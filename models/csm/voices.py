@@ -100,9 +100,7 @@ class VoiceCache:
         old = self.voices.pop(name, None)
         if old is not None:
             self._retired.append(old)
-        for v in [v for v in self._retired if not v.holders]:
-            self._retired.remove(v)
-            self.pool.free(v.rows)
+        self._sweep()
         need = int(codes.shape[0])
         for victim in [v for v in self.voices.values() if not v.holders]:
             if self.pool.num_free >= need:
@@ -117,8 +115,15 @@ class VoiceCache:
         voice.holders.add(holder)
 
     def release(self, holder: Any) -> None:
-        for v in self.voices.values():
+        for v in (*self.voices.values(), *self._retired):
             v.holders.discard(holder)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Free the rows of replaced voices nobody holds any more."""
+        for v in [v for v in self._retired if not v.holders]:
+            self._retired.remove(v)
+            self.pool.free(v.rows)
 
 
 def read_wav(path: str) -> tuple[np.ndarray, int]:

@@ -13,7 +13,7 @@ import torch
 from engine.backend import OptionError
 from tests.models.csm.csm_fixtures import GEN_JOBS
 
-SAMPLED = {"temperature": 0.9, "top_k": 50, "top_p": 0.95, "max_tokens": 12}
+SAMPLED = {"temperature": 0.9, "top_k": 50, "top_p": 0.95, "max_tokens": 8}
 
 
 def _backend(model: str = "tiny", **kw: Any) -> Any:
@@ -129,14 +129,14 @@ def test_the_all_zero_frame_stops_a_stream_as_the_reference_does(served, referen
 
 
 def test_a_stream_alone_equals_the_same_stream_among_others(tiny) -> None:
-    """Batch invariance: a stream's sampled frames alone equal those beside 1, 3 and 7 others that
+    """Batch invariance: a stream's sampled frames alone equal those beside 2 and 5 others that
     join at different steps, and its audio too (to float32 rounding)."""
     text = "A stream that must not depend on its neighbours."
     opts = dict(SAMPLED, seed=5)
     outs, alone = _run(tiny, text, opts, job=1)
     solo_audio = _audio(outs, 1)
     assert len(alone) == SAMPLED["max_tokens"]
-    for others in (1, 3, 7):
+    for others in (2, 5):
         frames = _record(tiny)
         _add(tiny, 100, text, opts)
         outs = []
@@ -152,10 +152,11 @@ def test_a_stream_alone_equals_the_same_stream_among_others(tiny) -> None:
 def test_seeds_and_speakers_change_the_frames(tiny) -> None:
     """Another seed or another speaker id gives other frames; the same seed the same ones."""
     text = "Same words each time."
-    _, a = _run(tiny, text, dict(SAMPLED, seed=1), job=1)
-    _, b = _run(tiny, text, dict(SAMPLED, seed=1), job=2)
-    _, c = _run(tiny, text, dict(SAMPLED, seed=2), job=3)
-    _, d = _run(tiny, text, dict(SAMPLED, seed=1), job=4, voice="3")
+    opts = dict(SAMPLED, max_tokens=3)
+    _, a = _run(tiny, text, dict(opts, seed=1), job=1)
+    _, b = _run(tiny, text, dict(opts, seed=1), job=2)
+    _, c = _run(tiny, text, dict(opts, seed=2), job=3)
+    _, d = _run(tiny, text, dict(opts, seed=1), job=4, voice="3")
     assert a == b and a != c and a != d
 
 
@@ -189,7 +190,7 @@ def test_the_cuda_graph_path_gives_the_eager_frames(async_steps: bool) -> None:
         frames = _record(backend)
         outs: list = []
         for i, text in enumerate(texts):
-            _add(backend, i, text, dict(SAMPLED, seed=20 + i, max_tokens=6 + 3 * i), voice=str(i))
+            _add(backend, i, text, dict(SAMPLED, seed=20 + i, max_tokens=4 + 2 * i), voice=str(i))
             outs.extend(backend.step())
         _drain(backend, outs)
         assert not [o.error for o in outs if o.error is not None]
