@@ -9,9 +9,11 @@ What the runtime sees (``engine.llm.program``):
 - the voice is a speaker id (``"0"`` .. ``"9"``: the reference's ``[0]``, ``[1]``, ...) or a
   registered voice (``prepare_voice``): its recording with its transcript becomes the first
   context turn, spoken by speaker 0, and the segment is spoken by speaker 0 too (how CSM clones a
-  voice). The ``context`` option adds earlier turns: up to ``MAX_CONTEXT_TURNS`` of
-  ``{"voice": <a registered voice>, "speaker": 0..9 (default 0), "text": <its words; default the
-  voice's transcript>}``, in order, after the voice's own turn;
+  voice). The ``context`` option adds earlier turns, in order, after the voice's own turn: a
+  string of up to ``MAX_CONTEXT_TURNS`` comma-separated ``voice[:speaker]`` entries
+  (``"v-1a2b:0,v-3c4d:1"``), each a registered voice whose recording and transcript are the
+  turn's audio and text, spoken by that speaker id (default 0). Options are scalars on the wire
+  (``docs/protocol.md``), hence a string;
 - per-slot device state (``head.CsmSlots``): the slot's last frame, which the next decode row
   embeds (``LAST_FRAME``); context frames come from the shared pool (``voices.FramePool``),
   written once per registered voice;
@@ -51,17 +53,37 @@ from models.csm.model import STOP, CsmModel
 from models.csm.prompt import Tokenizer, Turn, build_prompt
 from models.csm.voices import ContextVoice, PoolFull, VoiceCache, read_wav, resample
 
-__all__ = ["CsmProgram", "CsmState", "DEFAULT_OPTIONS", "MAX_CONTEXT_TURNS", "MAX_TURN_CHARS", "MAX_VOICE_S",
-           "SPEAKERS"]
+__all__ = ["CsmProgram", "CsmState", "DEFAULT_OPTIONS", "MAX_CONTEXT_CHARS", "MAX_CONTEXT_TURNS", "MAX_TURN_CHARS",
+           "MAX_VOICE_S", "SPEAKERS", "parse_context"]
 
 SPEAKERS = tuple(str(i) for i in range(10))
 MAX_CONTEXT_TURNS = 8
-MAX_TURN_CHARS = 1000
+MAX_CONTEXT_CHARS = 512  # the context option's string
+MAX_TURN_CHARS = 1000  # a registered voice's transcript
 MAX_VOICE_S = 30.0  # a registered voice's recording, at most
 DEFAULT_OPTIONS: dict[str, Any] = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "max_tokens": 375, "seed": None,
                                    "context": None}
 OPTION_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "top_k": (0, 2051), "max_tokens": (1, 4096)}
-_TURN_KEYS = ("voice", "speaker", "text")
+
+
+def parse_context(value: str) -> list[tuple[str, int]]:
+    """A context option's string -> [(voice, speaker)]; ``ValueError`` naming what is wrong."""
+    if len(value) > MAX_CONTEXT_CHARS:
+        raise ValueError(f"context must be at most {MAX_CONTEXT_CHARS} characters")
+    entries = [e.strip() for e in value.split(",")] if value.strip() else []
+    if len(entries) > MAX_CONTEXT_TURNS:
+        raise ValueError(f"context takes at most {MAX_CONTEXT_TURNS} turns, got {len(entries)}")
+    out = []
+    for i, entry in enumerate(entries):
+        voice, sep, speaker = entry.partition(":")
+        voice = voice.strip()
+        if not voice:
+            raise ValueError(f"context turn {i + 1} names no voice (entries are voice[:speaker], comma-separated)")
+        if sep and speaker.strip() not in SPEAKERS:
+            raise ValueError(f"context turn {i + 1}: the speaker must be an integer in [0, {len(SPEAKERS) - 1}], "
+                             f"got {speaker.strip()!r}")
+        out.append((voice, int(speaker) if sep else 0))
+    return out
 
 
 @dataclass(eq=False)  # identity: voices hold their users in weak sets
@@ -69,7 +91,7 @@ class CsmState:
     """One segment: its voice and context (as given), its slot and codec progress."""
 
     voice: str
-    context: list[dict[str, Any]]
+    context: str | None
     slot: int = -1
     num_frames: int = 0  # frames through the codec
 
@@ -96,9 +118,8 @@ class CsmProgram:
         ranges: dict[str, Any] = {n: {"min": lo, "max": hi, "default": DEFAULT_OPTIONS[n]}
                                   for n, (lo, hi) in OPTION_RANGES.items()}
         ranges["seed"] = {"min": 0, "max": 2**63 - 1, "default": None}
-        ranges["context"] = {"type": "list", "max_turns": MAX_CONTEXT_TURNS, "items": {
-            "voice": "a registered voice", "speaker": {"min": 0, "max": len(SPEAKERS) - 1, "default": 0},
-            "text": {"max_chars": MAX_TURN_CHARS, "default": "the voice's transcript"}}, "default": None}
+        ranges["context"] = {"type": "string", "format": "voice[:speaker],... (registered voices, speakers 0-9)",
+                             "max_turns": MAX_CONTEXT_TURNS, "max_chars": MAX_CONTEXT_CHARS, "default": None}
         extra = {"supports_cloning": True} if "supports_cloning" in BackendInfo.__dataclass_fields__ else {}
         self.info = BackendInfo(model=model_name, voices=SPEAKERS, default_voice=SPEAKERS[0],
                                 sample_rate=config.sample_rate, options=ranges, **extra)
@@ -191,27 +212,22 @@ class CsmProgram:
             raise OptionError("invalid_option", f"top_p must be in (0, 1], got {value!r}")
         return int(value) if is_int else float(value)
 
-    def _context(self, value: Any) -> list[dict[str, Any]] | None:
+    def _context(self, value: Any) -> str | None:
+        """The context option, checked and normalised (``"v-a:0,v-b:1"``; None: no context)."""
         if value is None:
             return None
-        if not isinstance(value, list) or len(value) > MAX_CONTEXT_TURNS:
-            raise OptionError("invalid_option", f"context must be a list of at most {MAX_CONTEXT_TURNS} turns")
-        out = []
-        for i, turn in enumerate(value):
-            if not isinstance(turn, dict) or set(turn) - set(_TURN_KEYS):
-                raise OptionError("invalid_option", f"context[{i}] must be an object with keys {', '.join(_TURN_KEYS)}")
-            voice, speaker, text = turn.get("voice"), turn.get("speaker", 0), turn.get("text")
-            if not isinstance(voice, str) or voice not in self._refs:
-                raise OptionError("unknown_voice", f"context[{i}].voice must name a registered voice this server "
-                                  f"has prepared, got {voice!r}")
-            if isinstance(speaker, bool) or not isinstance(speaker, int) or not 0 <= speaker < len(SPEAKERS):
-                raise OptionError("invalid_option", f"context[{i}].speaker must be an integer in [0, "
-                                  f"{len(SPEAKERS) - 1}], got {speaker!r}")
-            if text is not None and (not isinstance(text, str) or not text.strip() or len(text) > MAX_TURN_CHARS):
-                raise OptionError("invalid_option", f"context[{i}].text must be a non-empty string of at most "
-                                  f"{MAX_TURN_CHARS} characters")
-            out.append({"voice": voice, "speaker": speaker, "text": None if text is None else text.strip()})
-        return out
+        if not isinstance(value, str):
+            raise OptionError("invalid_option", "context must be a string of voice[:speaker] entries, "
+                              f"comma-separated, got {type(value).__name__}")
+        try:
+            turns = parse_context(value)
+        except ValueError as e:
+            raise OptionError("invalid_option", str(e)) from None
+        for voice, _ in turns:
+            if voice not in self._refs:
+                raise OptionError("unknown_voice", f"context voice {voice!r} is not a registered voice this server "
+                                  "has prepared")
+        return ",".join(f"{v}:{s}" for v, s in turns) or None
 
     def sampling_params(self, options: dict[str, Any]) -> SamplingParams:
         seed = options.get("seed")
@@ -220,27 +236,24 @@ class CsmProgram:
                               seed=self._seed_rng.getrandbits(63) if seed is None else int(seed))
 
     def new_state(self, voice: str, options: dict[str, Any]) -> CsmState:
-        state = CsmState(voice=voice, context=list(options.get("context") or ()))
+        state = CsmState(voice=voice, context=options.get("context"))
         self._pending = state  # the runtime's next build_prompt call is this job's (LMBackend.add_job)
         return state
 
-    def turns(self, text: str, voice: str, context: list[dict[str, Any]], holder: Any = None) -> list[Turn]:
+    def turns(self, text: str, voice: str, context: str | None, holder: Any = None) -> list[Turn]:
         """The conversation for a segment: the voice's turn, the context turns, the segment.
         The voices are held by ``holder`` (a sequence's state) until it is released."""
+        speakers = [] if voice in SPEAKERS else [(voice, 0)]
         turns: list[Turn] = []
-        speaker = 0
-        for name, spk, words in ([(voice, 0, None)] if voice not in SPEAKERS else []) + [
-                (c["voice"], c["speaker"], c["text"]) for c in context]:
+        for name, speaker in speakers + parse_context(context or ""):
             try:
                 v = self._voice(name)
             except OptionError as e:
                 raise RequestError(JobError(e.code, str(e), retryable=e.code == "capacity")) from None
             if holder is not None:
                 self.voices.hold(v, holder)
-            turns.append(Turn(spk, words or v.transcript, v.rows))
-        if voice in SPEAKERS:
-            speaker = int(voice)
-        turns.append(Turn(speaker, text.strip()))
+            turns.append(Turn(speaker, v.transcript, v.rows))
+        turns.append(Turn(int(voice) if voice in SPEAKERS else 0, text.strip()))
         return turns
 
     def build_prompt(self, text: str, voice: str, options: dict[str, Any]) -> list[int]:
@@ -249,7 +262,7 @@ class CsmProgram:
         for one job at a time) holds the voices; a call with none pending (the warm-up's length
         probes) only returns ids."""
         state, self._pending = self._pending, None
-        turns = self.turns(text, voice, list(options.get("context") or ()), holder=state)
+        turns = self.turns(text, voice, options.get("context"), holder=state)
         ids = build_prompt(self.tokenizer, self.config, turns)
         if len(ids) + 1 > self.max_model_len:
             frames = sum(len(t.rows) for t in turns if t.rows)

@@ -56,7 +56,7 @@ GEN_JOBS = {
                     max_new_tokens=8),
     "clone": dict(checkpoint="main", turns=[(0, VOICES["v-b"][0], "v-b"), (0, "Now say it like that.", None)],
                   max_new_tokens=6),
-    "two_turns": dict(checkpoint="main", turns=[(0, "My own words here.", "v-a"), (1, VOICES["v-b"][0], "v-b"),
+    "two_turns": dict(checkpoint="main", turns=[(1, VOICES["v-a"][0], "v-a"), (0, VOICES["v-b"][0], "v-b"),
                                                 (1, "Final words.", None)], max_new_tokens=6),
     "stop_long": dict(checkpoint="stop", turns=[(0, "Hello there, friend.", None)], max_new_tokens=20),
     "stop_short": dict(checkpoint="stop", turns=[(0, "Don't stop: they'll say you've won.", None)], max_new_tokens=20),

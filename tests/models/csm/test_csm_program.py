@@ -93,7 +93,7 @@ def _request(name: str) -> tuple[str, str, dict[str, Any]]:
     *context, (speaker, text, _) = GEN_JOBS[name]["turns"]
     if len(context) == 1 and context[0][0] == 0 and speaker == 0:  # a registered voice speaking again
         return text, context[0][2], {}
-    turns = [{"voice": v, "speaker": s, "text": t} for s, t, v in context]
+    turns = ",".join(f"{v}:{s}" for s, _, v in context)
     return text, str(speaker), ({"context": turns} if turns else {})
 
 
@@ -211,25 +211,33 @@ def test_unknown_speakers_and_voices_are_refused_naming_what_is_served(tiny) -> 
 
 
 @pytest.mark.parametrize("context, needle", [
-    ("not a list", "list of at most 8"),
-    ([{"voice": "v-a"}] * 9, "list of at most 8"),
-    ([{"voice": "v-a", "text": "x" * 1001}], "at most 1000 characters"),
-    ([{"voice": "v-a", "speaker": 10}], "speaker must be an integer in [0, 9]"),
-    ([{"voice": "v-a", "speaker": True}], "speaker must be an integer"),
-    ([{"voice": "v-a", "colour": "red"}], "keys voice, speaker, text"),
+    (["v-a"], "must be a string"),
+    (",".join(["v-a"] * 9), "at most 8 turns"),
+    ("v-a:" + "0" * 600, "at most 512 characters"),
+    ("v-a:10", "speaker must be an integer in [0, 9]"),
+    ("v-a:x", "speaker must be an integer"),
+    ("v-a,,v-b", "turn 2 names no voice"),
 ])
 def test_malformed_or_oversized_context_is_refused(served, context: Any, needle: str) -> None:
-    """The context option is bounded (8 turns, 1,000 characters a turn, speaker ids 0-9) and checked
-    key by key; what is wrong is named."""
+    """The context option is bounded (8 turns, 512 characters, speaker ids 0-9) and checked entry by
+    entry; what is wrong is named."""
     with pytest.raises(OptionError) as e:
         served["main"].validate("1", {"context": context})
     assert e.value.code == "invalid_option" and needle in str(e.value)
 
 
+def test_context_is_normalised_to_voice_speaker_pairs(served) -> None:
+    """Spaces and default speakers are normalised (the stream's ready message echoes it); an empty
+    context is none."""
+    _, opts = served["main"].validate("1", {"context": " v-a , v-b:1"})
+    assert opts["context"] == "v-a:0,v-b:1"
+    assert served["main"].validate("1", {"context": ""})[1]["context"] is None
+
+
 def test_context_voices_must_be_registered(served) -> None:
     """A context turn naming a voice the server has not prepared is refused with unknown_voice."""
     with pytest.raises(OptionError) as e:
-        served["main"].validate("1", {"context": [{"voice": "v-unheard"}]})
+        served["main"].validate("1", {"context": "v-a,v-unheard:1"})
     assert e.value.code == "unknown_voice" and "v-unheard" in str(e.value)
 
 
@@ -238,7 +246,7 @@ def test_a_conversation_longer_than_a_row_fails_that_job_only(ckpt_root, voice_r
     a job beside it is unaffected."""
     short = _backend(str(ckpt_root / "main"), load_format="auto", max_model_len=96)
     short.program.prepare_voice(voice_refs["v-a"])  # 9 frames
-    turns = [{"voice": "v-a", "speaker": i % 2} for i in range(8)]  # 8 turns of ~22 positions
+    turns = ",".join(f"v-a:{i % 2}" for i in range(8))  # 8 turns of ~22 positions
     _add(short, 1, "Too much context before this.", {"max_tokens": 4, "context": turns}, voice="1")
     _add(short, 2, "Fine.", {"max_tokens": 3, "temperature": 0.0})
     outs = _drain(short)

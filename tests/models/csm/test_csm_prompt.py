@@ -27,8 +27,7 @@ def _ids(program: Any, name: str) -> list[int]:
     if len(context) == 1 and context[0][0] == 0 and speaker == 0:
         voice, options = program.validate(context[0][2], {})
     else:
-        voice, options = program.validate(str(speaker), {"context": [{"voice": v, "speaker": s, "text": t}
-                                                                     for s, t, v in context]})
+        voice, options = program.validate(str(speaker), {"context": ",".join(f"{v}:{s}" for s, _, v in context)})
     return program.build_prompt(text, voice, options)
 
 

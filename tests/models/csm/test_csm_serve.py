@@ -38,11 +38,15 @@ def test_csm_streams_audio_over_the_websocket(server_factory: Any) -> None:
             bad = await client.start(voice="12")
             async for _ in bad.messages():
                 pass
-            assert bad.error["code"] == "unknown_voice" and "0, 1, 2" in bad.error["message"]
-            bad = await client.start(options={"context": [{"voice": "v-x", "speaker": 0}] * 9})
+            assert bad.error["code"] == "unknown_voice" and "'9'" in bad.error["message"]  # (the gateway checks the voice)
+            bad = await client.start(options={"context": ",".join(["v-x:0"] * 9)})
             async for _ in bad.messages():
                 pass
             assert bad.error["code"] == "invalid_option" and "at most 8" in bad.error["message"]
+            bad = await client.start(options={"context": "v-x:1"})
+            async for _ in bad.messages():
+                pass
+            assert bad.error["code"] == "unknown_voice" and "v-x" in bad.error["message"]
 
     asyncio.run(main())
     with urllib.request.urlopen(server.base_url.rstrip("/") + "/health", timeout=10) as r:
