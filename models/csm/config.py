@@ -26,6 +26,9 @@ comes from:
   125 frames): that conversion script's generation config, and Sesame's own generator's defaults;
 - the codec: Kyutai's Mimi (``models.mimi.config.MIMI``), all 32 codebooks.
 
+Cross-check: this geometry has 1,552,791,552 parameters besides the codec (the codebook table
+once), 6.21 GB in float32: the size public mirrors list for Sesame's original ``ckpt.pt``.
+
 ``TINY`` keeps every id and the RoPE of the real model, with toy widths (tests, CPU runs).
 """
 

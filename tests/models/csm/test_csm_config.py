@@ -25,6 +25,19 @@ def test_the_csm_1b_preset_has_the_released_geometry() -> None:
     assert TINY.backbone.rope_scaling == b.rope_scaling and TINY.text_vocab_size == CSM_1B.text_vocab_size
 
 
+def test_the_csm_1b_preset_has_the_original_checkpoints_size() -> None:
+    """Built on the meta device, csm-1b has 1,552,791,552 parameters besides the codec (its
+    codebook table counted once): 6.21 GB in float32, the size of Sesame's ckpt.pt."""
+    import torch
+
+    from models.csm.model import CsmModel
+
+    with torch.device("meta"):
+        m = CsmModel(CSM_1B)
+    m.setup("meta")
+    assert sum(p.numel() for p in m.parameters()) == 1_552_791_552
+
+
 def test_the_reference_config_json_parses_to_the_preset_it_was_written_from(ckpt_root) -> None:
     """config.json as transformers' save_pretrained writes it reads back as TINY (and the
     untied variant as untied)."""
