@@ -8,12 +8,15 @@ Program settings (``LoadContext.setting``; keywords of ``build_lm_backend``):
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from engine.llm.backend import LMBackend
 from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
 
 __all__ = ["CSM_DEFAULTS", "build_csm_backend", "load"]
+
+log = logging.getLogger(__name__)
 
 # Not yet measured on a GPU: no decode cap (every running stream decodes each step).
 CSM_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0)
@@ -45,6 +48,9 @@ def load(ctx: LoadContext) -> ProgramModel:
     loaded = load_csm(ctx.model_id, device=ctx.device, dtype=ctx.dtype, codec_dtype=codec_dtype,
                       load_format=ctx.load_format, max_seq_len=ctx.max_model_len)
     model, config = loaded.model, loaded.config
+    if ctx.max_model_len > config.backbone.max_position_embeddings:
+        log.warning("max_model_len %d exceeds the %d positions CSM was trained on: longer conversations run "
+                    "past them", ctx.max_model_len, config.backbone.max_position_embeddings)
     pool = FramePool(frames, config.num_codebooks, ctx.device)
     slots = CsmSlots(model, ctx.max_num_seqs, pool.table, ctx.device)
     codec = MimiDecodeStream(loaded.mimi, ctx.max_num_seqs, num_codebooks=config.num_codebooks, device=ctx.device,
