@@ -20,8 +20,6 @@ log = logging.getLogger(__name__)
 
 # Not yet measured on a GPU: no decode cap (every running stream decodes each step).
 CSM_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0)
-# Mimi's batches follow the decode rows' (every stream decodes a frame per step).
-CODEC_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, *range(96, 513, 32), *range(576, 2049, 64))
 
 
 def load(ctx: LoadContext) -> ProgramModel:
@@ -59,7 +57,7 @@ def load(ctx: LoadContext) -> ProgramModel:
                          mimi=loaded.mimi, codec_stream=codec, max_model_len=ctx.max_model_len,
                          model_name=ctx.model_id)
     if ctx.use_graphs:
-        program.make_codec_graphs([b for b in CODEC_BUCKETS if b <= ctx.max_num_seqs] or [ctx.max_num_seqs])
+        program.codec.capture(ctx.max_num_seqs, desc="mimi codec graphs")
     b = config.backbone
     shape = _KVShape(b.num_hidden_layers, b.num_attention_heads, b.num_key_value_heads, b.head_dim, b.vocab_size)
     return ProgramModel(program=program, model=CsmForward(model, slots), kv_shape=shape, head=CsmHead(model, slots),

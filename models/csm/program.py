@@ -19,9 +19,10 @@ What the runtime sees (``engine.llm.program``):
   written once per registered voice;
 - the token head (``head.CsmHead``) samples the whole frame inside the step; ``STOP`` in column
   0 ends the sequence (the reference's all-zero frame, which is not audio);
-- audio: each frame of each stream through ``MimiDecodeStream`` once (all streams of a step in
-  one call, a CUDA graph per batch bucket on the GPU, on the codec's own CUDA stream). Mimi is
-  causal: a frame's 1,920 samples go out at once and nothing is left at the end.
+- audio: each frame of each stream through ``MimiDecodeStream`` once, run by
+  ``engine.llm.slot_codec.SlotCodec`` (all streams of a step in one call, a CUDA graph per batch
+  bucket on the GPU, on the codec's own CUDA stream). Mimi is causal: a frame's 1,920 samples
+  go out at once and nothing is left at the end.
 
 Options: ``temperature`` (default 0.9), ``top_k`` (50), ``top_p`` (1.0): the reference's defaults,
 one setting for both stages; ``max_tokens`` (frames per segment, default 375 = 30 s; the
@@ -31,20 +32,17 @@ reference's generation config stops at 125 = 10 s, short for a long sentence); `
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
-from torch import Tensor
 
 from engine.backend import BackendInfo, JobError, OptionError
 from engine.llm.program import Collect
 from engine.llm.scheduler import RequestError
+from engine.llm.slot_codec import SlotCodec
 from engine.llm.sequence import SamplingParams
 from models.csm.codec import encode_frames
 from models.csm.config import CsmConfig
@@ -101,10 +99,10 @@ class CsmProgram:
 
     def __init__(self, model: CsmModel, config: CsmConfig, tokenizer: Tokenizer, *, slots: CsmSlots,
                  voices: VoiceCache, mimi: Any, codec_stream: Any, max_model_len: int, model_name: str = "csm",
-                 codec_graphs: Any = None, seed_rng: random.Random | None = None) -> None:
+                 seed_rng: random.Random | None = None) -> None:
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.slots, self.voices, self.mimi = slots, voices, mimi
-        self.codec_stream, self.codec_graphs = codec_stream, codec_graphs
+        self.codec = SlotCodec(codec_stream, num_codes=config.num_codebooks, device=slots.last_codes.device)
         self.max_model_len = max_model_len
         self._seed_rng = seed_rng or random.Random()
         self._refs: dict[str, Any] = {}  # voice name -> its VoiceRef (encoded again if evicted)
@@ -112,8 +110,6 @@ class CsmProgram:
         self.stop_ids = frozenset({STOP})
         self.vocab_ids = None
         self.allowed_table = None
-        dev = slots.last_codes.device
-        self._cuda_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         self._totals = {"codec_frames": 0, "voices_encoded": 0}
         ranges: dict[str, Any] = {n: {"min": lo, "max": hi, "default": DEFAULT_OPTIONS[n]}
                                   for n, (lo, hi) in OPTION_RANGES.items()}
@@ -293,63 +289,21 @@ class CsmProgram:
 
     # -- frames -> audio --------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _on_codec_stream(self) -> Iterator[None]:
-        if self._cuda_stream is None:
-            yield
-        else:
-            with torch.cuda.stream(self._cuda_stream):
-                yield
-
     def launch_postprocess(self, states: list[CsmState], tokens: list[Any]) -> Collect:
-        """Every row's frame through the streaming codec, one batched call."""
+        """Every row's frame through the streaming codec, one batched call (``SlotCodec``)."""
         if not states:
             return lambda: []
         fresh = [s.slot for s in states if s.num_frames == 0]
         for s in states:
             s.num_frames += 1
         self._totals["codec_frames"] += len(states)
-        dev = self.slots.last_codes.device
-        bins = self.config.mimi.quantizer.bins
-        with self._on_codec_stream():
-            if fresh:
-                self.codec_stream.reset(torch.tensor(fresh, dtype=torch.int64).to(dev, non_blocking=True))
-            slots = torch.tensor([s.slot for s in states], dtype=torch.int64).to(dev, non_blocking=True)
-            codes = torch.tensor([row[1:] for row in tokens], dtype=torch.int64).to(dev, non_blocking=True)
-            codes = codes.clamp_(max=bins - 1)  # (codebook specials, never sampled by a trained model)
-            if self.codec_graphs is not None:
-                from engine.llm.host_copy import start_host_copy
-
-                waits = []
-                largest = self.codec_graphs.max_batch_size
-                for i in range(0, len(states), largest):
-                    (out,) = self.codec_graphs.run(slots[i:i + largest] + 1, codes[i:i + largest])
-                    waits.append(start_host_copy(out))
-                return lambda: [np.clip(row.numpy(), -1.0, 1.0) for wait in waits for row in wait()]
-            with torch.inference_mode():
-                pcm: Tensor = self.codec_stream.step(slots, codes).float().cpu()  # [N, 1920]
-        return lambda: [np.clip(row.numpy(), -1.0, 1.0) for row in pcm]
+        top = self.config.mimi.quantizer.bins - 1  # (codebook specials, never sampled by a trained model)
+        codes = [[min(int(c), top) for c in row[1:]] for row in tokens]
+        pcm = self.codec.launch([s.slot for s in states], codes, fresh)
+        return lambda: [row.clip(-1.0, 1.0) for row in pcm()]
 
     def launch_finish(self, states: list[CsmState]) -> Collect:
         """Mimi is causal: a finished segment has no audio left. Its voices are released."""
         for st in states:
             self.release(st)
         return lambda: [None] * len(states)
-
-    def make_codec_graphs(self, buckets: Any) -> Any:
-        """Capture the Mimi step per batch bucket (CUDA): inputs slot + 1 (0: padding, the
-        scratch slot) and the frame's codes."""
-        from engine.llm.cuda_graphs import BatchGraphs
-
-        stream = self.codec_stream
-        scratch = stream.scratch_slot
-
-        def step(slot1: Tensor, codes: Tensor) -> Tensor:
-            slots = torch.where(slot1 > 0, slot1 - 1, torch.full_like(slot1, scratch))
-            return stream.step(slots, codes).float()
-
-        graphs = BatchGraphs(step, [((), torch.int64), ((self.config.num_codebooks,), torch.int64)], buckets=buckets,
-                             device=self.slots.last_codes.device)
-        graphs.capture(desc="mimi codec graphs")
-        self.codec_graphs = graphs
-        return graphs
