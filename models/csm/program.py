@@ -116,9 +116,10 @@ class CsmProgram:
         ranges["seed"] = {"min": 0, "max": 2**63 - 1, "default": None}
         ranges["context"] = {"type": "string", "format": "voice[:speaker],... (registered voices, speakers 0-9)",
                              "max_turns": MAX_CONTEXT_TURNS, "max_chars": MAX_CONTEXT_CHARS, "default": None}
-        extra = {"supports_cloning": True} if "supports_cloning" in BackendInfo.__dataclass_fields__ else {}
+        # One decode row per Mimi frame: 12.5 a second of audio (admission, engine.admission).
         self.info = BackendInfo(model=model_name, voices=SPEAKERS, default_voice=SPEAKERS[0],
-                                sample_rate=config.sample_rate, options=ranges, **extra)
+                                sample_rate=config.sample_rate, options=ranges, supports_cloning=True,
+                                tokens_per_audio_second=config.sample_rate / config.frame_size)
 
     # -- voices -----------------------------------------------------------------------------
 

@@ -199,6 +199,17 @@ def test_the_cuda_graph_path_gives_the_eager_frames(async_steps: bool) -> None:
     assert runs[0] == runs[1]
 
 
+def test_info_declares_the_frames_it_makes_per_second_of_audio(tiny) -> None:
+    """Admission's rate is CSM's own: one decode row per Mimi frame, 12.5 per second of audio."""
+    from models.csm.model import STOP
+
+    rate = tiny.info.tokens_per_audio_second
+    assert rate == 12.5 and tiny.info.supports_cloning
+    outs, frames = _run(tiny, "Admission counts frames.", {"temperature": 0.0, "max_tokens": 6}, job=77)
+    spoken = sum(1 for f in frames if f[0] != STOP)
+    assert spoken and _audio(outs, 77).size == spoken * tiny.info.sample_rate / rate
+
+
 def test_unknown_speakers_and_voices_are_refused_naming_what_is_served(tiny) -> None:
     """An unknown speaker id or voice is refused naming the speaker ids; so is an unknown option."""
     for voice in ("10", "nobody", "-1"):
