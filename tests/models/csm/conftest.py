@@ -5,7 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.models.csm.csm_fixtures import REF_PYTHON, VOICES, build_checkpoints, reference_outputs, write_voice
+import torch
+from tests.models.csm.csm_fixtures import REF_PYTHON, VOICES, build_and_run, write_voice
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: one thread avoids thread-pool overheads on a loaded 2-core machine (a
+    depth-decoder step took milliseconds per op with two threads there, microseconds with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -16,15 +27,21 @@ def ref_available() -> None:
 
 
 @pytest.fixture(scope="session")
-def ckpt_root(ref_available, tmp_path_factory) -> Path:
-    """main/ and stop/: tiny checkpoints written by the reference's own save_pretrained."""
-    return build_checkpoints(tmp_path_factory.mktemp("csm_ckpt"))
+def _reference_run(ref_available, tmp_path_factory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("csm_ckpt")
+    return root, build_and_run(root, tmp_path_factory.mktemp("csm_ref"))
 
 
 @pytest.fixture(scope="session")
-def reference(ckpt_root, tmp_path_factory) -> dict:
-    """Every reference output the tests compare with (one subprocess run)."""
-    return reference_outputs(ckpt_root, tmp_path_factory.mktemp("csm_ref"))
+def ckpt_root(_reference_run) -> Path:
+    """main/ and stop/: tiny checkpoints written by the reference's own save_pretrained."""
+    return _reference_run[0]
+
+
+@pytest.fixture(scope="session")
+def reference(_reference_run) -> dict:
+    """Every reference output the tests compare with (the same subprocess run)."""
+    return _reference_run[1]
 
 
 @pytest.fixture(scope="session")

@@ -84,17 +84,13 @@ def run_reference(args: list[str], timeout_s: float) -> None:
         raise RuntimeError(f"reference run failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
-def build_checkpoints(out: Path) -> Path:
-    spec_file = out / "spec.json"
+def build_and_run(root: Path, work: Path) -> dict:
+    """The tiny checkpoints written to ``root`` (``spec``), then every reference output of
+    ``jobs`` from them: one reference process (importing transformers is most of its time)."""
+    spec_file, jobs_file, out = work / "spec.json", work / "jobs.json", work / "ref_out.pt"
     spec_file.write_text(json.dumps(spec()))
-    run_reference(["build", str(out), str(spec_file)], timeout_s=600)
-    return out
-
-
-def reference_outputs(root: Path, work: Path) -> dict:
-    jobs_file, out = work / "jobs.json", work / "ref_out.pt"
     jobs_file.write_text(json.dumps(jobs()))
-    run_reference(["run", str(root), str(jobs_file), str(out)], timeout_s=900)
+    run_reference(["build-run", str(root), str(spec_file), str(jobs_file), str(out)], timeout_s=900)
     return torch.load(out)
 
 

@@ -3,6 +3,7 @@
 
     python reference_run.py build OUT_DIR SPEC.json   # tiny checkpoints in the real layout
     python reference_run.py run CKPT_ROOT JOBS.json OUT.pt
+    python reference_run.py build-run OUT_DIR SPEC.json JOBS.json OUT.pt   # both, one import
 
 ``build`` writes one folder per checkpoint of the spec with the reference's own
 ``save_pretrained`` (config.json, model.safetensors with ``codec_model.*``,
@@ -161,9 +162,13 @@ def run(root: Path, jobs: dict, out: Path) -> None:
 
 
 def main() -> None:
+    torch.set_num_threads(1)  # tiny tensors (see conftest.one_thread)
     cmd = sys.argv[1]
     if cmd == "build":
         build(Path(sys.argv[2]), json.loads(Path(sys.argv[3]).read_text()))
+    elif cmd == "build-run":  # transformers' import is most of a run's time: pay it once
+        build(Path(sys.argv[2]), json.loads(Path(sys.argv[3]).read_text()))
+        run(Path(sys.argv[2]), json.loads(Path(sys.argv[4]).read_text()), Path(sys.argv[5]))
     elif cmd == "run":
         run(Path(sys.argv[2]), json.loads(Path(sys.argv[3]).read_text()), Path(sys.argv[4]))
     else:

@@ -15,10 +15,11 @@ from gateway.client import VoxgateClient
 pytestmark = pytest.mark.slow
 
 
-def test_csm_streams_audio_over_the_websocket(server_factory: Any) -> None:
+def test_csm_streams_audio_over_the_websocket(server_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sentence spoken by speaker 1 comes back as segments of max_tokens frames of 1,920 samples; hello and
     /health say the weights are random and list the speaker ids; an unknown speaker and a malformed
     context are refused naming what is served."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the engine's tiny tensors (see conftest.one_thread)
     server = server_factory("--model", "csm-tiny", "--load-format", "dummy", "--device", "cpu",
                             "--max-num-seqs", "4", "--max-model-len", "512")
 
