@@ -72,6 +72,13 @@ ENTRIES: tuple[ModelEntry, ...] = (
                default_id="kyutai/tts-1.6b-en_fr", aliases={"kyutai-tts-tiny": "tiny"},
                hub_prefixes=("kyutai/tts",), architectures=("tts",),
                requires=("torch", "safetensors", "sentencepiece"), extra="kyutai-tts"),
+    ModelEntry("csm", "lm", "models.csm.build:load",
+               "Sesame CSM-1B (Llama-3.2-1B backbone + depth decoder, 32 Mimi codebooks), speakers 0-9, "
+               "registered voices and earlier turns as context; 'csm-tiny' is a tiny random one "
+               "(--load-format dummy)", "gpu",
+               default_id="sesame/csm-1b", aliases={"csm-tiny": "tiny", "csm-1b": "sesame/csm-1b"},
+               hub_prefixes=("sesame/csm",), architectures=("CsmForConditionalGeneration", "csm"),
+               requires=("torch", "safetensors", "tokenizers"), extra="csm"),
 )
 
 
