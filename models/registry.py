@@ -3,7 +3,8 @@
 The one place models are registered. ``resolve`` matches, in order: a registered name or alias
 (case-insensitive), a hub id whose owner/name starts with a registered prefix (or whose name
 contains the family's name: ``someone/orpheus-3b-finetune``), a local directory
-whose ``config.json`` names a registered architecture (``architectures`` or ``model_type``).
+whose ``config.json`` names a registered architecture (``architectures``, ``model_type`` or
+``architecture``).
 Anything else is refused with the list of what is served. ``check_requirements`` says which
 extra to install when a program's packages are missing. Nothing here imports torch.
 """
@@ -66,6 +67,12 @@ ENTRIES: tuple[ModelEntry, ...] = (
                         "qwen3-tts-0.6b-base": "Qwen/Qwen3-TTS-12Hz-0.6B-Base"},
                hub_prefixes=("qwen/qwen3-tts",), architectures=("Qwen3TTSForConditionalGeneration", "qwen3_tts"),
                requires=("torch", "safetensors", "tokenizers"), extra="qwen3-tts"),
+    ModelEntry("voxcpm2", "lm", "models.voxcpm2.build:load",
+               "VoxCPM2 (MiniCPM4 + flow-matching patches, AudioVAE 48 kHz; zero-shot and cloned voices, "
+               "--lora folded at load); 'voxcpm2-tiny' is a tiny random one (--load-format dummy)", "gpu",
+               default_id="openbmb/VoxCPM2", aliases={"voxcpm2-tiny": "tiny"},
+               hub_prefixes=("openbmb/voxcpm",), architectures=("voxcpm2",),
+               requires=("torch", "safetensors", "tokenizers"), extra="voxcpm2"),
 )
 
 
@@ -99,7 +106,7 @@ def _from_config(path: Path) -> ModelEntry | None:
         cfg: dict[str, Any] = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    names = set(cfg.get("architectures") or []) | {str(cfg.get("model_type", ""))}
+    names = set(cfg.get("architectures") or []) | {str(cfg.get("model_type", "")), str(cfg.get("architecture", ""))}
     for e in ENTRIES:
         if names & set(e.architectures):
             return e
