@@ -18,10 +18,13 @@ LM step; the collect waits for it):
   before the ring entries are written again: the next writes to them are ``R`` patches later,
   and the host collects (waits for) each call's work before it launches more than two further
   steps, so ``R >= C + 3`` suffices (the program uses more);
-- a finished sequence's last chunk is gathered before another sequence takes its slot:
-  ``run(..., final=True)`` records an event after its gathers, and ``wait_slot`` (called from
-  ``bind_slot``, before the new sequence's first step is launched or its context written) makes
-  the LM's stream wait for it.
+- a finished sequence's last chunk is read before another sequence takes its slot. Without
+  asynchronous steps the runtime launches the step that puts a new sequence in a freed slot
+  *before* it hands the program the old one's stop (``launch_finish``), so ``bind_slot`` calls
+  ``spill`` first: the slot's ring row and context are copied aside (on the LM's stream, before
+  the new sequence's first step) and the old sequence's last chunk reads the copy. With them,
+  ``launch_finish`` comes first, and ``run(..., final=True)`` records an event after its
+  gathers that ``wait_slot`` (also from ``bind_slot``) makes the LM's stream wait for.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ from models.voxcpm2.vae import VAEStream
 
 __all__ = ["ChunkDecoder", "ChunkRow"]
 
-_ZERO, _CONTEXT, _RING = 0, 1, 2  # where a chunk position's patch comes from
+# where a chunk position's patch comes from: nothing (padding), the context, the ring, or their
+# copies set aside when the slot was taken before the sequence's last chunk was read (``spill``)
+_ZERO, _CONTEXT, _RING, _CONTEXT_SPILLED, _RING_SPILLED = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -52,6 +57,7 @@ class ChunkRow:
     num_context: int  # K: context patches before the generated ones
     start: int  # virtual positions already decoded
     available: int  # virtual positions known (context + patches generated)
+    spilled: bool = False  # its ring row and context were copied aside (``ChunkDecoder.spill``)
 
 
 class ChunkDecoder:
@@ -70,6 +76,8 @@ class ChunkDecoder:
         self.stream = VAEStream(vae, max_slots, chunk_patches * p)
         self.patch_samples = p * self.stream.hop
         self.context = torch.zeros(rows, CONTEXT_PATCHES, p, d, device=self.device, dtype=ring.dtype)
+        self.spilled_ring = torch.zeros_like(ring)
+        self.spilled_context = torch.zeros_like(self.context)
         self.graphs: Any = None  # BatchGraphs of ``step_fn`` (CUDA), or None: eager
         self._cuda_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._read: dict[int, Any] = {}  # slot -> event after a finished sequence's last gather
@@ -84,6 +92,20 @@ class ChunkDecoder:
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
 
+    def spill(self, row: ChunkRow) -> None:
+        """Another sequence takes ``row``'s slot before its last chunk is read: copy the slot's
+        ring row and context aside (on the current stream, before the new sequence's first step);
+        ``row``'s chunks read the copies from now on."""
+        s = row.slot
+        self.spilled_ring[s].copy_(self.ring[s])
+        self.spilled_context[s].copy_(self.context[s])
+        row.spilled = True
+
+    def patch(self, row: ChunkRow, i: int) -> Tensor:
+        """Generated patch ``i`` of ``row``'s sequence [P, D], where its chunks read it (tests)."""
+        ring = self.spilled_ring if row.spilled else self.ring
+        return ring[row.slot, i % ring.shape[1]]
+
     def set_context(self, slot: int, context: Tensor | None) -> None:
         """A continuation voice's warm-up patches [K, P, D] for the slot (after ``wait_slot``)."""
         if context is not None:
@@ -97,10 +119,12 @@ class ChunkDecoder:
         scratch = self.stream.scratch_slot
         slots = torch.where(slot1 > 0, slot1 - 1, torch.full_like(slot1, scratch))
         rows = slots[:, None]
-        from_ring = self.ring[rows, ring_idx]  # [N, C, P, D]
-        from_ctx = self.context[rows, ctx_idx]
         k = kind[:, :, None, None]
-        x = torch.where(k == _RING, from_ring, torch.where(k == _CONTEXT, from_ctx, torch.zeros_like(from_ring)))
+        x = torch.zeros(kind.shape + self.ring.shape[2:], device=kind.device, dtype=self.ring.dtype)  # [N, C, P, D]
+        for code, src, idx in ((_RING, self.ring, ring_idx), (_CONTEXT, self.context, ctx_idx),
+                               (_RING_SPILLED, self.spilled_ring, ring_idx),
+                               (_CONTEXT_SPILLED, self.spilled_context, ctx_idx)):
+            x = torch.where(k == code, src[rows, idx], x)
         z = x.reshape(x.shape[0], -1, self.feat_dim).transpose(1, 2)  # [N, D, C * P]
         return self.stream.step(slots, z).float()
 
@@ -149,7 +173,9 @@ class ChunkDecoder:
         v = np.array([r.start for r in rows])[:, None] + np.arange(c)[None]  # [N, C] virtual positions
         k = np.array([r.num_context for r in rows])[:, None]
         avail = np.array([r.available for r in rows])[:, None]
-        kind = np.where(v < k, _CONTEXT, np.where(v < avail, _RING, _ZERO))
+        spilled = np.array([r.spilled for r in rows])[:, None]
+        kind = np.where(v < k, np.where(spilled, _CONTEXT_SPILLED, _CONTEXT),
+                        np.where(v < avail, np.where(spilled, _RING_SPILLED, _RING), _ZERO))
         ctx_idx = np.clip(v, 0, CONTEXT_PATCHES - 1)
         ring_idx = np.maximum(v - k, 0) % ring_len
         dev = self.device

@@ -8,7 +8,9 @@ What the runtime sees (``engine.llm.program``):
   positions than a row holds (``max_model_len``) is refused there (``too_long``);
 - per-slot state (``bind_slot``): the head's settings for the slot (Euler steps, guidance,
   ``min_len``, the patch cap, the first condition), the voice's prompt patches
-  (``SlotFeatures.prompt``) and the decoder's warm-up patches;
+  (``SlotFeatures.prompt``) and the decoder's warm-up patches; a slot's previous sequence whose
+  stop the program has not been handed yet (without asynchronous steps the runtime launches
+  the step that reuses the slot first) has its patches set aside first (``ChunkDecoder.spill``);
 - the token head (``head.PatchHead``) samples the patch inside the step and returns
   ``[LAST_PATCH | STOP, patch index]``; the runtime feeds ``LAST_PATCH`` back (the forward reads
   the slot's last patch) and ends the sequence on ``STOP``. The stop patch is audio too: it is
@@ -93,6 +95,7 @@ class VoxCPM2State:
     slot: int = -1
     num_patches: int = 0  # patches through launch_postprocess
     chunks: ChunkRow | None = None  # the decoder's progress (set in bind_slot)
+    is_done: bool = False  # launch_finish or release has been called
 
 
 class VoxCPM2Program:
@@ -113,6 +116,7 @@ class VoxCPM2Program:
         self.max_cached_voices = max_cached_voices
         self._voice_keys: dict[str, str] = {}  # voice name -> the sha256 it was encoded from
         self._pending: VoxCPM2State | None = None  # made by new_state, completed by build_prompt
+        self._owners: dict[int, VoxCPM2State] = {}  # slot -> the last sequence bound to it
         self.ranges = dict(OPTION_RANGES, inference_timesteps=(int, 1, head.max_steps))
         self.defaults = dict(DEFAULT_OPTIONS, inference_timesteps=min(10, head.max_steps))
         options: dict[str, Any] = {n: {"min": lo, "max": hi, "default": self.defaults[n]}
@@ -234,7 +238,11 @@ class VoxCPM2Program:
 
     def bind_slot(self, state: VoxCPM2State, slot: int) -> None:
         """Before the sequence's first step: the head's settings and the voice's patches for ``slot``."""
-        self.decoder.wait_slot(slot)  # the slot's previous sequence has been read to its last patch
+        self.decoder.wait_slot(slot)  # the last chunk gathered from this slot (and its copies) has been read
+        old = self._owners.get(slot)
+        if old is not None and not old.is_done:  # it ended at the step just taken; its stop comes later
+            self.decoder.spill(old.chunks)
+        self._owners[slot] = state
         state.slot = slot
         v = state.voice
         self.head.configure(slot, steps=state.steps, cfg=state.cfg, min_len=state.min_len, max_len=state.cap,
@@ -257,7 +265,7 @@ class VoxCPM2Program:
         pass
 
     def release(self, state: VoxCPM2State) -> None:
-        pass  # the slot's decoder state is reset by the next sequence's first chunk
+        state.is_done = True  # (the slot's decoder state is reset by the next sequence's first chunk)
 
     def totals(self) -> dict[str, int]:
         out = {"vae_chunks": self.decoder.num_chunks}
@@ -281,6 +289,7 @@ class VoxCPM2Program:
         for st in states:
             if st.num_patches < st.cap:  # (a sequence cut at max_tokens had its last patch counted)
                 st.num_patches += 1
+            st.is_done = True
             st.chunks.available = st.chunks.num_context + st.num_patches
         return self.decoder.run([st.chunks for st in states], final=True)
 

@@ -1,0 +1,117 @@
+"""Cloned VoxCPM2 voices: WAV reading, resampling to the encoder's 16 kHz, a registered voice of the
+voice store prepared once (``prepare_voice``), refusals naming what is wrong."""
+
+from __future__ import annotations
+
+import hashlib
+import wave
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tests.models.voxcpm2.voxcpm2_serving import backend, run
+
+from engine.backend import OptionError
+from models.voxcpm2.voices import read_wav, resample
+
+
+def _tone(rate: int, seconds: float) -> np.ndarray:
+    t = np.arange(int(rate * seconds)) / rate
+    return (0.3 * np.sin(2 * np.pi * 440 * t) + 0.2 * np.sin(2 * np.pi * 3000 * t)).astype(np.float32)
+
+
+def _write(path: Path, wav: np.ndarray, rate: int, *, width: int = 2, channels: int = 1) -> Path:
+    scale = {2: 32767, 3: 8388607}[width]
+    ints = np.round(np.repeat(wav[:, None], channels, axis=1) * scale).astype(np.int64).reshape(-1)
+    data = b"".join(int(v).to_bytes(width, "little", signed=True) for v in ints) if width == 3 else \
+        ints.astype("<i2").tobytes()
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(data)
+    return path
+
+
+def _ref(path: Path, rate: int, transcript: str | None = None, voice_id: str = "v1") -> Any:
+    return SimpleNamespace(voice_id=voice_id, path=str(path), sample_rate=rate,
+                           sha256=hashlib.sha256(path.read_bytes()).hexdigest(), transcript=transcript)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Any:
+    return backend(max_num_seqs=2, max_voice_patches=12)
+
+
+@pytest.mark.parametrize("orig", [48000, 24000, 22050, 44100])
+def test_resampling_to_16k_matches_scipys_polyphase_filter(orig: int) -> None:
+    """Tones well inside the band come out as scipy's resample_poly makes them (both near-ideal
+    low-pass filters), with ceil(n * 16000 / orig) samples."""
+    from scipy.signal import resample_poly
+
+    x = _tone(orig, 0.5)
+    got = resample(torch.from_numpy(x), orig, 16000).numpy()
+    g = np.gcd(orig, 16000)
+    want = resample_poly(x, 16000 // g, orig // g)
+    assert got.size == -(-x.size * 16000 // orig)
+    n = min(got.size, want.size)
+    np.testing.assert_allclose(got[200:n - 200], want[200:n - 200], atol=3e-3)
+    assert torch.equal(resample(torch.from_numpy(x), orig, orig), torch.from_numpy(x))
+
+
+def test_wav_files_read_as_mono_float(tmp_path: Path) -> None:
+    """16- and 24-bit PCM, mono and stereo (averaged), read back to within a quantisation step."""
+    x = _tone(16000, 0.1)
+    for width, channels in ((2, 1), (3, 2)):
+        got, rate = read_wav(str(_write(tmp_path / f"a{width}.wav", x, 16000, width=width, channels=channels)))
+        assert rate == 16000 and got.dtype == np.float32
+        np.testing.assert_allclose(got, x, atol=2.0 / 32767)
+    with pytest.raises(ValueError, match="PCM WAV"):
+        read_wav(str(tmp_path / "missing.wav"))
+
+
+def test_a_registered_voice_is_prepared_once(tiny, tmp_path: Path) -> None:
+    """prepare_voice encodes the voice store's WAV once (again only when its sha256 changes) and
+    returns its name, which validate then accepts; at 16 kHz it equals the encoder's own patches
+    of the file's samples; a transcript adds the continuation part."""
+    program = tiny.program
+    path = _write(tmp_path / "v.wav", _tone(16000, 0.5), 16000)
+    assert program.prepare_voice(_ref(path, 16000)) == "v1"
+    first = program.voices["v1"]
+    assert program.prepare_voice(_ref(path, 16000)) == "v1" and program.voices["v1"] is first
+    wav, _ = read_wav(str(path))
+    with torch.no_grad():
+        want = program.vae.encode_patches(torch.from_numpy(wav), 4)
+    assert first.prompt is None and torch.equal(first.ref, want)
+    assert tiny.validate("v1", {})[0] == "v1"
+    path2 = _write(tmp_path / "w.wav", _tone(24000, 0.4), 24000)
+    assert program.prepare_voice(_ref(path2, 24000, transcript="Some words.", voice_id="v2")) == "v2"
+    v2 = program.voices["v2"]
+    assert v2.num_ref == v2.num_prompt > 0 and v2.prompt_text == "Some words."
+
+
+def test_a_registered_voice_is_spoken(tiny, tmp_path: Path) -> None:
+    """A prepared voice serves like any other: its patches differ from the zero-shot voice's."""
+    path = _write(tmp_path / "s.wav", _tone(16000, 0.5), 16000)
+    name = tiny.program.prepare_voice(_ref(path, 16000, voice_id="spoken"))
+    opts = {"max_tokens": 5, "min_len": 4, "inference_timesteps": 2, "seed": 1}
+    cloned, wav = run(tiny, "Hello there.", opts, voice=name)
+    plain, _ = run(tiny, "Hello there.", opts)
+    assert wav.size == 5 * 7680 and not torch.allclose(cloned, plain)
+
+
+def test_unusable_voices_are_refused_naming_why(tiny, tmp_path: Path) -> None:
+    """A missing or non-WAV file, a rate that is not its record's, audio longer than a slot holds."""
+    program = tiny.program
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"not a wav")
+    cases = [(_ref(bad, 16000), "PCM WAV"),
+             (_ref(_write(tmp_path / "r.wav", _tone(16000, 0.2), 16000), 24000), "16000 Hz"),
+             (_ref(_write(tmp_path / "long.wav", _tone(16000, 3.0), 16000), 16000), "a slot holds 12")]
+    for ref, why in cases:
+        with pytest.raises(OptionError) as e:
+            program.prepare_voice(ref)
+        assert e.value.code == "voice_unavailable" and why in str(e.value)
