@@ -43,8 +43,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from engine.backend import BackendInfo, JobError, OptionError
 from engine.llm.program import Collect
 from engine.llm.scheduler import RequestError
@@ -52,7 +50,7 @@ from engine.llm.sequence import SamplingParams
 from models.voxcpm2.audio import ChunkDecoder, ChunkRow
 from models.voxcpm2.head import PatchHead
 from models.voxcpm2.model import STOP, SlotFeatures
-from models.voxcpm2.prompt import Prompt, TextTokenizer, build_prompt, max_patches, normalize_text
+from models.voxcpm2.prompt import Prompt, build_prompt, max_patches, normalize_text
 from models.voxcpm2.voices import ClonedVoice, encode_voice, read_wav
 
 __all__ = ["DEFAULT_VOICE", "MAX_PATCHES", "StandInTokenizer", "VoxCPM2Program", "VoxCPM2State"]
