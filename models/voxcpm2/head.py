@@ -63,6 +63,13 @@ class PatchHead:
         self.t = torch.zeros(rows, max_steps, device=dev)
         self.dt = torch.zeros(rows, max_steps, device=dev)
         self.live = torch.zeros(rows, max_steps, dtype=torch.bool, device=dev)
+        # Every step count's padded schedule, on the device once: ``configure`` copies device to
+        # device (a copy from host memory would wait for the step in flight)
+        self._schedules: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+        for n in range(1, max_steps + 1):
+            t, dt, live = schedule(n).padded(max_steps)
+            self._schedules[n] = (torch.tensor(t, device=dev), torch.tensor(dt, device=dev),
+                                  torch.tensor(live, device=dev))
         self.configure(max_num_seqs, steps=min(10, max_steps), cfg=2.0, min_len=2)
 
     def configure(self, slot: int, *, steps: int, cfg: float, min_len: int, cond: Tensor | None = None,
@@ -73,10 +80,10 @@ class PatchHead:
             raise ValueError(f"steps must be in [1, {self.max_steps}], got {steps}")
         if max_len is not None and max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
-        t, dt, live = schedule(steps).padded(self.max_steps)
-        self.t[slot] = torch.tensor(t)
-        self.dt[slot] = torch.tensor(dt)
-        self.live[slot] = torch.tensor(live)
+        t, dt, live = self._schedules[steps]
+        self.t[slot].copy_(t)
+        self.dt[slot].copy_(dt)
+        self.live[slot].copy_(live)
         self.cfg[slot] = float(cfg)
         self.min_len[slot] = int(min_len)
         self.max_len[slot] = NO_CAP if max_len is None else int(max_len)
