@@ -208,7 +208,12 @@ class VoxCPM2Program:
                               max_tokens=int(options["max_tokens"]))
 
     def new_state(self, voice: str, options: dict[str, Any]) -> VoxCPM2State:
-        state = VoxCPM2State(voice=self.voices.get(voice), steps=int(options["inference_timesteps"]),
+        cloned = self.voices.get(voice)
+        if cloned is None and voice != DEFAULT_VOICE:  # dropped from the cache since validate
+            raise RequestError(JobError("voice_unavailable", f"voice {voice!r} is no longer loaded (more than "
+                                        f"{self.max_cached_voices} voices were prepared since); open the stream "
+                                        "again", retryable=True))
+        state = VoxCPM2State(voice=cloned, steps=int(options["inference_timesteps"]),
                              cfg=float(options["cfg_value"]), min_len=int(options["min_len"]),
                              max_tokens=int(options["max_tokens"]))
         self._pending = state

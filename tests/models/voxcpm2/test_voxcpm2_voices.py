@@ -115,3 +115,18 @@ def test_unusable_voices_are_refused_naming_why(tiny, tmp_path: Path) -> None:
         with pytest.raises(OptionError) as e:
             program.prepare_voice(ref)
         assert e.value.code == "voice_unavailable" and why in str(e.value)
+
+
+def test_a_voice_dropped_from_the_cache_fails_its_next_segment(tmp_path: Path) -> None:
+    """Past max_cached_voices the oldest voice is dropped: a segment that still names it fails
+    with a retryable voice_unavailable (never spoken zero-shot instead); the newer voice serves."""
+    b = backend(max_num_seqs=1)
+    b.program.max_cached_voices = 1
+    wav = _tone(16000, 0.3)
+    b.program.add_voice("old", sample_rate=16000, ref_wav=wav)
+    voice, opts = b.validate("old", {"max_tokens": 2, "min_len": 1, "inference_timesteps": 1})
+    b.program.add_voice("new", sample_rate=16000, ref_wav=wav)
+    b.add_job(1, "Hello.", voice, opts)
+    out = b.step()
+    assert [(o.job_id, o.error.code, o.error.retryable) for o in out] == [(1, "voice_unavailable", True)]
+    assert sorted(b.program.voices) == ["new"]
