@@ -91,7 +91,7 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                         "(default: hubertsiuzdak/snac_24khz)")
     m.add_argument("--lora", default=None, metavar="PATH",
                    help="VoxCPM2: a LoRA adapter (lora_weights.safetensors or its folder) folded into "
-                        "the weights once at load")
+                        "the weights once at load; without it the base weights (default: none)")
     m.add_argument("--synthetic-fast", dest="synthetic_realtime", action="store_false",
                    help="synthetic model: emit audio as fast as possible instead of at real time")
 

@@ -64,7 +64,8 @@ def test_serve_help_shows_every_default(serve_help: str) -> None:
         if action.nargs == 0:  # an on/off flag: its help says what it turns on
             continue
         entry = " ".join(entries[action.option_strings[0]].split())
-        shown = "hubertsiuzdak/snac_24khz" if action.default is None else str(action.default)
+        unset = {"--codec": "hubertsiuzdak/snac_24khz", "--lora": "none"}  # what a None default means
+        shown = unset[action.option_strings[0]] if action.default is None else str(action.default)
         assert re.search(r"\(default: " + re.escape(shown) + r"\)", entry), entry
     assert "(default: 8000)" in entries["--port"]
 
