@@ -21,9 +21,17 @@ Contract:
   next audio is needed (the engine core keeps it current: a stream's first audio soon, a playing
   stream's when its client would run dry, a segment generated ahead later). A backend that
   can choose what to run next serves the earliest deadline first; one without it is FIFO.
+- Optional ``prepare_voice(voice_ref) -> str``: make a registered voice (``engine.messages.
+  VoiceRef``: a WAV file, its rate, sha256 and transcript) usable and return the voice name to
+  pass to ``validate``; raise ``OptionError`` if the reference cannot be used. It is called
+  only while ``info.supports_cloning`` is true; without both, the backend cannot clone (the
+  stream fails with ``cloning_unsupported``).
 - Input streaming (``info.input_streaming``): the engine core gives each stream's turn one job
   and feeds it ``push_text(job_id, text, flush=..., final=...)`` as text arrives; the backend
   speaks it as the model takes it, and ends the job after ``final``.
+- Optional ``step_counts()`` (decode rows and prompt tokens launched since start) and
+  ``max_decode_rows`` (the most decode rows a step runs): a step-based backend's figures for
+  admission, with ``info.tokens_per_audio_second`` (``engine.admission``).
 - A job ends with exactly one ``JobOutput`` whose ``is_finished`` is true (possibly carrying
   the last audio) or whose ``error`` is set. An error fails that job only.
 """
@@ -55,12 +63,17 @@ class BackendInfo:
     sample_rate: int
     # Names and ranges of the per-stream options a client may set, for docs and errors.
     options: dict[str, Any] = field(default_factory=dict)
+    supports_cloning: bool = False  # has ``prepare_voice``: takes registered voices
     # The backend takes a stream's text as it arrives (native input streaming): one job per
     # turn, fed by ``push_text``, instead of one job per segment.
     input_streaming: bool = False
     # "loaded" (the checkpoint's weights) or "random" (``--load-format dummy``: noise, for
     # benchmarks); said wherever the model is named (hello, /health, the start-up line).
     weights: str = "loaded"
+    # Decode rows (audio tokens, or frames where a row samples a whole frame) one stream needs
+    # per second of audio, for a step-based backend: the engine's admission turns its measured
+    # step times into a capacity in streams with it (engine.admission). None: not step-based.
+    tokens_per_audio_second: float | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ def hibari_backend(config: EngineConfig) -> Backend:
 def synthetic_backend(config: EngineConfig) -> Backend:
     from engine.synthetic import SyntheticBackend
 
-    return SyntheticBackend(realtime=config.synthetic_realtime)
+    return SyntheticBackend(realtime=config.synthetic_realtime,
+                            clone_voices=config.synthetic_cloning)
 
 
 def build_backend(config: EngineConfig) -> Backend:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.admission import AdmissionConfig
 from engine.core import CoreConfig
 
 __all__ = ["EngineConfig"]
@@ -84,8 +85,13 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) | "fp8"
     quantization: str = "none"  # "none" | "fp8"
     synthetic_realtime: bool = True  # synthetic model: pace chunks at real time
+    synthetic_cloning: bool = False  # synthetic model: accept registered voices (tests)
     hibari_threads: int = 1
     core: CoreConfig = field(default_factory=CoreConfig)
+    # Admission of streams by the capacity measured from the engine's step times: a stream past
+    # it waits in a bounded queue or is refused with a retryable `capacity` error
+    # (engine.admission, docs/scheduling.md).
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     queue_capacity_bytes: int = 32 * 1024 * 1024
     max_message_bytes: int = 4 * 1024 * 1024
     stats_interval_s: float = 1.0

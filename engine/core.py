@@ -6,8 +6,12 @@ Segments of one stream are spoken in order: the head segment's audio goes out as
 while up to ``lookahead_jobs`` later segments may already be generating, their audio held back
 until the segment before them has finished.
 
+A stream is admitted at its first job against the capacity measured from the backend's steps
+(``engine.admission``, fed by ``note_step``): past it the stream waits, its segments held, or
+is refused with a retryable ``capacity`` error; ``poll`` lets waiting streams in.
+
 The process wrapper (``engine.process``) feeds ``open``/``add_text``/``flush``/``end``/``cancel``
-from the queue and sends what ``step`` and those calls return.
+from the queue and sends what ``step``, ``poll`` and those calls return.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from engine.admission import Admission, AdmissionConfig
 from engine.backend import Backend, JobOutput, OptionError
-from engine.messages import Audio, Done, Error, Message, Started
+from engine.messages import Audio, Done, Error, Message, Started, VoiceRef
 from engine.segmenter import Segment, Segmenter
 
 __all__ = ["CoreConfig", "EngineCore"]
@@ -107,6 +112,14 @@ class _Stream:
     t_open: float = 0.0
     t_first_text: float | None = None
     t_first_audio: float | None = None
+    # Admission (engine.admission): at the first job; while waiting, segments stay in
+    # ``pending`` (an input-streaming turn's text in ``held_text``).
+    is_admitted: bool = False
+    is_waiting: bool = False
+    t_queued: float | None = None
+    queue_wait_s: float = 0.0
+    held_text: str = ""
+    held_flush: bool = False
 
 
 class EngineCore:
@@ -117,11 +130,17 @@ class EngineCore:
         backend: Backend,
         config: CoreConfig | None = None,
         *,
+        admission: AdmissionConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
         self.config = config or CoreConfig()
         self._clock = clock
+        # Streams are admitted at their first job against the capacity measured from the
+        # backend's steps (``note_step``); see engine.admission and docs/scheduling.md.
+        self.admission = Admission(
+            admission, tokens_per_audio_second=getattr(backend.info, "tokens_per_audio_second", None),
+            max_streams=self.config.max_streams, clock=clock)
         self._streams: dict[int, _Stream] = {}
         self._job_owner: dict[int, int] = {}  # job id -> stream key
         self._next_job_id = 1
@@ -141,13 +160,23 @@ class EngineCore:
     # --- commands --------------------------------------------------------------------------
 
     def open(self, key: int, voice: str | None, options: dict[str, Any],
-             fmt: str = "pcm_f32le") -> list[Message]:
+             fmt: str = "pcm_f32le", voice_ref: VoiceRef | None = None) -> list[Message]:
+        """Open a stream; with ``voice_ref`` (a registered voice) the backend's
+        ``prepare_voice`` names the voice, and ``voice`` is ignored."""
         if key in self._streams:
             return [Error(key, "stream_exists", f"stream key {key} is already open", False)]
         if len(self._streams) >= self.config.max_streams:
             return [Error(key, "capacity", f"server at capacity: {len(self._streams)} streams open "
                           f"(max_streams={self.config.max_streams}); retry later", True)]
         try:
+            if voice_ref is not None:
+                prepare = getattr(self.backend, "prepare_voice", None)
+                if prepare is None or not self.backend.info.supports_cloning:
+                    info = self.backend.info
+                    return [Error(key, "cloning_unsupported",
+                                  f"model {info.model} cannot clone voices; use one of its "
+                                  f"built-in voices: {', '.join(info.voices)}", False)]
+                voice = prepare(voice_ref)
             voice, options = self.backend.validate(voice, dict(options))
         except OptionError as exc:
             return [Error(key, exc.code, str(exc), False)]
@@ -194,8 +223,67 @@ class EngineCore:
         stream = self._streams.pop(key, None)
         if stream is None:
             return []
+        self.admission.release(key)
         self._abort_jobs(stream, "cancelled")
         return [self._done(stream, "cancelled")]
+
+    # --- admission -------------------------------------------------------------------------
+
+    def poll(self) -> list[Message]:
+        """Admit the waiting streams that fit now, in order; refuse those that waited
+        ``max_wait_s``. The process loop calls it after each round of commands and steps."""
+        if not self.admission.num_queued:
+            return []
+        admitted, refused = self.admission.poll()
+        out: list[Message] = []
+        for key, decision in refused:
+            stream = self._streams.pop(key, None)
+            if stream is not None:
+                out.append(Error(key, "capacity", decision.message, True, decision.retry_after_s))
+        for key in admitted:
+            stream = self._streams.get(key)
+            if stream is not None:
+                out.extend(self._on_admitted(stream))
+            else:
+                self.admission.release(key)
+        return out
+
+    def next_poll_s(self) -> float | None:
+        """Seconds until ``poll`` has a waiting stream to refuse (None: nobody waits)."""
+        return self.admission.next_timeout_s()
+
+    def note_step(self, rows: int, prompt_tokens: int, seconds: float, *, max_rows: int = 0) -> None:
+        """One backend step the engine ran back to back with the one before: its decode rows,
+        prompt tokens and wall seconds, and the backend's decode cap (the capacity estimate)."""
+        self.admission.observe_step(rows, prompt_tokens, seconds, max_rows=max_rows)
+
+    def _request_admission(self, stream: _Stream) -> list[Message]:
+        """At a stream's first job: admitted (``is_admitted``), waiting, or refused (gone)."""
+        decision = self.admission.request(stream.key)
+        if decision.verdict == "admit":
+            stream.is_admitted = True
+            return []
+        if decision.verdict == "queue":
+            stream.is_waiting = True
+            stream.t_queued = self._clock()
+            return []
+        self._streams.pop(stream.key, None)
+        stream.pending.clear()
+        return [Error(stream.key, "capacity", decision.message, True, decision.retry_after_s)]
+
+    def _on_admitted(self, stream: _Stream) -> list[Message]:
+        """A waiting stream got room: its segments (or its turn's text) go to the backend."""
+        stream.is_waiting = False
+        stream.is_admitted = True
+        if stream.t_queued is not None:
+            stream.queue_wait_s = self._clock() - stream.t_queued
+        if not self._input_streaming:
+            return self._submit(stream) + self._maybe_done(stream)
+        text, stream.held_text = stream.held_text, ""
+        out = self._stream_text(stream, text, flush=stream.held_flush)
+        if stream.is_ended and stream.jobs:
+            self.backend.push_text(stream.jobs[0].job_id, "", final=True)  # type: ignore[attr-defined]
+        return out + self._maybe_done(stream)
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -251,6 +339,12 @@ class EngineCore:
     # --- internals -------------------------------------------------------------------------
 
     def _submit(self, stream: _Stream) -> list[Message]:
+        if not stream.is_admitted:
+            if not stream.pending or stream.is_waiting:
+                return []
+            refused = self._request_admission(stream)
+            if not stream.is_admitted:
+                return refused
         limit = 1 + self.config.lookahead_jobs
         while stream.pending and len(stream.jobs) < limit:
             segment = stream.pending.popleft()
@@ -265,8 +359,16 @@ class EngineCore:
     def _stream_text(self, stream: _Stream, text: str, *, flush: bool = False) -> list[Message]:
         """Input streaming: the turn's one job gets the text as it comes (its span grows)."""
         if not stream.jobs:
+            if stream.is_waiting:  # for admission: the text waits with it
+                stream.held_text += text
+                stream.held_flush = stream.held_flush or flush
+                return []
             if not text:
                 return []
+            if not stream.is_admitted:
+                out = self._request_admission(stream)
+                if not stream.is_admitted:
+                    return out if not stream.is_waiting else self._stream_text(stream, text, flush=flush)
             job = _Job(self._next_job_id, Segment(text, 0, len(text)))
             self._next_job_id += 1
             stream.jobs.append(job)
@@ -302,6 +404,7 @@ class EngineCore:
     def _on_output(self, stream: _Stream, result: JobOutput) -> list[Message]:
         if result.error is not None:
             self._streams.pop(stream.key, None)
+            self.admission.release(stream.key)
             self._abort_jobs(stream, "failed")
             if result.pcm is not None:
                 self.num_samples_dropped["failed"] += result.pcm.size
@@ -355,8 +458,11 @@ class EngineCore:
         return Audio(stream.key, pcm, (job.segment.start, job.segment.end), now)  # type: ignore[arg-type]
 
     def _maybe_done(self, stream: _Stream) -> list[Message]:
+        if stream.is_waiting or self._streams.get(stream.key) is not stream:
+            return []  # waiting for admission, or refused
         if stream.is_ended and not stream.pending and not stream.jobs:
             self._streams.pop(stream.key, None)
+            self.admission.release(stream.key)
             return [self._done(stream, "end")]
         return []
 
@@ -366,6 +472,9 @@ class EngineCore:
         timings = {"elapsed_s": now - stream.t_open, "audio_s": stream.samples / rate}
         if stream.t_first_text is not None and stream.t_first_audio is not None:
             timings["ttfa_ms"] = (stream.t_first_audio - stream.t_first_text) * 1000.0
+        if stream.t_queued is not None:  # it waited for admission (part of its ttfa_ms)
+            wait = stream.queue_wait_s if not stream.is_waiting else now - stream.t_queued
+            timings["queue_wait_ms"] = wait * 1000.0
         return Done(stream.key, reason, stream.samples, timings)
 
     def _abort_jobs(self, stream: _Stream, reason: str) -> None:

@@ -23,6 +23,7 @@ import msgpack
 __all__ = [
     "Kind",
     "Message",
+    "VoiceRef",
     "Open",
     "Text",
     "Flush",
@@ -75,14 +76,36 @@ class Message:
 
 
 @dataclass(frozen=True)
+class VoiceRef:
+    """A registered (cloned) voice, as the gateway's voice store keeps it: a mono WAV file on
+    the machine both processes share, its rate, its sha256 (a backend may key a cached
+    encoding of the voice on it), and the words spoken in it where the user gave them.
+
+    Not a message of its own: it travels inside ``Open``, on the wire as
+    ``[voice_id, path, sample_rate, sha256, transcript]``.
+    """
+
+    voice_id: str
+    path: str
+    sample_rate: int
+    sha256: str
+    transcript: str | None = None
+
+
+@dataclass(frozen=True)
 class Open(Message):
-    """Start a stream. The engine answers ``Started`` or ``Error``."""
+    """Start a stream. The engine answers ``Started`` or ``Error``.
+
+    ``voice_ref`` names a registered voice: the engine asks the backend to prepare it
+    (``prepare_voice``) and uses the voice name that returns; ``voice`` is then ignored.
+    """
 
     KIND: ClassVar[Kind] = Kind.OPEN
     key: int
     voice: str | None
     options: dict[str, Any] = field(default_factory=dict)
     format: str = "pcm_f32le"  # the PCM format of this stream's Audio: pcm_f32le | pcm_s16le
+    voice_ref: VoiceRef | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +153,7 @@ class Hello(Message):
     options: dict[str, Any] = field(default_factory=dict)
     device: str = ""  # what the engine computes on (engine.device_info)
     weights: str = "loaded"  # or "random" (--load-format dummy)
+    supports_cloning: bool = False  # the backend takes registered voices (``VoiceRef``)
 
 
 @dataclass(frozen=True)
@@ -174,6 +198,7 @@ class Error(Message):
     code: str
     message: str
     retryable: bool
+    retry_after_s: float | None = None  # a `capacity` refusal: when a retry may find room
 
 
 @dataclass(frozen=True)
@@ -185,6 +210,8 @@ class Stats(Message):
     # Counters since the engine started, by name (``EngineLoop``: steps, busy_s; a backend's
     # own, e.g. the LM backend's decode_rows): the gateway exports them as metrics.
     totals: dict[str, float] = field(default_factory=dict)
+    # Admission figures (``engine.admission.Admission.snapshot``): capacity, demand, queue...
+    admission: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -220,11 +247,27 @@ _FIELDS: dict[type[Message], tuple[str, ...]] = {
 }
 
 
+_VOICE_REF_FIELDS = tuple(f.name for f in dataclasses.fields(VoiceRef))
+
+
 def _items(msg: Message) -> list[Any]:
     cls = type(msg)
     if cls is Batch:
         raise ValueError("a Batch cannot hold a Batch")
-    return [int(cls.KIND), *(getattr(msg, name) for name in _FIELDS[cls])]
+    items = [int(cls.KIND), *(getattr(msg, name) for name in _FIELDS[cls])]
+    if cls is Open and items[5] is not None:
+        items[5] = [getattr(items[5], name) for name in _VOICE_REF_FIELDS]
+    return items
+
+
+def _voice_ref(items: Any) -> VoiceRef:
+    if not isinstance(items, list) or len(items) != len(_VOICE_REF_FIELDS):
+        raise DecodeError(f"Open.voice_ref: expected {len(_VOICE_REF_FIELDS)} fields")
+    voice_id, path, sample_rate, sha256, transcript = items
+    if not (isinstance(voice_id, str) and isinstance(path, str) and isinstance(sha256, str)
+            and isinstance(sample_rate, int) and (transcript is None or isinstance(transcript, str))):
+        raise DecodeError("Open.voice_ref: a field has the wrong type")
+    return VoiceRef(voice_id, path, sample_rate, sha256, transcript)
 
 
 # ``msgpack.packb`` builds a new Packer per call; one shared Packer costs less. ``pack`` holds
@@ -262,6 +305,8 @@ def _from_items(items: Any) -> Message:
         raise DecodeError(f"{cls.__name__}: expected {len(names)} fields, got {len(items) - 1}")
     if cls is Audio and items[3] is not None:
         items[3] = tuple(items[3])  # span
+    elif cls is Open and items[5] is not None:
+        items[5] = _voice_ref(items[5])
     try:
         return cls(*items[1:])
     except TypeError as exc:

@@ -3,9 +3,9 @@
 Started by the gateway with multiprocessing *spawn*. It loads the model, answers with a
 ``Hello`` (or an ``Error`` with ``key=None`` if loading failed, then exits), and runs a loop:
 read every queued command, take one engine step if there is work, send the outputs (a step's
-outputs as one ``Batch`` record: one queue put for the engine, one get for the gateway). When
-idle it sleeps on the queue's doorbell (no polling); it wakes at least every
-``_PARENT_CHECK_S`` to exit if the gateway has gone. A step that takes over ``_SLOW_STEP_S``
+outputs as one ``Batch`` record: one queue put for the engine, one get for the gateway), then
+let streams waiting for admission in (``EngineCore.poll``). When idle it sleeps on the queue's
+doorbell (no polling); it wakes at least every ``_PARENT_CHECK_S`` to exit if the gateway has gone. A step that takes over ``_SLOW_STEP_S``
 is logged (every stream waits on it: typically a first-use compile); one still running after
 ``_HUNG_STEP_S`` gets every thread's stack dumped to stderr.
 
@@ -26,6 +26,7 @@ import time
 import traceback
 
 from engine import messages as m
+from engine.step_time import StepSampler
 from engine.backend import Backend
 from engine.config import EngineConfig
 from engine.device_info import describe_device
@@ -76,6 +77,10 @@ class EngineLoop:
         self._busy_s = 0.0  # time spent in core.step
         # VOXGATE_TORCH_PROFILE_DIR: a torch.profiler window over loaded steps (engine.torch_profile)
         self.profiler = StepProfiler.from_env()
+        # Step samples for admission (engine.admission): rows launched per call, paired with
+        # the time between back-to-back calls (with async steps, the call after's).
+        self._step_counts = getattr(core.backend, "step_counts", None)
+        self._sampler = StepSampler(lag=1 if getattr(core.backend, "async_steps", False) else 0)
 
     def run(self) -> None:
         threading.Thread(target=self._heartbeat, name="engine-heartbeat", daemon=True).start()
@@ -91,12 +96,17 @@ class EngineLoop:
             wait_s = self._wait_s()
             # A paced sleep is on purpose: no busy-polling before it (see ShmQueue.get).
             is_paced = wait_s > 0.0 and self.core.has_work()
+            if wait_s > 0.0:
+                self._sampler.reset()  # the next call's time is not a step's
             data = self.inbox.get(timeout_s=wait_s, spin_s=0.0 if is_paced else None)
             while data is not None and self._is_running:
                 self._handle(data)
                 data = self.inbox.get_nowait()
             if self.core.has_work():
                 self._step()
+            else:
+                self._sampler.reset()
+            self._send(self.core.poll())  # admission: waiting streams in, or refused
             now = time.monotonic()
             if now >= self._next_stats:
                 self._next_stats = now + self.stats_interval_s
@@ -134,7 +144,8 @@ class EngineLoop:
 
     def _wait_s(self) -> float:
         if not self.core.has_work():
-            return _PARENT_CHECK_S
+            until = self.core.next_poll_s()  # a stream waiting for admission times out then
+            return _PARENT_CHECK_S if until is None else min(until, _PARENT_CHECK_S)
         next_due = getattr(self.core.backend, "next_due_s", None)
         if next_due is None:
             return 0.0
@@ -152,7 +163,7 @@ class EngineLoop:
         core = self.core
         try:
             if isinstance(msg, m.Open):
-                out = core.open(msg.key, msg.voice, msg.options, msg.format)
+                out = core.open(msg.key, msg.voice, msg.options, msg.format, msg.voice_ref)
             elif isinstance(msg, m.Text):
                 out = core.add_text(msg.key, msg.text)
             elif isinstance(msg, m.Flush):
@@ -178,6 +189,7 @@ class EngineLoop:
     def _step(self) -> None:
         prof = self.profiler
         rows0 = self._decode_rows() if prof is not None and not prof.done else 0
+        counts = self._step_counts() if self._step_counts is not None else None
         t0 = self._step_since = time.monotonic()
         try:
             out = self.core.step()
@@ -196,6 +208,11 @@ class EngineLoop:
             log.warning("an engine step took %.1f s (%d streams waited on it)", took, self.core.num_streams)
         if prof is not None and not prof.done:
             prof.after_step(self._decode_rows() - rows0)
+        if counts is not None:
+            after = self._step_counts()  # type: ignore[misc]
+            sample = self._sampler.on_step(t0, after[0] - counts[0], after[1] - counts[1])
+            if sample is not None:
+                self.core.note_step(*sample, max_rows=self.core.backend.max_decode_rows)  # type: ignore[attr-defined]
         self._send(out)
 
     def _decode_rows(self) -> int:
@@ -233,14 +250,16 @@ class EngineLoop:
             totals.update(backend_totals())
         if self.gc_probe is not None:
             totals.update(self.gc_probe.totals())
-        stats = m.Stats(self.core.num_streams, backend.num_queued(), running, totals)
+        stats = m.Stats(self.core.num_streams, backend.num_queued(), running, totals,
+                        self.core.admission.snapshot())
         self._put(m.encode(stats))
 
 
 def _hello(backend: Backend) -> m.Hello:
     info = backend.info
     return m.Hello(info.model, list(info.voices), info.default_voice, info.sample_rate,
-                   dict(info.options), describe_device(), getattr(info, "weights", "loaded"))
+                   dict(info.options), describe_device(), getattr(info, "weights", "loaded"),
+                   info.supports_cloning)
 
 
 def engine_main(config: EngineConfig, inbox: ShmQueue, outbox: ShmQueue, log_level: str) -> None:
@@ -255,7 +274,7 @@ def engine_main(config: EngineConfig, inbox: ShmQueue, outbox: ShmQueue, log_lev
         outbox.put(m.encode(m.Error(None, "load_failed", f"{type(exc).__name__}: {exc}", False)),
                    timeout_s=_SEND_TIMEOUT_S)
         return
-    core = EngineCore(backend, config.core)
+    core = EngineCore(backend, config.core, admission=config.admission)
     frozen = freeze_startup_heap()  # the loaded model's objects: out of every full collection
     log.info("engine: %d start-up objects frozen out of garbage collection", frozen)
     probe = GcProbe(frozen_objects=frozen).install()

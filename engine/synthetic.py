@@ -18,6 +18,10 @@ frequency's one-second table (plus one chunk, so that no slice wraps) is compute
 chunk is a read-only view into it. Paced jobs wait in a heap ordered by their next chunk's due
 time, so a step and ``next_due_s`` touch only the jobs that are due, not every job.
 
+Cloning (``clone_voices=True``, for tests of the voice store): ``prepare_voice`` accepts a
+registered voice (``engine.messages.VoiceRef``) whose WAV file exists and matches its sha256,
+and speaks it as a tone of its own pitch; ``info.supports_cloning`` says so.
+
 Failure injection: a job whose text matches ``fail_on`` (a marker substring, by default
 ``"[[fail]]"``, or a predicate) fails when ``step`` reaches it: with ``fail_mode="raise"``
 ``step`` raises ``RuntimeError`` (the job is dropped first, so the next step goes on); with
@@ -26,9 +30,11 @@ Failure injection: a job whose text matches ``fail_on`` (a marker substring, by 
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 import time
+import wave
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
@@ -36,6 +42,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from engine.backend import BackendInfo, JobError, JobOutput, OptionError
+from engine.messages import VoiceRef
 
 __all__ = ["SyntheticBackend", "VOICES"]
 
@@ -71,6 +78,7 @@ class SyntheticBackend:
         realtime: bool = False,
         fail_on: str | Callable[[str], bool] | None = "[[fail]]",
         fail_mode: Literal["raise", "error"] = "raise",
+        clone_voices: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not isinstance(sample_rate, int) or sample_rate < 1000:
@@ -90,6 +98,7 @@ class SyntheticBackend:
                 "speed": {"type": "float", "min": SPEED_RANGE[0], "max": SPEED_RANGE[1], "default": 1.0},
                 "seed": {"type": "int", "min": SEED_RANGE[0], "max": SEED_RANGE[1], "default": 0},
             },
+            supports_cloning=clone_voices,
         )
         self.ms_per_char = float(ms_per_char)
         self.chunk_samples = max(1, round(sample_rate * chunk_ms / 1000.0))
@@ -108,11 +117,33 @@ class SyntheticBackend:
         self._due: list[tuple[float, int, int]] = []
         self._num_added = 0
         self._tones: dict[int, np.ndarray] = {}  # frequency -> [sample_rate + chunk] float32
+        self._cloned: dict[str, tuple[str, int]] = {}  # voice id -> (sha256, pitch in Hz)
 
     # -- Backend ------------------------------------------------------------------------------
 
     def validate(self, voice: str | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        if voice is not None and voice in self._cloned:
+            return voice, _validate(self.info, None, options)[1]
         return _validate(self.info, voice, options)
+
+    def prepare_voice(self, voice_ref: VoiceRef) -> str:
+        """Accept a registered voice whose WAV file is there and matches its sha256."""
+        known = self._cloned.get(voice_ref.voice_id)
+        if known is not None and known[0] == voice_ref.sha256:
+            return voice_ref.voice_id
+        try:
+            data = open(voice_ref.path, "rb").read()
+            with wave.open(voice_ref.path, "rb") as wav:
+                rate = wav.getframerate()
+        except (OSError, wave.Error, EOFError) as exc:
+            raise OptionError("voice_unavailable",
+                              f"voice {voice_ref.voice_id!r} cannot be read: {exc}") from None
+        if hashlib.sha256(data).hexdigest() != voice_ref.sha256 or rate != voice_ref.sample_rate:
+            raise OptionError("voice_unavailable",
+                              f"voice {voice_ref.voice_id!r}: the file does not match its record")
+        pitch = 320 + int(voice_ref.sha256[:8], 16) % 200  # whole Hz: see _tone_table
+        self._cloned[voice_ref.voice_id] = (voice_ref.sha256, pitch)
+        return voice_ref.voice_id
 
     def add_job(self, job_id: int, text: str, voice: str, options: dict[str, Any]) -> None:
         if job_id in self._jobs:
@@ -122,6 +153,8 @@ class SyntheticBackend:
         seconds = len(text.strip()) * self.ms_per_char / 1000.0 / speed
         # A per-text pitch makes segments distinguishable in a recording; stable across runs.
         pitch = 180 + (sum(map(ord, text)) % 120)  # whole Hz: the tone table's period is 1 s
+        if voice in self._cloned:
+            pitch = self._cloned[voice][1]  # a registered voice: its own pitch (above 300 Hz)
         job = _Job(
             job_id=job_id,
             voice=voice,

@@ -5,15 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import ssl
 import subprocess
 import sys
 from dataclasses import fields
 from typing import Callable
 
+from engine.admission import ADMISSION_POLICIES, AdmissionConfig
 from engine.config import DECODE_ATTENTION_KERNELS, EngineConfig
 from engine.core import CoreConfig
 from gateway.config import GatewayConfig
+from models import registry
 
 __all__ = ["main", "build_parser", "configs_from_args", "check_device", "probe_cuda"]
 
@@ -55,11 +59,21 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return text + " (default: %(default)s)"
 
 
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
 def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     # Groups print in the order they are made: the basic ones first, GPU tuning last.
     m = sp.add_argument_group("model")
     g = sp.add_argument_group("network")
     lim = sp.add_argument_group("limits")
+    adm = sp.add_argument_group(
+        "admission",
+        "A stream is admitted at its first text while the engine's measured capacity has room\n"
+        "(docs/scheduling.md); past it the stream waits or is refused with `capacity`.")
+    sec = sp.add_argument_group("security (docs/security.md)")
+    vo = sp.add_argument_group("registered voices (POST /v1/voices, models that can clone)")
     st = sp.add_argument_group("streaming")
     dbg = sp.add_argument_group("logging and debugging")
     gpu = sp.add_argument_group(
@@ -71,11 +85,10 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
         "H200 (docs/performance.md, docs/orpheus.md): change them only to measure.")
 
     m.add_argument("--model", default=EngineConfig.model,
-                   help="hibari: the embedded English voice (CPU); synthetic: tones paced at "
-                        "real time (tests, gateway benchmarks); orpheus: Orpheus 3B "
-                        "(canopylabs/orpheus-3b-0.1-ft); tiny: a 2-layer toy Orpheus with "
-                        "Orpheus's vocabulary, for smoke tests (needs --load-format dummy); "
-                        "or a local directory / hub id of an Orpheus checkpoint")
+                   help="a served name (" + ", ".join(e.name for e in registry.ENTRIES) + "; their "
+                        "tiny random variants tiny, qwen3-tts-tiny, ...: each needs --load-format dummy), "
+                        "a hub id of a served family, or a local checkpoint directory; "
+                        "models.registry and the README's model table list them")
     m.add_argument("--device", default=EngineConfig.device, choices=["auto", "cpu", "cuda"],
                    help="auto: CUDA when torch sees a GPU, else the CPU; hibari and synthetic "
                         "run on the CPU only")
@@ -94,6 +107,8 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                         "the weights once at load; without it the base weights (default: none)")
     m.add_argument("--synthetic-fast", dest="synthetic_realtime", action="store_false",
                    help="synthetic model: emit audio as fast as possible instead of at real time")
+    m.add_argument("--synthetic-cloning", dest="synthetic_cloning", action="store_true",
+                   help="synthetic model: accept registered voices (for tests of the voice store)")
 
     g.add_argument("--host", default=GatewayConfig.host,
                    help="address to bind; 0.0.0.0 for every interface")
@@ -107,7 +122,8 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                      help="streams open at once on one WebSocket; more get a `capacity` error")
     lim.add_argument("--max-connections", type=int, metavar="N",
                      default=GatewayConfig.max_connections,
-                     help="WebSocket connections at once; more are closed with 1013 (try again later)")
+                     help="WebSocket connections at once; more get HTTP 503 with Retry-After at "
+                          "the handshake (lowered at start to what the open-file limit allows)")
     lim.add_argument("--max-text-chars-per-stream", type=int, metavar="N",
                      default=GatewayConfig.max_text_chars_per_stream,
                      help="text characters one stream may send in all")
@@ -135,6 +151,79 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     lim.add_argument("--engine-restart-window-s", type=float, metavar="S",
                      default=GatewayConfig.engine_restart_window_s,
                      help="the window of --max-engine-restarts, seconds")
+    lim.add_argument("--drain-timeout-s", type=float, metavar="S", default=GatewayConfig.drain_timeout_s,
+                     help="on SIGTERM the server takes no new connections or streams (/health: "
+                          "draining, 503) and lets streams in flight finish for this many "
+                          "seconds; then the rest end with server_shutdown (retryable), close "
+                          "1001. SIGINT (Ctrl-C) stops at once")
+
+    sec.add_argument("--api-key", metavar="KEY", default=os.environ.get("VOXGATE_API_KEY", ""),
+                     help="require this key on /v1/... and /metrics: 'Authorization: Bearer KEY', "
+                          "'X-API-Key', 'xi-api-key' or ?api_key= (default: $VOXGATE_API_KEY, else none)")
+    sec.add_argument("--allowed-origins", type=_csv, metavar="ORIGINS", default=GatewayConfig.allowed_origins,
+                     help="comma-separated browser Origins that may use the WebSocket and change "
+                          "state, besides the server's own page ('*': any; requests without an "
+                          "Origin, as from agents, always may) (default: none)")
+    sec.add_argument("--allowed-hosts", type=_csv, metavar="HOSTS", default=GatewayConfig.allowed_hosts,
+                     help="comma-separated Host names the server answers to (bound to loopback, "
+                          "loopback names always; elsewhere, unchecked unless given) (default: none)")
+    sec.add_argument("--metrics-public", action="store_true",
+                     help="serve /metrics without the API key")
+    sec.add_argument("--ssl-certfile", metavar="FILE", default=GatewayConfig.ssl_certfile,
+                     help="TLS: PEM certificate chain; the server then speaks https and wss "
+                          "(default: none, plain TCP)")
+    sec.add_argument("--ssl-keyfile", metavar="FILE", default=GatewayConfig.ssl_keyfile,
+                     help="TLS: its private key, if not in --ssl-certfile (default: none)")
+    sec.add_argument("--max-connections-per-ip", type=int, metavar="N", default=GatewayConfig.max_connections_per_ip,
+                     help="WebSocket connections from one client address; more get 429 (0: no "
+                          "limit; behind a proxy every client has the proxy's address)")
+    sec.add_argument("--max-streams-per-ip", type=int, metavar="N", default=GatewayConfig.max_streams_per_ip,
+                     help="active streams over all of one address's connections; more get "
+                          "too_many_streams, retryable (0: no limit)")
+
+    vo.add_argument("--data-dir", metavar="DIR", default=GatewayConfig.data_dir,
+                   help="where registered voices are kept (default: $XDG_DATA_HOME/voxgate or "
+                        "~/.local/share/voxgate; nothing is written until a voice is registered)")
+    vo.add_argument("--max-voice-upload-bytes", type=int, metavar="BYTES", default=GatewayConfig.max_voice_upload_bytes,
+                   help="largest upload, the whole request, in bytes; a larger one gets 413, before "
+                        "its body is read when its Content-Length says so (default: 10 MiB)")
+    vo.add_argument("--min-voice-duration-s", type=float, metavar="S", default=GatewayConfig.min_voice_duration_s,
+                   help="shortest voice sample accepted, in seconds")
+    vo.add_argument("--max-voice-duration-s", type=float, metavar="S", default=GatewayConfig.max_voice_duration_s,
+                   help="longest voice sample accepted, in seconds (decoding stops there)")
+    vo.add_argument("--min-voice-rms-dbfs", type=float, metavar="DB", default=GatewayConfig.min_voice_rms_dbfs,
+                   help="a sample whose RMS level is below this many dB of full scale is refused "
+                        "as silent")
+    vo.add_argument("--max-voice-name-chars", type=int, metavar="N", default=GatewayConfig.max_voice_name_chars,
+                   help="longest voice name (letters, digits, spaces and - _ . ' ( ))")
+    vo.add_argument("--max-voice-transcript-chars", type=int, metavar="N",
+                   default=GatewayConfig.max_voice_transcript_chars,
+                   help="longest transcript of a voice sample, in characters")
+    vo.add_argument("--max-voices", type=int, metavar="N", default=GatewayConfig.max_voices,
+                   help="voices kept at most; registering more gets 409")
+
+    adm.add_argument("--admission", dest="admission_policy", default=AdmissionConfig.policy,
+                     choices=list(ADMISSION_POLICIES),
+                     help="past capacity, queue: a new stream waits for room (bounded by the two "
+                          "settings below), refuse: it gets a retryable `capacity` error with a "
+                          "retry_after_s hint at once, off: every stream is admitted (capacity "
+                          "still measured and exported)")
+    adm.add_argument("--admission-max-queue", type=int, metavar="N", default=AdmissionConfig.max_queue,
+                     help="streams waiting for admission at once; one more is refused")
+    adm.add_argument("--admission-max-wait-s", type=float, metavar="S",
+                     default=AdmissionConfig.max_wait_s,
+                     help="longest wait for admission (it counts in the time to first audio): a "
+                          "stream expected to wait longer is refused at once, one still waiting "
+                          "then is refused")
+    adm.add_argument("--admission-headroom", type=float, metavar="FRACTION",
+                     default=AdmissionConfig.headroom,
+                     help="share of the engine's time kept free of the admitted streams' steady "
+                          "work, for bursts of prompts, codec work and step-time variation")
+    adm.add_argument("--admission-initial-capacity", type=int, metavar="N",
+                     default=AdmissionConfig.initial_capacity,
+                     help="streams admitted until the engine has measured enough steps, and the "
+                          "only limit for a model that is not step-based (hibari, synthetic); "
+                          "0: no cap")
 
     st.add_argument("--lookahead-jobs", type=int, default=CoreConfig.lookahead_jobs, metavar="N",
                     help="segments of a stream generated ahead of the one being spoken")
@@ -269,51 +358,87 @@ def configs_from_args(args: argparse.Namespace) -> tuple[GatewayConfig, EngineCo
     gateway = GatewayConfig(**{f.name: values[f.name] for f in fields(GatewayConfig)
                                if f.name in values})
     core = CoreConfig(lookahead_jobs=args.lookahead_jobs, max_streams=args.max_streams)
-    engine = EngineConfig(core=core, **{f.name: values[f.name] for f in fields(EngineConfig)
-                                        if f.name in values and f.name != "core"})
+    admission = AdmissionConfig(policy=args.admission_policy, max_queue=args.admission_max_queue,
+                                max_wait_s=args.admission_max_wait_s, headroom=args.admission_headroom,
+                                initial_capacity=args.admission_initial_capacity)
+    engine = EngineConfig(core=core, admission=admission,
+                          **{f.name: values[f.name] for f in fields(EngineConfig)
+                             if f.name in values and f.name not in ("core", "admission")})
     return gateway, engine
 
 
 async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
                  log_level: str) -> int:
+    """Bind, start the engine, serve until a signal: SIGTERM drains (streams in flight may
+    finish for ``--drain-timeout-s``), SIGINT (Ctrl-C) or a second signal stops at once."""
     from gateway.engine_client import EngineStartError
     from gateway.server import Gateway
 
     gateway = Gateway(gateway_config, engine_config, log_level=log_level)
-    print(f"voxgate: starting the engine (model {engine_config.model}) ...", flush=True)
+    host, port = gateway_config.host, gateway_config.port
     try:
-        await gateway.start()
+        await gateway.listen()  # before the engine: a port in use is found in a moment
+    except ssl.SSLError as exc:
+        print(f"voxgate: error: cannot use the TLS certificate or key: {exc}", file=sys.stderr,
+              flush=True)
+        await gateway.stop()
+        return 1
+    except OSError as exc:
+        what = (f"read {exc.filename}" if exc.filename else f"listen on {host}:{port}")
+        print(f"voxgate: error: cannot {what}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+        await gateway.stop()
+        return 1
+    signals: asyncio.Queue[int] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
+    print(f"voxgate: starting the engine (model {engine_config.model}) ...", flush=True)
+    starting = asyncio.create_task(gateway.start_engine())
+    first_signal = asyncio.create_task(signals.get())
+    await asyncio.wait({starting, first_signal}, return_when=asyncio.FIRST_COMPLETED)
+    if first_signal.done():  # stopped while the model loads
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        print("voxgate: shutting down", flush=True)
+        await gateway.stop()
+        return 0
+    try:
+        starting.result()
     except EngineStartError as exc:
         print(f"voxgate: error: {exc}", file=sys.stderr, flush=True)
+        first_signal.cancel()
         await gateway.stop()
         return 1
     from engine.gc_heap import freeze_startup_heap
 
     freeze_startup_heap()  # the gateway's start-up objects: out of every full collection
-    host = gateway_config.host
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     hello = gateway.engine.hello
     if hello is not None and hello.device:
         weights = " (random weights: --load-format dummy, noise)" if hello.weights == "random" else ""
         print(f"voxgate: model {hello.model}{weights} on {hello.device}", flush=True)
-    print(f"voxgate: serving on http://{shown}:{gateway.port}/ (demo page); "
-          f"WebSocket ws://{shown}:{gateway.port}/v1/stream", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    server_task = asyncio.create_task(gateway.serve_forever())
-    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(gateway.engine.wait_failed())]
-    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    is_failed = waits[1].done()
-    for task in waits:
+    http_scheme, ws_scheme = ("https", "wss") if gateway_config.ssl_certfile else ("http", "ws")
+    print(f"voxgate: serving on {http_scheme}://{shown}:{gateway.port}/ (demo page); "
+          f"WebSocket {ws_scheme}://{shown}:{gateway.port}/v1/stream", flush=True)
+    failed = asyncio.create_task(gateway.engine.wait_failed())
+    await asyncio.wait({first_signal, failed}, return_when=asyncio.FIRST_COMPLETED)
+    if (not failed.done() and first_signal.result() == signal.SIGTERM
+            and gateway_config.drain_timeout_s > 0):
+        print(f"voxgate: draining: streams in flight may finish for "
+              f"{gateway_config.drain_timeout_s:g} s (--drain-timeout-s)", flush=True)
+        drain = asyncio.create_task(gateway.drain(gateway_config.drain_timeout_s))
+        second_signal = asyncio.create_task(signals.get())
+        await asyncio.wait({drain, second_signal, failed}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (drain, second_signal):
+            task.cancel()
+    is_failed = failed.done()
+    for task in (first_signal, failed):
         task.cancel()
     if is_failed:  # clients were told (engine_failed); exit non-zero for a supervisor to restart
         print(f"voxgate: error: {gateway.engine.last_error}; exiting", file=sys.stderr, flush=True)
     else:
         print("voxgate: shutting down", flush=True)
     await gateway.stop()
-    server_task.cancel()
     return 1 if is_failed else 0
 
 
@@ -348,7 +473,10 @@ def main(argv: list[str] | None = None) -> int:
     problem = check_device(engine_config)
     if problem is not None:
         return _usage_error(problem)
-    return _run(_serve(gateway_config, engine_config, args.log_level))
+    try:
+        return _run(_serve(gateway_config, engine_config, args.log_level))
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed
+        return 130
 
 
 if __name__ == "__main__":

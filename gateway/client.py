@@ -134,8 +134,12 @@ class VoxgateClient:
     @asynccontextmanager
     async def connect(cls, url: str, *, encoding: p.Encoding = p.Encoding.MSGPACK,
                       open_timeout_s: float = 30.0,
-                      max_size: int | None = 16 * 1024 * 1024) -> AsyncIterator[VoxgateClient]:
-        async with connect(url, open_timeout=open_timeout_s, max_size=max_size) as ws:
+                      max_size: int | None = 16 * 1024 * 1024,
+                      api_key: str | None = None) -> AsyncIterator[VoxgateClient]:
+        """Connect and wait for ``hello``; ``api_key`` for a server started with one."""
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        async with connect(url, open_timeout=open_timeout_s, max_size=max_size,
+                           additional_headers=headers) as ws:
             client = cls(ws, encoding)
             client._reader = asyncio.create_task(client._read())
             try:

@@ -18,7 +18,10 @@ class GatewayConfig:
     idle_timeout_s: float = 300.0  # no frame and no active stream for this long: close 1001
     # Audio waiting to be written to one client. Past this the client is not reading: close 1008.
     max_outbox_bytes: int = 8 * 1024 * 1024
-    max_connections: int = 2048
+    max_connections: int = 2048  # lowered at start to what the open-file limit allows
+    max_connections_per_ip: int = 0  # 0: no limit (behind a proxy every client has its IP)
+    max_streams_per_ip: int = 0  # active streams over all of an IP's connections; 0: no limit
+    drain_timeout_s: float = 20.0  # on SIGTERM, streams in flight may finish for this long
     # engine supervision
     engine_start_timeout_s: float = 600.0
     engine_restart_backoff_s: float = 1.0
@@ -30,12 +33,35 @@ class GatewayConfig:
     # the engine is taken for hung: killed and restarted. 0 = off.
     engine_watchdog_s: float = 10.0
     debug_timestamps: bool = False  # add engine_t (engine emit time) to audio messages
+    # who may connect (gateway.security, docs/security.md)
+    api_key: str = ""  # "": none needed
+    allowed_origins: tuple[str, ...] = ()  # browser Origins besides the server's own; "*": any
+    allowed_hosts: tuple[str, ...] = ()  # Host names accepted (loopback names are, when bound there)
+    metrics_public: bool = False  # /metrics without the API key
+    ssl_certfile: str = ""  # TLS: a PEM certificate chain (https, wss); "": plain TCP
+    ssl_keyfile: str = ""  # its private key, when not in ssl_certfile
+    # registered voices (POST /v1/voices), kept under data_dir ("": the user's data folder,
+    # $XDG_DATA_HOME/voxgate or ~/.local/share/voxgate)
+    data_dir: str = ""
+    max_voice_upload_bytes: int = 10 * 1024 * 1024  # the whole request; more: 413, unread
+    min_voice_duration_s: float = 1.0
+    max_voice_duration_s: float = 30.0
+    min_voice_rms_dbfs: float = -50.0  # a clip whose level is below this is silent
+    max_voice_name_chars: int = 64
+    max_voice_transcript_chars: int = 2000
+    max_voices: int = 100
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("max_connections_per_ip", "max_streams_per_ip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: no limit)")
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ValueError("ssl_keyfile needs ssl_certfile")
         for name in ("max_frame_bytes", "max_text_chars_per_stream", "max_streams_per_connection",
-                     "max_outbox_bytes", "max_connections"):
+                     "max_outbox_bytes", "max_connections", "max_voice_upload_bytes",
+                     "max_voice_name_chars", "max_voice_transcript_chars", "max_voices"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         for name in ("idle_timeout_s", "engine_start_timeout_s"):
@@ -51,6 +77,15 @@ class GatewayConfig:
         # shorter than a few beats would take a busy machine's scheduling delay for a hang.
         if self.engine_watchdog_s != 0 and not self.engine_watchdog_s >= 3.0:
             raise ValueError("engine_watchdog_s must be 0 (off) or >= 3 seconds")
+        if self.drain_timeout_s < 0:
+            raise ValueError("drain_timeout_s must be >= 0")
+        if not 0 < self.min_voice_duration_s <= self.max_voice_duration_s:
+            raise ValueError("voice durations must satisfy 0 < min_voice_duration_s <= "
+                             f"max_voice_duration_s, got {self.min_voice_duration_s} and "
+                             f"{self.max_voice_duration_s}")
+        if not self.min_voice_rms_dbfs < 0:
+            raise ValueError(f"min_voice_rms_dbfs must be < 0 (dB below full scale), got "
+                             f"{self.min_voice_rms_dbfs}")
 
     def limits(self) -> dict[str, float | int]:
         """The limits announced in ``hello``."""

@@ -38,7 +38,7 @@ from engine.config import EngineConfig
 from engine.process import engine_main
 from engine.shm_ring import QueueClosed, QueueFull, ShmQueue
 from gateway.config import GatewayConfig
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, admission_health
 
 __all__ = ["EngineSupervisor", "EngineStartError", "EngineWatchdog"]
 
@@ -157,6 +157,10 @@ class EngineSupervisor:
             body["engine"].update(streams=self.stats.num_streams,
                                   queued_jobs=self.stats.num_queued_jobs,
                                   running_jobs=self.stats.num_running_jobs)
+            if self.stats.admission:  # the load a balancer can use: demand / capacity
+                admission = admission_health(self.stats.admission)
+                body["load"] = admission["load"]
+                body["admission"] = admission
         code = http.HTTPStatus.OK if self.is_ready() else http.HTTPStatus.SERVICE_UNAVAILABLE
         return code, body
 
@@ -361,6 +365,7 @@ class EngineSupervisor:
             self._metrics.running_jobs.set(msg.num_running_jobs)
             for name, value in msg.totals.items():
                 self._metrics.engine_totals.labels(name=name).set(value)
+            self._metrics.observe_admission(msg.admission)
             return
         if isinstance(msg, em.Heartbeat):
             self.heartbeat = msg

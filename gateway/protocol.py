@@ -73,6 +73,7 @@ class ErrorCode(str, enum.Enum):
     CAPACITY = "capacity"  # the engine is full; retry later
     ENGINE_RESTARTED = "engine_restarted"  # the engine died; the stream is lost, retry
     ENGINE_UNAVAILABLE = "engine_unavailable"  # the engine is (re)starting
+    SERVER_SHUTDOWN = "server_shutdown"  # the server is stopping; retry on another
     ENGINE_FAILED = "engine_failed"  # the engine kept dying; the server exits
     MODEL_ERROR = "model_error"
     INTERNAL = "internal"
@@ -315,7 +316,7 @@ def encode_client_message(msg: dict[str, Any], encoding: Encoding = Encoding.MSG
 
 def hello(*, model: str, voices: list[str], sample_rate: int, default_voice: str,
           options: dict[str, Any], limits: dict[str, Any], device: str = "",
-          weights: str = "loaded") -> dict[str, Any]:
+          weights: str = "loaded", supports_cloning: bool = False) -> dict[str, Any]:
     return {
         "type": "hello",
         "protocol": PROTOCOL_VERSION,
@@ -328,6 +329,7 @@ def hello(*, model: str, voices: list[str], sample_rate: int, default_voice: str
         "limits": limits,
         "device": device,
         "weights": weights,
+        "supports_cloning": supports_cloning,
     }
 
 
@@ -353,9 +355,12 @@ def done(stream: str, *, reason: str, samples: int, **timings: float) -> dict[st
 
 
 def error(code: ErrorCode | str, message: str, *, stream: str | None = None,
-          retryable: bool = False) -> dict[str, Any]:
-    return {"type": "error", "stream": stream, "code": str(getattr(code, "value", code)),
-            "message": message, "retryable": retryable}
+          retryable: bool = False, retry_after_s: float | None = None) -> dict[str, Any]:
+    msg = {"type": "error", "stream": stream, "code": str(getattr(code, "value", code)),
+           "message": message, "retryable": retryable}
+    if retry_after_s is not None:  # a `capacity` refusal: when a retry may find room
+        msg["retry_after_s"] = retry_after_s
+    return msg
 
 
 # One Packer for every server frame: ``msgpack.packb`` builds a new one per call, which costs

@@ -1,15 +1,9 @@
-"""The WebSocket + HTTP adapter around ``Session`` and ``EngineSupervisor``.
+"""The gateway: one aiohttp server (HTTP and WebSocket on one port) over one engine process.
 
-One ``Gateway`` per process. Each connection gets a ``Session`` (the protocol state machine)
-and a bounded outbox drained by a writer task: when a client stops reading and its outbox passes
-``max_outbox_bytes``, the connection is closed with 1008 so that it slows nobody else down.
-
-Hot path: a frame for a connection whose outbox is empty, with no send in flight and a socket
-that is not applying back-pressure (the transport's buffer under ``write_limit``), is written at
-once from the engine reader's callback, without waking the writer task (at 25,000 chunks/s
-the task switch, ``send``'s context manager and the event cost more than the write itself).
-Everything else (back-pressure, a backlog, closing) goes through the outbox and the writer, in
-order: a frame is written directly only when nothing is queued before it.
+``Gateway`` owns the lifecycle (engine, listening socket), the routing of engine output to
+connections, and the carrying out of a session's actions. The WebSocket adapter is
+``gateway.ws_handler``; the plain HTTP endpoints are ``gateway.http_routes``. aiohttp parses
+HTTP, answers malformed requests with a 4xx, and upgrades ``/v1/stream`` to a WebSocket.
 
 Engine output is routed synchronously by stream key from the engine queue's reader callback;
 nothing here blocks the event loop.
@@ -20,121 +14,71 @@ from __future__ import annotations
 import asyncio
 import http
 import itertools
-import json
 import logging
-import mimetypes
-import time
-from collections import deque
+import socket
+import ssl
+from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
-from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Request, Response
-from websockets.protocol import State
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from engine import messages as em
 from engine.config import EngineConfig
-from gateway import protocol as p
+from gateway import http_routes
 from gateway.config import GatewayConfig
 from gateway.engine_client import EngineSupervisor
-from gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
+from gateway.fd_limit import connections_allowed, raise_open_file_limit
+from gateway.metrics import GatewayMetrics
+from gateway.security import SecurityPolicy, security_middleware
 from gateway.session import Action, Close, Session, ToClient, ToEngine
+from gateway.voice_routes import VoiceRoutes
+from gateway.voice_store import VoiceStore, default_data_dir
+from gateway.ws_handler import CLOSE_GRACE_S, Connection, handle_stream
 
-__all__ = ["Gateway", "WEB_DEMO_DIR"]
+__all__ = ["Gateway", "WEB_DEMO_DIR", "bind_socket"]
 
 log = logging.getLogger("voxgate.gateway")
 
-WEB_DEMO_DIR = Path(__file__).resolve().parent.parent / "web_demo"
+WEB_DEMO_DIR = http_routes.WEB_DEMO_DIR
 _STREAM_PATH = "/v1/stream"
-_CLOSE_GRACE_S = 10.0  # a closing client that does not read is then cut off
+_SHUTDOWN_MESSAGE = "the server is shutting down; reconnect and retry"
 
 
-class _Connection:
-    """A connection's session, outbox and timers."""
+def _unavailable(code: str, message: str, *, retry_after_s: int) -> web.Response:
+    return http_routes.error_response(503, code, message, retryable=True,
+                                      headers={"Retry-After": str(retry_after_s)})
 
-    def __init__(self, ws: ServerConnection, session: Session, encoding: p.Encoding,
-                 max_outbox_bytes: int) -> None:
-        self.ws = ws
-        self.session = session
-        self.encoding = encoding
-        self.max_outbox_bytes = max_outbox_bytes
-        # (stream id for audio frames else None, encoded frame)
-        self.outbox: deque[tuple[str | None, bytes | str]] = deque()
-        self.outbox_bytes = 0
-        self.wakeup = asyncio.Event()
-        self.is_closing = False
-        self.close_code = 1000
-        self.close_reason = ""
-        self.last_activity = time.monotonic()
-        self.is_sending = False  # the writer task is inside ws.send
-        # Called when the outbox overflows (after it is emptied); the Gateway sets it to carry
-        # out Session.on_slow_consumer.
-        self.on_overflow = lambda: self.request_close(1008, "slow consumer")
-        # The direct write needs these attributes of websockets' asyncio connection; without
-        # them (another implementation) every frame goes through the writer task.
-        self._can_write_direct = all(hasattr(ws, name) for name in
-                                     ("protocol", "transport", "paused", "send_data"))
 
-    def push(self, msg: dict[str, Any]) -> None:
-        if self.is_closing:
+class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server log: a malformed request (which aiohttp answers with a 4xx) is one
+    line at INFO, not an ERROR with a traceback; a handler's own failure keeps its traceback."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kw: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            first = str(exc_info.message).strip().splitlines()[0] if exc_info.message else ""
+            self.info("refused a malformed HTTP request (%s): %s", exc_info.code, first)
             return
-        stream = msg.get("stream")
-        kind = msg.get("type")
-        if kind == "audio":
-            self.push_audio(msg)
-            return
-        if kind == "done" and msg.get("reason") == "cancelled":
-            self._drop_audio(stream)  # barge-in: audio not yet written is never sent
-        self._enqueue(None, p.encode_server_message(msg, self.encoding))
+        self.error(msg, *args, exc_info=exc_info, **kw)
 
-    def push_audio(self, msg: dict[str, Any]) -> None:
-        """``push`` for an ``audio`` map (the hot path)."""
-        if self.is_closing:
-            return
-        data = p.encode_server_message(msg, self.encoding)
-        if not self.outbox and not self.is_sending and self._write_direct(data):
-            return
-        self._enqueue(msg["stream"], data)
 
-    def _write_direct(self, data: bytes | str) -> bool:
-        """Write one frame now if the socket takes it without back-pressure; else ``False``."""
-        ws = self.ws
-        if (not self._can_write_direct or ws.paused or ws.protocol.state is not State.OPEN
-                or ws.transport.is_closing()):
-            return False
-        try:
-            if isinstance(data, str):
-                ws.protocol.send_text(data.encode())
-            else:
-                ws.protocol.send_binary(data)
-            ws.send_data()
-        except Exception:  # the connection broke under us: its reader sees the close
-            log.debug("a direct write failed", exc_info=True)
-        return True
-
-    def _enqueue(self, stream: str | None, data: bytes | str) -> None:
-        self.outbox.append((stream, data))
-        self.outbox_bytes += len(data)
-        if self.outbox_bytes > self.max_outbox_bytes:
-            self.outbox.clear()
-            self.outbox_bytes = 0
-            self.on_overflow()
-            return
-        self.wakeup.set()
-
-    def _drop_audio(self, stream: str | None) -> None:
-        kept = deque(item for item in self.outbox if item[0] != stream or stream is None)
-        self.outbox_bytes = sum(len(data) for _, data in kept)
-        self.outbox = kept
-
-    def request_close(self, code: int, reason: str) -> None:
-        if not self.is_closing:
-            self.is_closing = True
-            self.close_code, self.close_reason = code, reason
-            self.wakeup.set()
+def bind_socket(host: str, port: int, *, backlog: int = 1024) -> socket.socket:
+    """A listening, non-blocking TCP socket on ``host:port`` (the first address ``host``
+    resolves to; ``""`` or ``0.0.0.0`` is every IPv4 interface). Raises ``OSError``."""
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class Gateway:
@@ -150,41 +94,237 @@ class Gateway:
             metrics=self.metrics,
         )
         self._keys = itertools.count(1)
-        self._by_key: dict[int, _Connection] = {}
-        self._connections: set[_Connection] = set()
-        self._server: Server | None = None
+        self._by_key: dict[int, Connection] = {}
+        self._connections: set[Connection] = set()
+        self._runner: web.AppRunner | None = None
+        self._socket: socket.socket | None = None
+        self._stopped = asyncio.Event()
+        self.max_connections = config.max_connections  # lowered to fit the open-file limit
+        self._num_handshakes = 0  # WebSocket upgrades admitted and not yet connections
+        self._by_ip: dict[str, set[Connection]] = {}  # client address -> its connections
+        self._handshakes_by_ip: Counter[str] = Counter()
+        self.is_draining = False
+        self.data_dir = Path(config.data_dir) if config.data_dir else default_data_dir()
+        self.voices: VoiceStore | None = None  # opened by start()
+        self._voice_routes: VoiceRoutes | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Start the engine (wait for its handshake), then listen."""
+    def build_app(self) -> web.Application:
+        """The aiohttp application: every route of the gateway."""
+        policy = SecurityPolicy.for_bind(
+            self.config.host, api_key=self.config.api_key,
+            allowed_origins=self.config.allowed_origins, allowed_hosts=self.config.allowed_hosts,
+            metrics_public=self.config.metrics_public)
+        app = web.Application(middlewares=[security_middleware(policy)])
+        app.router.add_get(_STREAM_PATH, partial(handle_stream, self))
+        app.router.add_get("/health", partial(http_routes.health, self))
+        app.router.add_get("/metrics", partial(http_routes.metrics, self))
+        if self._voice_routes is None:
+            raise RuntimeError("build_app() runs in start(), once the voice store is open")
+        self._voice_routes.add_to(app.router)
+        app.router.add_get("/", http_routes.static_file)
+        app.router.add_get("/{name}", http_routes.static_file)
+        return app
+
+    async def listen(self) -> None:
+        """Bind the port and serve HTTP before the engine starts (``/health`` answers while the
+        model loads). Raises ``OSError`` when the address cannot be bound (port in use)."""
+        self._fit_connections_to_fd_limit()
+        tls = self._tls_context()  # before binding: a bad certificate is no port taken
+        sock = bind_socket(self.config.host, self.config.port)
+        self._socket = sock
+        await self._open_voices()
+        self._runner = web.AppRunner(self.build_app(), handle_signals=False, access_log=None,
+                                     shutdown_timeout=CLOSE_GRACE_S,
+                                     logger=_ServerLog(logging.getLogger("voxgate.http"), {}))
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock, ssl_context=tls).start()
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """TLS for https and wss from ``ssl_certfile``/``ssl_keyfile``. Raises ``OSError`` or
+        ``ssl.SSLError`` when they cannot be read."""
+        if not self.config.ssl_certfile:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.config.ssl_certfile, self.config.ssl_keyfile or None)
+        return ctx
+
+    async def start_engine(self) -> None:
+        """Start the engine and wait for its handshake. Raises ``EngineStartError``."""
         await self.engine.start()
-        self._server = await serve(
-            self._handle, self.config.host, self.config.port,
-            process_request=self._process_request,
-            max_size=self.config.max_frame_bytes,
-            ping_interval=20, ping_timeout=20,
-            write_limit=256 * 1024,
-        )
+
+    async def start(self) -> None:
+        """``listen`` then ``start_engine``."""
+        await self.listen()
+        await self.start_engine()
+
+    def _fit_connections_to_fd_limit(self) -> None:
+        soft = raise_open_file_limit()
+        allowed = connections_allowed(soft)
+        if self.max_connections > allowed:
+            log.warning("the open-file limit is %d: lowering --max-connections from %d to %d "
+                        "(raise the hard limit, e.g. `ulimit -Hn`, to allow more)", soft,
+                        self.max_connections, allowed)
+            self.max_connections = allowed
+
+    async def _open_voices(self) -> None:
+        store = VoiceStore(self.data_dir, max_voices=self.config.max_voices)
+        try:
+            await asyncio.to_thread(store.open)
+        except Exception as exc:  # the server serves without it; /v1/voices POST says so
+            log.error("the voice store in %s cannot be opened (%s); registering voices is off",
+                      store.folder, exc)
+            store.close()
+        else:
+            self.voices = store
+        self._voice_routes = VoiceRoutes(self.config, self.engine, self.voices)
 
     @property
     def port(self) -> int:
-        if self._server is None:
+        if self._socket is None:
             raise RuntimeError("the gateway is not listening; call start() first")
-        return self._server.sockets[0].getsockname()[1]
+        return self._socket.getsockname()[1]
 
     async def serve_forever(self) -> None:
-        if self._server is None:
+        if self._runner is None:
             raise RuntimeError("call start() first")
-        await self._server.serve_forever()
+        await self._stopped.wait()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop taking connections and streams (``/health``: draining, 503), and wait up to
+        ``timeout_s`` for the streams in flight to finish."""
+        self.is_draining = True
+        for conn in self._connections:
+            conn.session.stop_accepting(_SHUTDOWN_MESSAGE)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._by_key and loop.time() < deadline:
+            await asyncio.sleep(0.05)  # a shutdown, polled; nothing here waits on it in a test
 
     async def stop(self) -> None:
-        if self._server is not None:
+        """End the streams left (``server_shutdown``, retryable), close every connection with
+        1001, stop listening, stop the engine. Idempotent."""
+        self.is_draining = True
+        if self._runner is not None:
             for conn in list(self._connections):
+                self.apply(conn, conn.session.shutdown(_SHUTDOWN_MESSAGE))
                 conn.request_close(1001, "server shutting down")
-            self._server.close()
-            await self._server.wait_closed()
+            await self._runner.cleanup()  # stops listening, then waits for the handlers
+            self._runner = None
+        if self._voice_routes is not None:
+            self._voice_routes.close()
+        if self.voices is not None:
+            self.voices.close()
         await self.engine.stop()
+        self._stopped.set()
+
+    # --- connections (used by ws_handler) --------------------------------------------------
+
+    def admit(self, ip: str) -> web.Response | None:
+        """At a WebSocket handshake from ``ip``: ``None`` to go on (then ``new_session`` or
+        ``handshake_failed``), or the refusal to answer (503, or 429 past the per-IP limit)."""
+        if self.is_draining:
+            return _unavailable("server_shutdown", _SHUTDOWN_MESSAGE, retry_after_s=5)
+        if self.engine.hello is None:
+            return _unavailable("engine_unavailable", "the engine is starting", retry_after_s=5)
+        if len(self._connections) + self._num_handshakes >= self.max_connections:
+            return _unavailable("too_many_connections", f"the server has {self.max_connections} "
+                                "connections open (--max-connections)", retry_after_s=1)
+        per_ip = self.config.max_connections_per_ip
+        if per_ip and len(self._by_ip.get(ip, ())) + self._handshakes_by_ip[ip] >= per_ip:
+            return http_routes.error_response(
+                429, "too_many_connections", f"{per_ip} connections from {ip} are open "
+                "(--max-connections-per-ip)", retryable=True, headers={"Retry-After": "1"})
+        self._num_handshakes += 1
+        self._handshakes_by_ip[ip] += 1
+        return None
+
+    def handshake_failed(self, ip: str) -> None:
+        self._num_handshakes -= 1
+        self._end_handshake(ip)
+
+    def _end_handshake(self, ip: str) -> None:
+        self._handshakes_by_ip[ip] -= 1
+        if not self._handshakes_by_ip[ip]:
+            del self._handshakes_by_ip[ip]
+
+    def new_session(self, ip: str) -> Session:
+        """The session of an admitted connection whose upgrade went through."""
+        self._num_handshakes -= 1
+        self._end_handshake(ip)
+        hello = self.engine.hello
+        if hello is None:  # only ever set once; admit() saw it
+            raise RuntimeError("new_session() before the engine's handshake")
+        session = Session(
+            hello=hello, limits=self.config.limits(), allocate_key=lambda: next(self._keys),
+            is_engine_ready=self.engine.is_ready, metrics=self.metrics,
+            debug_timestamps=self.config.debug_timestamps,
+            resolve_voice=self.voices.resolve if self.voices is not None else None,
+        )
+        if self.is_draining:
+            session.stop_accepting(_SHUTDOWN_MESSAGE)
+        return session
+
+    def add_connection(self, conn: Connection) -> None:
+        self._connections.add(conn)
+        self._by_ip.setdefault(conn.ip, set()).add(conn)
+        self.metrics.connections.set(len(self._connections))
+
+    def remove_connection(self, conn: Connection) -> None:
+        """The connection's handler is ending: its streams stop in the engine."""
+        self._release(conn)
+        self._connections.discard(conn)
+        same_ip = self._by_ip.get(conn.ip)
+        if same_ip is not None:
+            same_ip.discard(conn)
+            if not same_ip:
+                del self._by_ip[conn.ip]
+        self.metrics.connections.set(len(self._connections))
+
+    def on_close_requested(self, conn: Connection) -> None:
+        """A connection is closing (slow consumer, idle, shutdown, client gone): its streams
+        stop in the engine now, and a client that does not read is cut off after a grace."""
+        self._release(conn)
+        conn.cut_off = asyncio.get_running_loop().call_later(CLOSE_GRACE_S, conn.abort)
+
+    def on_slow_consumer(self, conn: Connection) -> None:
+        """The outbox overflowed (and was emptied): the session cancels the streams, sends a
+        ``slow_consumer`` error and closes with 1008; the close arms the cut-off."""
+        self.apply(conn, conn.session.on_slow_consumer())
+
+    def _release(self, conn: Connection) -> None:
+        for key in conn.session.keys():
+            self._by_key.pop(key, None)
+        for action in conn.session.close():
+            if isinstance(action, ToEngine):
+                self.engine.send_nowait(action.msg)
+
+    def apply(self, conn: Connection, actions: list[Action]) -> None:
+        """Carry out a session's actions that need no waiting (engine sends are queued)."""
+        for action in actions:
+            if isinstance(action, ToClient):
+                conn.push(action.msg)
+            elif isinstance(action, ToEngine):
+                msg = action.msg
+                if isinstance(msg, em.Open):
+                    if self._ip_has_too_many_streams(conn):
+                        self.apply(conn, conn.session.on_engine(em.Error(
+                            msg.key, "too_many_streams", f"{self.config.max_streams_per_ip} "
+                            f"streams from {conn.ip} are active (--max-streams-per-ip)", True)))
+                        continue
+                    self._by_key[msg.key] = conn
+                elif isinstance(msg, em.Cancel):
+                    self._by_key.pop(msg.key, None)
+                self.engine.send_nowait(msg)
+            elif isinstance(action, Close):
+                conn.request_close(action.code, action.reason)
+
+    def _ip_has_too_many_streams(self, conn: Connection) -> bool:
+        """Past ``max_streams_per_ip`` counting the stream being opened (the session holds it)."""
+        limit = self.config.max_streams_per_ip
+        return bool(limit) and sum(c.session.num_active_streams
+                                   for c in self._by_ip.get(conn.ip, ())) > limit
 
     # --- engine routing --------------------------------------------------------------------
 
@@ -199,161 +339,24 @@ class Gateway:
             return
         if isinstance(msg, (em.Done, em.Error)):
             self._by_key.pop(msg.key, None)  # type: ignore[union-attr]
-        self._apply(conn, conn.session.on_engine(msg))
+        self.apply(conn, conn.session.on_engine(msg))
 
     def _on_engine_lost(self) -> None:
         self._by_key.clear()
         for conn in list(self._connections):
-            self._apply(conn, conn.session.on_engine_lost(is_final=self.engine.is_failed))
-
-    def _apply(self, conn: _Connection, actions: list[Action]) -> None:
-        """Carry out a session's actions that need no waiting (engine sends are queued)."""
-        for action in actions:
-            if isinstance(action, ToClient):
-                conn.push(action.msg)
-            elif isinstance(action, ToEngine):
-                key = getattr(action.msg, "key", None)
-                if isinstance(action.msg, em.Open):
-                    self._by_key[action.msg.key] = conn
-                elif isinstance(action.msg, em.Cancel) and key is not None:
-                    self._by_key.pop(key, None)
-                self.engine.send_nowait(action.msg)
-            elif isinstance(action, Close):
-                conn.request_close(action.code, action.reason)
-        if conn.is_closing and conn.session.num_active_streams:
-            self._on_closing(conn)
-
-    def _on_closing(self, conn: _Connection) -> None:
-        """A connection being closed (slow consumer, idle) stops its streams in the engine now,
-        and a client that does not read its close frame is cut off after a grace period."""
-        for key in conn.session.keys():
-            self._by_key.pop(key, None)
-        self._apply(conn, conn.session.close())
-        asyncio.get_running_loop().call_later(_CLOSE_GRACE_S, conn.ws.transport.abort)
-
-    def _on_slow_consumer(self, conn: _Connection) -> None:
-        """The outbox overflowed: cancel the streams, error, close 1008 (Session), cut off later."""
-        self._apply(conn, conn.session.on_slow_consumer())
-        asyncio.get_running_loop().call_later(_CLOSE_GRACE_S, conn.ws.transport.abort)
-
-    def _update_stream_gauge(self) -> None:
-        """Set at scrape time: summing per action would cost O(connections) per audio chunk."""
-        self.metrics.active_streams.set(sum(c.session.num_active_streams
-                                            for c in self._connections))
-
-    # --- WebSocket -------------------------------------------------------------------------
-
-    async def _handle(self, ws: ServerConnection) -> None:
-        query = parse_qs(urlsplit(ws.request.path).query) if ws.request else {}
-        encoding = p.Encoding.JSON if query.get("encoding") == ["json"] else p.Encoding.MSGPACK
-        hello = self.engine.hello
-        if hello is None or len(self._connections) >= self.config.max_connections:
-            reason = ("the engine is starting or restarting" if hello is None
-                      else "too many connections")
-            await ws.close(1013, reason)
-            return
-        session = Session(
-            hello=hello, limits=self.config.limits(), allocate_key=lambda: next(self._keys),
-            is_engine_ready=self.engine.is_ready, metrics=self.metrics,
-            debug_timestamps=self.config.debug_timestamps,
-        )
-        conn = _Connection(ws, session, encoding, self.config.max_outbox_bytes)
-        conn.on_overflow = lambda: self._on_slow_consumer(conn)
-        self._connections.add(conn)
-        self.metrics.connections.set(len(self._connections))
-        conn.push(session.greeting())
-        writer = asyncio.create_task(self._writer(conn))
-        idle = asyncio.create_task(self._idle_watch(conn))
-        try:
-            async for frame in ws:
-                conn.last_activity = time.monotonic()
-                self._apply(conn, session.receive_frame(frame))
-                if conn.is_closing:
-                    break
-                await self.engine.wait_writable()
-        except ConnectionClosed as exc:
-            if exc.rcvd is not None and exc.rcvd.code == 1009:
-                log.info("closed a connection: frame too large")
-        finally:
-            idle.cancel()
-            for key in session.keys():
-                self._by_key.pop(key, None)
-            self._apply(conn, session.close())
-            conn.request_close(conn.close_code, conn.close_reason)
-            await writer
-            self._connections.discard(conn)
-            self.metrics.connections.set(len(self._connections))
-
-    async def _writer(self, conn: _Connection) -> None:
-        ws = conn.ws
-        try:
-            while True:
-                while conn.outbox:
-                    _, data = conn.outbox.popleft()
-                    conn.outbox_bytes -= len(data)
-                    conn.is_sending = True
-                    try:
-                        await ws.send(data)
-                    finally:
-                        conn.is_sending = False
-                if conn.is_closing:
-                    break
-                conn.wakeup.clear()
-                await conn.wakeup.wait()
-            await ws.close(conn.close_code, conn.close_reason)
-        except ConnectionClosed:
-            pass
-
-    async def _idle_watch(self, conn: _Connection) -> None:
-        timeout = self.config.idle_timeout_s
-        while not conn.is_closing:
-            await asyncio.sleep(max(conn.last_activity + timeout - time.monotonic(), 0.01))
-            if conn.session.num_active_streams:
-                conn.last_activity = time.monotonic()
-            elif time.monotonic() - conn.last_activity >= timeout:
-                conn.push(p.error(p.ErrorCode.IDLE_TIMEOUT,
-                                  f"no message for {timeout:g} s; closing", retryable=True))
-                conn.request_close(1001, "idle timeout")  # the writer sends the error first
+            self.apply(conn, conn.session.on_engine_lost(is_final=self.engine.is_failed))
 
     # --- HTTP ------------------------------------------------------------------------------
 
-    def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
-        path = urlsplit(request.path).path
-        if path == _STREAM_PATH:
-            return None
-        if path == "/health":
-            return self._json(*self.engine.health())
-        if path == "/metrics":
-            self._update_stream_gauge()
-            return self._respond(http.HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE_LATEST)
-        if path == "/v1/voices":
-            hello = self.engine.hello
-            if hello is None:
-                return self._json(http.HTTPStatus.SERVICE_UNAVAILABLE,
-                                  {"error": "engine_unavailable", "retryable": True})
-            return self._json(http.HTTPStatus.OK, {
-                "model": hello.model, "voices": hello.voices,
-                "default_voice": hello.default_voice, "sample_rate": hello.sample_rate,
-                "options": hello.options, "formats": list(p.FORMATS)})
-        return self._static(path)
+    def health(self) -> tuple[http.HTTPStatus, dict[str, Any]]:
+        status, body = self.engine.health()
+        if self.is_draining:
+            body["status"] = "draining"
+            status = http.HTTPStatus.SERVICE_UNAVAILABLE
+        return status, body
 
-    def _static(self, path: str) -> Response:
-        name = "index.html" if path in ("/", "") else path.lstrip("/")
-        if "/" in name or name.startswith(".") or name.endswith(".py"):
-            return self._respond(http.HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
-        file = WEB_DEMO_DIR / name
-        if not file.is_file():
-            return self._respond(http.HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
-        ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        if name.endswith(".js"):
-            ctype = "text/javascript"
-        return self._respond(http.HTTPStatus.OK, file.read_bytes(), ctype)
-
-    @staticmethod
-    def _respond(status: http.HTTPStatus, body: bytes, ctype: str) -> Response:
-        headers = Headers([("Content-Type", ctype), ("Content-Length", str(len(body))),
-                           ("Cache-Control", "no-cache"), ("Connection", "close")])
-        return Response(status.value, status.phrase, headers, body)
-
-    def _json(self, status: http.HTTPStatus, obj: dict[str, Any]) -> Response:
-        return self._respond(status, json.dumps(obj).encode(), "application/json")
+    def render_metrics(self) -> bytes:
+        # Set at scrape time: summing per action would cost O(connections) per audio chunk.
+        self.metrics.active_streams.set(sum(c.session.num_active_streams
+                                            for c in self._connections))
+        return self.metrics.render()

@@ -1,6 +1,6 @@
 """One client connection's protocol state machine. No I/O: frames and engine messages in, actions out.
 
-The WebSocket adapter (``gateway.server``) feeds ``receive_frame`` with client frames and
+The WebSocket adapter (``gateway.ws_handler``) feeds ``receive_frame`` with client frames and
 ``on_engine`` with engine messages for this connection's streams, and carries out the actions
 returned: ``ToClient`` (send a map), ``ToEngine`` (put a message on the engine queue),
 ``Close`` (close the connection with an RFC 6455 code).
@@ -103,7 +103,10 @@ class Session:
         metrics: SessionMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         debug_timestamps: bool = False,
+        resolve_voice: Callable[[str], em.VoiceRef | None] | None = None,
     ) -> None:
+        """``resolve_voice`` finds a registered voice that ``start`` names (not a built-in one):
+        a ``VoiceRef``, ``None`` if there is none, or ``LookupError`` naming the ambiguity."""
         self._hello = hello
         self._limits = dict(limits)
         self._max_streams = int(limits["max_streams_per_connection"])
@@ -113,6 +116,8 @@ class Session:
         self._metrics = metrics or _NoMetrics()
         self._clock = clock
         self._debug_timestamps = debug_timestamps
+        self._resolve_voice = resolve_voice
+        self._shutdown_reason: str | None = None  # set: starts are refused (server_shutdown)
         self._streams: dict[str, _Stream] = {}
         self._by_key: dict[int, _Stream] = {}
         self._is_closed = False  # closing for a reason of its own: later frames are ignored
@@ -122,8 +127,8 @@ class Session:
     def greeting(self) -> dict[str, Any]:
         h = self._hello
         return p.hello(model=h.model, voices=list(h.voices), sample_rate=h.sample_rate,
-                       default_voice=h.default_voice, options=h.options, limits=self._limits, device=h.device,
-                       weights=h.weights)
+                       default_voice=h.default_voice, options=h.options, limits=self._limits,
+                       device=h.device, weights=h.weights, supports_cloning=h.supports_cloning)
 
     @property
     def num_active_streams(self) -> int:
@@ -163,6 +168,24 @@ class Session:
             "the client is not reading its audio: its buffered audio passed the limit; its "
             "streams are cancelled and the connection closes", retryable=True)))
         actions.append(Close(1008, "slow consumer: the client is not reading its audio"))
+        return actions
+
+    def stop_accepting(self, reason: str) -> None:
+        """The server is draining: later starts get a retryable ``server_shutdown``."""
+        self._shutdown_reason = reason
+
+    def shutdown(self, reason: str) -> list[Action]:
+        """The server stops now: every stream ends with a retryable ``server_shutdown`` and is
+        cancelled in the engine."""
+        self.stop_accepting(reason)
+        actions: list[Action] = []
+        for stream in list(self._streams.values()):
+            self._forget(stream)
+            self._metrics.count_error(ErrorCode.SERVER_SHUTDOWN.value)
+            self._metrics.count_stream("error")
+            actions.append(ToEngine(em.Cancel(stream.key)))
+            actions.append(ToClient(p.error(ErrorCode.SERVER_SHUTDOWN, reason, stream=stream.id,
+                                            retryable=True)))
         return actions
 
     # --- client frames ---------------------------------------------------------------------
@@ -205,6 +228,9 @@ class Session:
         return [ToEngine(em.End(stream.key))]
 
     def _start(self, msg: p.Start) -> list[Action]:
+        if self._shutdown_reason is not None:
+            raise ProtocolError(ErrorCode.SERVER_SHUTDOWN, self._shutdown_reason,
+                                stream=msg.stream, retryable=True)
         if msg.stream in self._streams:
             raise ProtocolError(ErrorCode.STREAM_EXISTS,
                                 f"stream {msg.stream!r} is already active", stream=msg.stream)
@@ -212,10 +238,9 @@ class Session:
             raise ProtocolError(ErrorCode.TOO_MANY_STREAMS,
                                 f"at most {self._max_streams} active streams per connection",
                                 stream=msg.stream, retryable=True)
+        voice_ref = None
         if msg.voice is not None and msg.voice not in self._hello.voices:
-            raise ProtocolError(ErrorCode.UNKNOWN_VOICE,
-                                f"unknown voice {p.show_value(msg.voice)}; voices: {list(self._hello.voices)}",
-                                stream=msg.stream)
+            voice_ref = self._registered_voice(msg.voice, msg.stream)
         p.check_declared_options(msg.options, self._hello.options, stream=msg.stream)
         if not self._is_engine_ready():
             raise ProtocolError(ErrorCode.ENGINE_UNAVAILABLE,
@@ -224,7 +249,19 @@ class Session:
         stream = _Stream(msg.stream, self._allocate_key(), msg.format, t_start=self._clock())
         self._streams[stream.id] = stream
         self._by_key[stream.key] = stream
-        return [ToEngine(em.Open(stream.key, msg.voice, dict(msg.options), msg.format))]
+        return [ToEngine(em.Open(stream.key, msg.voice, dict(msg.options), msg.format, voice_ref))]
+
+    def _registered_voice(self, voice: str, stream: str) -> em.VoiceRef:
+        try:
+            ref = self._resolve_voice(voice) if self._resolve_voice is not None else None
+        except LookupError as exc:
+            raise ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc.args[0]), stream=stream) from None
+        if ref is None:
+            registered = " or a registered voice's id (GET /v1/voices)" if self._resolve_voice else ""
+            raise ProtocolError(ErrorCode.UNKNOWN_VOICE,
+                                f"unknown voice {p.show_value(voice)}; voices: {list(self._hello.voices)}"
+                                + registered, stream=stream)
+        return ref
 
     def _text(self, stream: _Stream, text: str) -> list[Action]:
         if len(stream.text) + len(text) > self._max_text:
@@ -262,13 +299,16 @@ class Session:
         if isinstance(msg, em.Done):
             self._forget(stream)
             self._metrics.count_stream(msg.reason)
-            return [ToClient(self._done_msg(stream, msg.reason))]
+            done = self._done_msg(stream, msg.reason)
+            if "queue_wait_ms" in msg.timings:  # it waited for admission
+                done["queue_wait_ms"] = round(msg.timings["queue_wait_ms"], 3)
+            return [ToClient(done)]
         if isinstance(msg, em.Error):
             self._forget(stream)
             self._metrics.count_error(msg.code)
             self._metrics.count_stream("error")
             return [ToClient(p.error(msg.code, msg.message, stream=stream.id,
-                                     retryable=msg.retryable))]
+                                     retryable=msg.retryable, retry_after_s=msg.retry_after_s))]
         return []
 
     def on_audio(self, msg: em.Audio) -> dict[str, Any] | None:

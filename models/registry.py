@@ -67,6 +67,12 @@ ENTRIES: tuple[ModelEntry, ...] = (
                         "qwen3-tts-0.6b-base": "Qwen/Qwen3-TTS-12Hz-0.6B-Base"},
                hub_prefixes=("qwen/qwen3-tts",), architectures=("Qwen3TTSForConditionalGeneration", "qwen3_tts"),
                requires=("torch", "safetensors", "tokenizers"), extra="qwen3-tts"),
+    ModelEntry("kyutai-tts", "lm", "models.kyutai_tts.build:load",
+               "Kyutai TTS 1.6B en/fr (delayed streams + Mimi), takes each word when it asks for it; needs "
+               "voice_dir (kyutai/tts-voices); 'kyutai-tts-tiny' is a tiny random one (--load-format dummy)", "gpu",
+               default_id="kyutai/tts-1.6b-en_fr", aliases={"kyutai-tts-tiny": "tiny"},
+               hub_prefixes=("kyutai/tts",), architectures=("tts",),
+               requires=("torch", "safetensors", "sentencepiece"), extra="kyutai-tts"),
     ModelEntry("voxcpm2", "lm", "models.voxcpm2.build:load",
                "VoxCPM2 (MiniCPM4 + flow-matching patches, AudioVAE 48 kHz; zero-shot and cloned voices, "
                "--lora folded at load); 'voxcpm2-tiny' is a tiny random one (--load-format dummy)", "gpu",

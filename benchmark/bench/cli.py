@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="search for capacity: double the concurrency, then bisect")
     ld.add_argument("--search-start", metavar="N", type=number_type(int, 1), default=1)
     ld.add_argument("--search-max", metavar="N", type=number_type(int, 1), default=1024)
+    ld.add_argument("--overload", type=list_type(number_type(float, 0, 10, lo_open=True)), default=[],
+                    metavar="F[,F...]",
+                    help="then offer load beyond capacity: levels at these multiples of the "
+                         "capacity --search found, or of the one -c/--rate level given, e.g. "
+                         "1.5,2 (refused and queued streams are counted apart from failures)")
     ld.add_argument("--arrival-shape", metavar="K", type=number_type(float, 0, lo_open=True), default=1.0,
                     help="gamma shape of inter-arrival gaps with --rate (1 = Poisson)")
     bound = ld.add_mutually_exclusive_group()

@@ -26,6 +26,9 @@ class BenchConfig:
     search: bool = False
     search_start: int = 1
     search_max: int = 1024
+    # Overload sweep: after the level(s), levels at these multiples of the capacity the search
+    # found, or of the one --concurrency / --rate level given (e.g. [1.5, 2.0]).
+    overload: list[float] = field(default_factory=list)
     arrival_shape: float = 1.0  # gamma shape of the gaps between arrivals; 1 = Poisson
     num_requests: int | None = None  # per level
     duration_s: float | None = None  # per level
@@ -73,6 +76,11 @@ class BenchConfig:
         modes = sum((bool(self.concurrency), bool(self.rate), self.search))
         if modes > 1:
             raise ValueError("give only one of --concurrency, --rate and --search")
+        for f in self.overload:
+            _check(math.isfinite(f) and 0 < f <= 10, f"--overload factors must be in (0, 10], got {f}")
+        if self.overload and not (self.search or len(self.concurrency) + len(self.rate) == 1):
+            raise ValueError("--overload multiplies one capacity: give --search, or exactly one "
+                             "--concurrency or --rate level (the capacity measured before)")
         if modes == 0:
             self.concurrency = [1]
         for c in self.concurrency:
@@ -121,6 +129,16 @@ class BenchConfig:
     @property
     def mode(self) -> str:
         return "rate" if self.rate else "concurrency"
+
+    def overload_levels(self, base: float) -> list[float]:
+        """The overload sweep's levels over ``base`` (whole streams in concurrency mode),
+        without repeats, in order."""
+        out: list[float] = []
+        for f in self.overload:
+            level = float(max(1, round(base * f))) if self.mode == "concurrency" else base * f
+            if level not in out:
+                out.append(level)
+        return out
 
     def requests_for(self, level: float) -> int | None:
         """Streams in a level when bounded by count: --requests, else a default of about three

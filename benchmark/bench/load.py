@@ -16,6 +16,7 @@ import numpy as np
 from benchmark.bench.trace import StreamTrace
 
 __all__ = [
+    "REFUSAL_BACKOFF_S",
     "Target",
     "LevelPlan",
     "gamma_arrivals",
@@ -24,6 +25,12 @@ __all__ = [
     "CapacitySearch",
     "run_level",
 ]
+
+
+# Concurrency mode: a worker whose stream was refused (the server is full) waits the server's
+# retry hint, within these bounds (the default: without a hint), before its next stream, as a
+# well-behaved client would; without a wait it would retry at once, a storm of refusals.
+REFUSAL_BACKOFF_S = {"default": 1.0, "min": 0.05, "max": 5.0}
 
 
 class Target(Protocol):
@@ -152,7 +159,7 @@ async def run_level(target: Target, plan: LevelPlan,
     t0 = time.monotonic()
     deadline = t0 + plan.duration_s if plan.duration_s is not None else None
 
-    async def one(i: int) -> None:
+    async def one(i: int) -> StreamTrace:
         idx = prompt_index(i, len(plan.prompts), plan.seed)
         trace = StreamTrace(stream_id=f"{plan.stream_prefix}{i}", prompt_index=idx,
                             text=plan.prompts[idx], level=plan.level)
@@ -168,6 +175,7 @@ async def run_level(target: Target, plan: LevelPlan,
             trace.fail("client_error", f"{type(exc).__name__}: {exc}", time.monotonic())
         if on_stream_done is not None:
             on_stream_done(trace)
+        return trace
 
     if plan.mode == "concurrency":
         counter = iter(range(10**12))
@@ -182,7 +190,13 @@ async def run_level(target: Target, plan: LevelPlan,
                     return
                 if deadline is not None and time.monotonic() >= deadline:
                     return
-                await one(i)
+                trace = await one(i)
+                if trace.is_refused:
+                    b = REFUSAL_BACKOFF_S
+                    wait = min(max(trace.retry_after_s or b["default"], b["min"]), b["max"])
+                    if deadline is not None:
+                        wait = min(wait, max(0.0, deadline - time.monotonic()))
+                    await asyncio.sleep(wait)
 
         await asyncio.gather(*(worker(w) for w in range(workers)))
     elif plan.mode == "rate":

@@ -1,5 +1,6 @@
 """Pure functions from stream traces to the benchmark's figures: TTFA, gaps, real-time factor, the
-simulated player's underruns, throughput, server pauses (defined in docs/benchmark.md)."""
+simulated player's underruns, throughput and goodput, refusals and queueing, server pauses
+(defined in docs/benchmark.md)."""
 
 from __future__ import annotations
 
@@ -136,6 +137,9 @@ class StreamMetrics:
     stalled_s: float
     startup_s: float | None  # first text -> playback start (TTFA plus the start-up buffer)
     first_underrun_audio_s: float | None = None  # see PlayerResult
+    is_refused: bool = False  # turned away because the server was full (trace.REFUSAL_CODES)
+    refused_after_s: float | None = None  # first text (or issue) -> the refusal
+    queue_wait_s: float | None = None  # the server's admission wait (`done`'s queue_wait_ms)
 
 
 def stream_metrics(trace: StreamTrace, *, start_buffer_s: float = 0.1) -> StreamMetrics:
@@ -157,13 +161,20 @@ def stream_metrics(trace: StreamTrace, *, start_buffer_s: float = 0.1) -> Stream
     if player.t_play_start is not None and trace.t_first_text is not None:
         startup = player.t_play_start - trace.t_first_text
     is_ok = trace.is_ok and bool(trace.chunk_t)
+    refused_after = None
+    t_asked = trace.t_first_text if trace.t_first_text is not None else trace.t_start
+    if trace.is_refused and trace.t_done is not None and t_asked is not None:
+        refused_after = trace.t_done - t_asked
+    wait_ms = trace.server_timings.get("queue_wait_ms")
     return StreamMetrics(
         stream_id=trace.stream_id, prompt_index=trace.prompt_index, is_ok=is_ok,
         is_on_time=is_ok and player.underruns == 0,
         error_code=trace.error_code or (None if is_ok else "no_audio"),
         ttfa_s=ttfa, ttfa_end_input_s=ttfa_end, audio_s=audio_s, num_chunks=len(trace.chunk_t),
         gaps_s=gaps, rtf=rtf, underruns=player.underruns, stalled_s=player.stalled_s,
-        startup_s=startup, first_underrun_audio_s=player.first_underrun_audio_s)
+        startup_s=startup, first_underrun_audio_s=player.first_underrun_audio_s,
+        is_refused=trace.is_refused, refused_after_s=refused_after,
+        queue_wait_s=float(wait_ms) / 1e3 if isinstance(wait_ms, (int, float)) else None)
 
 
 @dataclass
@@ -192,6 +203,18 @@ class LevelSummary:
     # Over the streams that underran: seconds of audio each had received before its first
     # underrun (where in a stream the trouble starts).
     first_underrun_audio_s: dict[str, float | None] = field(default_factory=dict)
+    # Overload: streams refused (counted in num_failed too, which keeps its meaning: every
+    # stream that did not finish normally), those admitted after waiting in the server's queue,
+    # the failures other than refusals, the share on time of the streams not refused, and
+    # goodput: seconds of audio of on-time streams per wall second.
+    num_refused: int = 0
+    num_queued: int = 0
+    num_failed_not_refused: int = 0
+    on_time_fraction_admitted: float = 0.0
+    goodput_audio_s_per_s: float = 0.0
+    refused_ms: dict[str, float | None] = field(default_factory=dict)  # first text -> refusal
+    queue_wait_ms: dict[str, float | None] = field(default_factory=dict)  # over queued streams
+    ttfa_queued_ms: dict[str, float | None] = field(default_factory=dict)  # TTFA of queued streams
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,6 +227,9 @@ def summarize_level(metrics: Sequence[StreamMetrics], *, level: float, mode: str
     errors = Counter(m.error_code for m in metrics if not m.is_ok)
     audio_s = sum(m.audio_s for m in metrics)
     gaps = [g for m in metrics for g in m.gaps_s]
+    admitted = [m for m in metrics if not m.is_refused]
+    queued = [m for m in admitted if m.queue_wait_s]
+    on_time_s = sum(m.audio_s for m in metrics if m.is_on_time)
     return LevelSummary(
         level=level, mode=mode, num_streams=n, num_ok=sum(m.is_ok for m in metrics),
         num_failed=sum(not m.is_ok for m in metrics),
@@ -220,6 +246,14 @@ def summarize_level(metrics: Sequence[StreamMetrics], *, level: float, mode: str
         audio_s_total=audio_s, wall_s=wall_s,
         throughput_audio_s_per_s=audio_s / wall_s if wall_s > 0 else 0.0,
         first_underrun_audio_s=distribution(_present(m.first_underrun_audio_s for m in metrics)),
+        num_refused=n - len(admitted), num_queued=len(queued),
+        num_failed_not_refused=sum(not m.is_ok for m in admitted),
+        on_time_fraction_admitted=(sum(m.is_on_time for m in admitted) / len(admitted)
+                                   if admitted else 0.0),
+        goodput_audio_s_per_s=on_time_s / wall_s if wall_s > 0 else 0.0,
+        refused_ms=distribution(_present(m.refused_after_s for m in metrics), scale=1e3),
+        queue_wait_ms=distribution([m.queue_wait_s for m in queued], scale=1e3),  # type: ignore[misc]
+        ttfa_queued_ms=distribution(_present(m.ttfa_s for m in queued), scale=1e3),
     )
 
 

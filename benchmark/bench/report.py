@@ -25,14 +25,15 @@ def _f(value: float | None, digits: int = 0) -> str:
 
 def format_summary(result: BenchResult) -> str:
     cfg = result.config
-    head = (f"{'load':>8} {'streams':>7} {'failed':>6} {'TTFA p50':>8} {'p90':>6} {'p99':>6} "
-            f"{'end-in p50':>10} {'gap p99':>7} {'RTF p50':>7} {'on time':>7} {'underruns':>9} "
-            f"{'stall s':>7} {'audio s/s':>9} {'pass':>4}")
+    head = (f"{'load':>8} {'streams':>7} {'failed':>6} {'refused':>7} {'queued':>6} {'TTFA p50':>8} "
+            f"{'p90':>6} {'p99':>6} {'end-in p50':>10} {'gap p99':>7} {'RTF p50':>7} {'on time':>7} "
+            f"{'underruns':>9} {'stall s':>7} {'audio s/s':>9} {'goodput':>7} {'pass':>4}")
     lines = [f"voxgate bench: target {cfg.target} {cfg.url}  model "
              f"{result.target_info.get('model', '?')}  mode {cfg.mode}  "
              f"text {'at ' + format(cfg.token_rate, 'g') + ' words/s' if cfg.token_rate else 'at once'}"
              f"  start buffer {cfg.start_buffer_ms:g} ms  seed {cfg.seed}",
-             "times in ms; TTFA from the first text, end-in from the end of input", head,
+             "times in ms; TTFA from the first text, end-in from the end of input; failed "
+             "excludes refused; goodput: on-time audio s/s", head,
              "-" * len(head)]
     if result.target_info.get("device"):
         lines.insert(1, f"server device: {result.target_info['device']}")
@@ -41,12 +42,22 @@ def format_summary(result: BenchResult) -> str:
     for run in result.levels:
         s = run.summary
         lines.append(
-            f"{s.level:>8g} {s.num_streams:>7} {s.num_failed:>6} {_f(s.ttfa_ms['p50']):>8} "
+            f"{s.level:>8g} {s.num_streams:>7} {s.num_failed_not_refused:>6} {s.num_refused:>7} "
+            f"{s.num_queued:>6} {_f(s.ttfa_ms['p50']):>8} "
             f"{_f(s.ttfa_ms['p90']):>6} {_f(s.ttfa_ms['p99']):>6} "
             f"{_f(s.ttfa_end_input_ms['p50']):>10} {_f(s.gap_ms['p99']):>7} "
             f"{_f(s.rtf['p50'], 3):>7} {100 * s.on_time_fraction:>6.1f}% "
             f"{s.underruns_total:>9} {s.stalled_s_total:>7.2f} "
-            f"{s.throughput_audio_s_per_s:>9.2f} {'yes' if run.passed else 'no':>4}")
+            f"{s.throughput_audio_s_per_s:>9.2f} {s.goodput_audio_s_per_s:>7.2f} "
+            f"{'yes' if run.passed else 'no':>4}")
+    for run in result.levels:
+        s = run.summary
+        if s.num_refused or s.num_queued:
+            lines.append(
+                f"admission at {s.level:g}: {s.num_refused} refused (after p90 {_f(s.refused_ms.get('p90'))} ms, "
+                f"max {_f(s.refused_ms.get('max'))} ms), {s.num_queued} queued (waited p90 "
+                f"{_f(s.queue_wait_ms.get('p90'))} ms; their TTFA p90 {_f(s.ttfa_queued_ms.get('p90'))} ms); "
+                f"{100 * s.on_time_fraction_admitted:.1f}% of the admitted on time")
     for run in result.levels:
         onset = run.summary.first_underrun_audio_s
         if onset.get("count"):
@@ -87,11 +98,27 @@ def format_summary(result: BenchResult) -> str:
     if _capacity_is_lower_bound(result):
         cap = f">= {cap} (every level tested passed: try higher)"
     lines.append(f"capacity ({crit}): {cap}")
+    if result.overload is not None:
+        lines.extend(_overload_lines(result.overload))
     if result.asr is not None:
         lines.append(f"ASR: {result.asr['streams']} streams, word error rate mean "
                      f"{_f(result.asr['wer_mean'], 3)}, word-weighted "
                      f"{_f(result.asr['wer_word_weighted'], 3)}")
     return "\n".join(lines)
+
+
+def _overload_lines(overload: dict[str, Any]) -> list[str]:
+    if overload.get("base") is None:
+        return [f"overload: {overload.get('note', 'no capacity to multiply')}"]
+    out = []
+    for row in overload["levels"]:
+        ratio = row["goodput_vs_base"]
+        share = "-" if ratio is None else f"{100 * ratio:.0f}%"
+        out.append(f"overload {row['factor']:.2g}x ({row['level']:g}): goodput {row['goodput_audio_s_per_s']:.2f} "
+                   f"audio s/s, {share} of that at {overload['base']:g}; {row['num_refused']} of "
+                   f"{row['num_streams']} refused, {100 * row['on_time_fraction_admitted']:.1f}% of the "
+                   f"admitted on time")
+    return out
 
 
 def _capacity_is_lower_bound(result: BenchResult) -> bool:
@@ -117,6 +144,7 @@ def _level_json(run: LevelRun) -> dict[str, Any]:
     for m, tr in zip(run.metrics, run.traces):
         row = dataclasses.asdict(m)
         row.update(text_words=len(tr.text.split()), error_message=tr.error_message,
+                   retry_after_s=tr.retry_after_s,
                    done_reason=tr.done_reason, server_timings=tr.server_timings,
                    t_start=tr.t_start, t_first_text=tr.t_first_text, t_end_input=tr.t_end_input,
                    t_done=tr.t_done, chunk_t=tr.chunk_t, chunk_samples=tr.chunk_samples,
@@ -142,6 +170,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         "capacity_criterion": {"ttfa_p90_max_ms": result.config.ttfa_p90_max_ms,
                                "min_on_time": result.config.min_on_time},
         "search_tried": result.search_tried,
+        "overload": result.overload,
         "asr": result.asr,
         "levels": [_level_json(r) for r in result.levels],
     }

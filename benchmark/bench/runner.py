@@ -1,5 +1,6 @@
-"""Runs a ``BenchConfig``: warm-up, the levels (a sweep or a capacity search), scoring, ASR and the
-report; only an unreachable target or a bad prompt file ends a run early (exit status 1)."""
+"""Runs a ``BenchConfig``: warm-up, the levels (a sweep or a capacity search, then an overload
+sweep), scoring, ASR and the report; only an unreachable target or a bad prompt file ends a run
+early (exit status 1)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from benchmark.bench.server_stats import fetch_totals, level_figures, poll_timel
 from benchmark.bench.targets import make_target
 from benchmark.bench.trace import StreamTrace
 
-__all__ = ["LevelRun", "BenchResult", "run", "run_async"]
+__all__ = ["LevelRun", "BenchResult", "overload_summary", "run", "run_async"]
 
 
 @dataclass
@@ -50,6 +51,7 @@ class BenchResult:
     capacity: float | None = None
     search_tried: list[tuple[int, bool]] = field(default_factory=list)
     asr: dict[str, Any] | None = None
+    overload: dict[str, Any] | None = None  # the overload sweep (``overload_summary``)
     started_unix_s: float = 0.0
     elapsed_s: float = 0.0
 
@@ -159,6 +161,16 @@ async def run_async(config: BenchConfig) -> BenchResult:
             for level in (config.concurrency or config.rate):
                 result.levels.append(
                     await _run_one_level(target, config, _plan(config, prompts, level)))
+        if config.overload:
+            base = search.result if config.search else (config.concurrency or config.rate)[0]
+            if base is not None:
+                tried = {r.summary.level for r in result.levels}
+                for level in config.overload_levels(base):
+                    if level not in tried:
+                        result.levels.append(
+                            await _run_one_level(target, config, _plan(config, prompts, level)))
+                result.levels.sort(key=lambda r: r.summary.level)
+            result.overload = overload_summary(result.levels, base, config.overload_levels(base or 1))
     finally:
         await target.close()
     result.capacity = capacity((r.summary.level, r.passed) for r in result.levels)
@@ -167,6 +179,31 @@ async def run_async(config: BenchConfig) -> BenchResult:
             None, _score_asr, result.levels, config.asr_max_streams)
     result.elapsed_s = time.monotonic() - t0
     return result
+
+
+def overload_summary(levels: list[LevelRun], base: float | None,
+                     sweep: list[float]) -> dict[str, Any]:
+    """The overload sweep: per level over ``base`` (the capacity), its multiple of it, goodput
+    as a share of the goodput at ``base``, refusals (how soon), queued streams (their TTFA
+    p90) and the share of admitted streams on time. ``base`` None: no capacity was found."""
+    if base is None:
+        return {"base": None, "levels": [], "note": "no capacity found: nothing to multiply"}
+    by_level = {r.summary.level: r.summary for r in levels}
+    ref = by_level.get(base)
+    rows = []
+    for level in sweep:
+        s = by_level.get(level)
+        if s is None:
+            continue
+        ratio = (s.goodput_audio_s_per_s / ref.goodput_audio_s_per_s
+                 if ref is not None and ref.goodput_audio_s_per_s > 0 else None)
+        rows.append({"level": level, "factor": level / base, "goodput_audio_s_per_s": s.goodput_audio_s_per_s,
+                     "goodput_vs_base": ratio, "num_streams": s.num_streams, "num_refused": s.num_refused,
+                     "refused_ms_p90": s.refused_ms.get("p90"), "num_queued": s.num_queued,
+                     "ttfa_queued_ms_p90": s.ttfa_queued_ms.get("p90"), "ttfa_ms_p90": s.ttfa_ms.get("p90"),
+                     "on_time_fraction_admitted": s.on_time_fraction_admitted,
+                     "num_failed_not_refused": s.num_failed_not_refused})
+    return {"base": base, "levels": rows}
 
 
 def _score_asr(levels: list[LevelRun], max_streams: int) -> dict[str, Any]:

@@ -4,6 +4,7 @@ increase over the level, and a timeline polled during it (docs/benchmark.md, "Ou
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +18,11 @@ __all__ = ["metrics_url", "parse_totals", "parse_gauges", "fetch_totals", "fetch
 
 _FAMILY = "voxgate_engine_totals"
 _GAUGES = {"voxgate_engine_streams": "streams", "voxgate_engine_queued_jobs": "queued_jobs",
-           "voxgate_engine_running_jobs": "running_jobs"}
+           "voxgate_engine_running_jobs": "running_jobs",
+           # admission (engine.admission): absent from older servers, NaN while no limit is known
+           "voxgate_admission_capacity_streams": "capacity_streams",
+           "voxgate_admission_demand_streams": "demand_streams",
+           "voxgate_admission_queued_streams": "queued_streams"}
 Sample = tuple[float, dict[str, float], dict[str, float]]  # (monotonic time, counters, gauges)
 
 
@@ -40,11 +45,12 @@ def parse_totals(text: str) -> dict[str, float]:
 
 
 def parse_gauges(text: str) -> dict[str, float]:
-    """The engine's gauges (streams, queued_jobs, running_jobs) from an exposition."""
+    """The engine's gauges (streams, queued_jobs, running_jobs; the admission's capacity,
+    demand and queued streams where known) from an exposition."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         name = _GAUGES.get(family.name)
-        if name is not None and family.samples:
+        if name is not None and family.samples and math.isfinite(family.samples[0].value):
             out[name] = float(family.samples[0].value)
     return out
 

@@ -92,6 +92,9 @@ class _Connection:
                     {k: v for k, v in msg.items() if k not in ("type", "stream", "reason")})
             else:
                 trace.fail(str(msg.get("code")), str(msg.get("message")), t)
+                retry = msg.get("retry_after_s")
+                if isinstance(retry, (int, float)):
+                    trace.retry_after_s = float(retry)
             del self.streams[trace.stream_id]
             if not fut.done():
                 fut.set_result(None)
@@ -271,6 +274,8 @@ class HttpTarget:
                 if resp.status_code != 200:
                     body = (await resp.aread())[:300].decode("utf-8", "replace")
                     trace.fail(f"http_{resp.status_code}", body, time.monotonic())
+                    with contextlib.suppress(ValueError):  # seconds; an HTTP date is not used
+                        trace.retry_after_s = float(resp.headers.get("retry-after", ""))
                     return
                 async for data in resp.aiter_bytes():
                     t = time.monotonic()

@@ -6,7 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["StreamTrace"]
+__all__ = ["StreamTrace", "REFUSAL_CODES"]
+
+# Error codes that mean "full, retry later" rather than a failure: voxgate's `capacity` and an
+# HTTP server's 429 Too Many Requests.
+REFUSAL_CODES = ("capacity", "http_429")
 
 
 @dataclass
@@ -27,10 +31,16 @@ class StreamTrace:
     done_reason: str | None = None  # "end", "cancelled"; "eof" for an HTTP body that ended
     error_code: str | None = None
     error_message: str | None = None
+    retry_after_s: float | None = None  # a refusal's hint (native: the error's retry_after_s)
     server_timings: dict[str, Any] = field(default_factory=dict)
     offset_mismatches: int = 0  # audio chunks whose `offset` did not follow the previous one
     num_samples: int = 0  # sum of chunk_samples, kept up to date by add_chunk
     pcm: bytearray | None = None  # the audio itself, kept only for --asr
+
+    @property
+    def is_refused(self) -> bool:
+        """The server turned the stream away because it was full (``REFUSAL_CODES``)."""
+        return self.error_code in REFUSAL_CODES
 
     @property
     def is_ok(self) -> bool:

@@ -156,6 +156,8 @@ class OrpheusProgram:
             default_voice=prompt.DEFAULT_VOICE,
             sample_rate=24000,
             options=ranges,
+            # one token per decode row; 7 tokens make a frame of 2,048 samples: 82.03 per second
+            tokens_per_audio_second=tokens.TOKENS_PER_FRAME * 24000 / tokens.SAMPLES_PER_FRAME,
         )
 
     def _position_table(self) -> torch.Tensor:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections import OrderedDict
 import random
 import unicodedata
 import zlib
@@ -48,6 +49,7 @@ __all__ = ["LAST_FRAME", "Qwen3Forward", "Qwen3Head", "Qwen3Program", "Qwen3Slot
 LAST_FRAME = XVECTOR - 1  # 4093: a decode row's codec track is its slot's previous frame
 SAMPLES_PER_FRAME = 1920  # 80 ms at 24 kHz
 FRAMES_PER_SECOND = 12.5
+MAX_VOICES = 256  # registered voices whose x-vectors an engine keeps
 # The reference's generation defaults (talker and code predictor alike).
 DEFAULT_OPTIONS: dict[str, Any] = {"temperature": 0.9, "top_p": 1.0, "top_k": 50, "repetition_penalty": 1.05,
                                    "max_tokens": 1500, "language": "auto", "instruct": None, "seed": None}
@@ -216,6 +218,8 @@ class Qwen3Program:
         if dev.type == "cuda":
             self._cuda_stream = torch.cuda.Stream(dev)
         self._totals = {"codec_frames": 0}
+        # Registered voices prepared for this engine: id -> (sha256, x-vector [H]); an LRU.
+        self._voices: OrderedDict[str, tuple[str, Tensor]] = OrderedDict()
         voices = tuple(speakers(config))
         ranges: dict[str, Any] = {n: {"min": lo, "max": hi, "default": DEFAULT_OPTIONS[n]}
                                   for n, (lo, hi) in OPTION_RANGES.items()}
@@ -224,18 +228,46 @@ class Qwen3Program:
         if config.supports_instruct:
             ranges["instruct"] = {"type": "string", "default": None}
         self.info = BackendInfo(model=model_name, voices=voices, default_voice=voices[0] if voices else "",
-                                sample_rate=24000, options=ranges, input_streaming=True)
+                                supports_cloning=config.can_clone and speaker_encoder is not None,
+                                sample_rate=24000, options=ranges, input_streaming=True,
+                                # a decode row samples a whole frame of 1,920 samples: 12.5 a second
+                                tokens_per_audio_second=24000 / SAMPLES_PER_FRAME)
 
     # -- jobs -------------------------------------------------------------------------------
 
+    def prepare_voice(self, voice_ref: Any) -> str:
+        """A registered voice (``engine.messages.VoiceRef``): its x-vector from the checkpoint's
+        speaker encoder, computed once per file (by sha256) and kept for the ``MAX_VOICES`` most
+        recently used; returns the name ``validate`` then takes."""
+        if self.speaker_encoder is None:
+            raise OptionError("cloning_unsupported", "this checkpoint cannot clone a voice (no speaker encoder: use a "
+                              "Base checkpoint, e.g. --model qwen3-tts-1.7b-base)")
+        name = voice_ref.voice_id
+        known = self._voices.get(name)
+        if known is not None and known[0] == voice_ref.sha256:
+            self._voices.move_to_end(name)
+            return name
+        from engine.voice_audio import read_voice
+
+        wav = read_voice(voice_ref, self.speaker_encoder.config.sample_rate)
+        with torch.inference_mode():
+            xvector = self.speaker_encoder.embed(torch.from_numpy(wav)).detach()  # [H]
+        self._voices[name] = (voice_ref.sha256, xvector)
+        while len(self._voices) > MAX_VOICES:
+            self._voices.popitem(last=False)
+        return name
+
     def validate(self, voice: str | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        if voice is not None and voice in self._voices:  # a registered voice, prepared
+            unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
+            if unknown:
+                raise OptionError("invalid_option", f"unknown option {unknown[0]!r}; options: "
+                                  f"{', '.join(DEFAULT_OPTIONS)}")
+            return voice, {**DEFAULT_OPTIONS, **{n: self._option(n, v) for n, v in options.items()}}
         served = self.info.voices
         if voice is None or voice == "":
-            if not served:
-                raise OptionError("unknown_voice", "this checkpoint has no built-in speakers: register a voice "
-                                  "(POST /v1/voices) and name it in start")
-            voice = self.info.default_voice
-        if voice.lower() not in served:
+            voice = self.info.default_voice  # (a Base checkpoint has none: no speaker row, as the reference allows)
+        if voice and voice.lower() not in served:
             raise OptionError("unknown_voice", f"unknown voice {voice!r}; voices: {', '.join(served) or 'none'}")
         unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
         if unknown:
@@ -285,8 +317,10 @@ class Qwen3Program:
 
     def new_state(self, voice: str, options: dict[str, Any]) -> Qwen3State:
         instruct = options.get("instruct")
+        cloned = self._voices.get(voice)
         return Qwen3State(
-            speaker=voice or None, language=options.get("language", "auto"),
+            speaker=None if cloned is not None else (voice or None), language=options.get("language", "auto"),
+            xvector=None if cloned is None else cloned[1],
             instruct_ids=self.tokenizer.instruct_ids(instruct) if instruct else None,
             stream=TextStream(self.tokenizer),
         )

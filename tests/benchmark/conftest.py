@@ -25,9 +25,12 @@ def _chunks_for(text: str) -> int:
 
 @asynccontextmanager
 async def native_server(*, fail_words: str = "[[fail]]", close_words: str = "[[close]]",
+                        refuse_words: str = "[[refuse]]", wait_words: str = "[[wait]]",
                         ) -> AsyncIterator[str]:
     """Speaks the native protocol. A stream whose text contains ``fail_words`` gets an
-    ``error`` after its first chunk; one containing ``close_words`` closes the connection."""
+    ``error`` after its first chunk; one containing ``close_words`` closes the connection; one
+    containing ``refuse_words`` is refused (``capacity``, retry_after_s 0.01); one containing
+    ``wait_words`` says in its ``done`` that it waited 250 ms for admission."""
     from websockets.asyncio.server import serve
 
     async def handler(ws: object) -> None:
@@ -51,6 +54,11 @@ async def native_server(*, fail_words: str = "[[fail]]", close_words: str = "[[c
                 if close_words in text:
                     await ws.close(1011, "internal error")  # type: ignore[attr-defined]
                     return
+                if refuse_words in text:
+                    await send(encode_server_message(
+                        {"type": "error", "stream": sid, "code": "capacity", "retryable": True,
+                         "message": "server at capacity", "retry_after_s": 0.01}, Encoding.MSGPACK))
+                    continue
                 for k in range(_chunks_for(text)):
                     pcm = b"\x00\x01" * CHUNK_SAMPLES
                     await send(encode_server_message(
@@ -62,9 +70,11 @@ async def native_server(*, fail_words: str = "[[fail]]", close_words: str = "[[c
                              "message": "injected", "retryable": False}, Encoding.MSGPACK))
                         break
                 else:
-                    await send(encode_server_message(
-                        {"type": "done", "stream": sid, "reason": "end",
-                         "samples": _chunks_for(text) * CHUNK_SAMPLES}, Encoding.MSGPACK))
+                    done = {"type": "done", "stream": sid, "reason": "end",
+                            "samples": _chunks_for(text) * CHUNK_SAMPLES}
+                    if wait_words in text:
+                        done["queue_wait_ms"] = 250.0
+                    await send(encode_server_message(done, Encoding.MSGPACK))
 
     async with serve(handler, "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]

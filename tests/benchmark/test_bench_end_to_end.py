@@ -59,3 +59,21 @@ def test_bench_asr_against_embedded_voice(voxgate_server: Any, tmp_path: Any,
     asr = json.loads(out.read_text())["asr"]
     assert asr["streams"] == 2
     assert asr["wer_word_weighted"] <= 0.25, asr
+
+
+def test_bench_counts_refusals_against_a_server_at_capacity(server_factory: Any, tmp_path: Any,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A synthetic server that admits one stream at a time, refusing the rest: three workers,
+    six streams; the refused ones are counted as refused (with the server's retry hint), not
+    as failed, and every admitted stream finishes."""
+    server = server_factory("--model", "synthetic", "--admission", "refuse",
+                            "--admission-initial-capacity", "1")
+    out = tmp_path / "bench.json"
+    code = main(["--url", server.ws_url, "-c", "3", "-n", "6", "--max-words", "6", "--json", str(out),
+                 "--no-progress"])
+    assert code == 0, capsys.readouterr()
+    level = json.loads(out.read_text())["levels"][0]
+    assert level["num_streams"] == 6 and level["num_refused"] >= 1
+    assert level["num_failed_not_refused"] == 0 and level["errors_by_code"] == {"capacity": level["num_refused"]}
+    assert level["num_ok"] + level["num_refused"] == 6
+    assert all(s["retry_after_s"] > 0 for s in level["streams"] if s["is_refused"])

@@ -44,6 +44,9 @@ def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     (["--search-start", "64", "--search-max", "8", "--search"], "--search-start", "--search-max"),
     (["--prompts", "/nonexistent/p.txt"], "--prompts", "cannot read"),
     (["--min-words", "500"], "--min-words", "no prompt has between 500"),
+    (["--overload", "0"], "--overload", "(0, 10]"),
+    (["--overload", "2", "-c", "4,8"], "--overload", "exactly one"),
+    (["--overload", "2"], "--overload", "--search"),
 ])
 def test_bad_arguments_exit_2_naming_the_flag(capsys: pytest.CaptureFixture[str], argv: list[str],
                                               flag: str, words: str) -> None:
@@ -133,6 +136,39 @@ def test_main_runs_a_sweep_and_writes_json_and_plots(fakes: Any, tmp_path: Any,
     assert data["prompts"]["prompts"] == 3
     assert sorted(p.name for p in plots.iterdir()) == ["timeline.png", "ttfa.png",
                                                        "viability.png"]
+
+
+def test_overload_levels_multiply_the_capacity() -> None:
+    """Concurrency levels are whole streams, rate levels are not rounded; repeats go."""
+    c = BenchConfig(concurrency=[480], overload=[1, 1.5, 2, 2.0001])
+    assert c.overload_levels(480) == [480.0, 720.0, 960.0]
+    r = BenchConfig(rate=[3.0], overload=[1.5])
+    assert r.overload_levels(3.0) == [4.5]
+
+
+def test_main_overload_sweep_counts_refusals_apart(fakes: Any, tmp_path: Any,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """-c 2 --overload 1.5,2: levels 2, 3 and 4; a refused prompt is counted as refused (not
+    failed), a queued one as queued; the JSON's overload block compares goodput with level 2."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one two three\nfour [[refuse]] five\nsix [[wait]] seven\n")
+    out = tmp_path / "out.json"
+    with _server_thread(fakes.native_server) as url:
+        code = main(["--url", url, "-c", "2", "-n", "6", "--overload", "1.5,2", "--prompts",
+                     str(prompts), "--json", str(out), "--no-progress"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "admission at 2: 2 refused" in text and "2 queued" in text
+    assert "overload 1.5x (3): goodput" in text and "overload 2x (4)" in text
+    data = json.loads(out.read_text())
+    assert [lv["level"] for lv in data["levels"]] == [2, 3, 4]
+    lv = data["levels"][0]
+    assert (lv["num_refused"], lv["num_queued"], lv["num_failed_not_refused"], lv["num_failed"]) == (2, 2, 0, 2)
+    assert lv["on_time_fraction_admitted"] == 1.0 and lv["goodput_audio_s_per_s"] > 0
+    assert [s["retry_after_s"] for s in lv["streams"] if s["is_refused"]] == [0.01, 0.01]
+    assert data["overload"]["base"] == 2
+    assert [row["level"] for row in data["overload"]["levels"]] == [3, 4]
+    assert all(row["goodput_vs_base"] > 0 for row in data["overload"]["levels"])
 
 
 def test_main_unreachable_target_exits_1(capsys: pytest.CaptureFixture[str]) -> None:

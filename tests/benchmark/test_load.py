@@ -114,8 +114,8 @@ class FakeTarget:
     info: dict = {}
 
     def __init__(self, *, fail: set[int] = frozenset(), crash: set[int] = frozenset(),
-                 hang: set[int] = frozenset()) -> None:
-        self.fail, self.crash, self.hang = fail, crash, hang
+                 hang: set[int] = frozenset(), refuse: set[int] = frozenset()) -> None:
+        self.fail, self.crash, self.hang, self.refuse = fail, crash, hang, refuse
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -136,6 +136,10 @@ class FakeTarget:
                 await asyncio.Event().wait()
             if i in self.crash:
                 raise RuntimeError("client bug")
+            if i in self.refuse:
+                trace.fail("capacity", "server at capacity", loop.time())
+                trace.retry_after_s = 0.05
+                return
             await asyncio.sleep(0)
             trace.add_chunk(loop.time(), 100)
             if i in self.fail:
@@ -174,6 +178,16 @@ def test_run_level_records_failures_crashes_and_timeouts_per_stream() -> None:
     assert codes == {"t-0": None, "t-1": "engine_restarted", "t-2": "client_error",
                      "t-3": "timeout", "t-4": None, "t-5": None}
     assert sorted(done) == sorted(codes)
+
+
+def test_a_refused_worker_waits_the_retry_hint_before_its_next_stream() -> None:
+    """Concurrency mode: after a `capacity` refusal the worker waits the server's
+    retry_after_s before it starts another stream (no storm of retries)."""
+    target = FakeTarget(refuse={0})
+    traces, _ = asyncio.run(run_level(target, _plan(level=1, num_requests=3)))
+    assert traces[0].is_refused and traces[0].retry_after_s == 0.05
+    assert traces[1].t_start - traces[0].t_done >= 0.05  # type: ignore[operator]
+    assert traces[1].is_ok and traces[2].is_ok
 
 
 def test_run_level_rate_mode_starts_every_arrival() -> None:

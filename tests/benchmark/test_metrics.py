@@ -300,3 +300,26 @@ def test_summary_names_the_server_device() -> None:
     assert "server device" not in format_summary(result)
     result.target_info["device"] = "NVIDIA H200, 140 GiB, GPU-58a1, torch 2.11.0, CUDA 13.0"
     assert format_summary(result).splitlines()[1] == "server device: NVIDIA H200, 140 GiB, GPU-58a1, torch 2.11.0, CUDA 13.0"
+
+
+def test_refused_and_queued_streams_are_counted_apart_and_goodput_is_on_time_audio() -> None:
+    """Two on-time streams (one of them queued 250 ms by the server), one refused after 20 ms,
+    one late: refused and queued counted apart from the failures, the admitted's on-time share
+    over the three admitted, goodput only the on-time audio."""
+    good = make_trace([0.1, 0.2], sid="g")
+    queued = make_trace([0.3, 0.4], sid="q")
+    queued.server_timings["queue_wait_ms"] = 250.0
+    refused = make_trace([], ok=False, sid="r")
+    refused.error_code, refused.t_done = "capacity", 0.02
+    late = make_trace([0.05, 0.9], sid="l")  # underruns
+    ms = [stream_metrics(t, start_buffer_s=0.1) for t in (good, queued, refused, late)]
+    assert ms[2].is_refused and ms[2].refused_after_s == pytest.approx(0.02)
+    assert ms[1].queue_wait_s == pytest.approx(0.25)
+    s = summarize_level(ms, level=4, mode="concurrency", wall_s=2.0)
+    assert (s.num_failed, s.num_refused, s.num_queued, s.num_failed_not_refused) == (1, 1, 1, 0)
+    assert s.on_time_fraction == 0.5 and s.on_time_fraction_admitted == pytest.approx(2 / 3)
+    assert s.goodput_audio_s_per_s == pytest.approx(0.4 / 2.0)
+    assert s.throughput_audio_s_per_s == pytest.approx(0.6 / 2.0)
+    assert s.refused_ms["max"] == pytest.approx(20.0) and s.queue_wait_ms["p50"] == pytest.approx(250.0)
+    assert s.ttfa_queued_ms["count"] == 1 and s.ttfa_queued_ms["p50"] == pytest.approx(300.0)
+    assert not meets_target(s)  # a level with refusals does not count as served

@@ -69,12 +69,17 @@ def test_json_commit_is_head_or_the_override(monkeypatch):
 
 
 def test_parse_gauges_reads_streams_and_jobs() -> None:
+    """The engine's gauges by short name; the admission's capacity only once it is known."""
     m = GatewayMetrics()
     m.engine_streams.set(5)
     m.queued_jobs.set(2)
     m.running_jobs.set(9)
     m.engine_totals.labels(name="steps").set(3)
-    assert parse_gauges(m.render().decode()) == {"streams": 5.0, "queued_jobs": 2.0, "running_jobs": 9.0}
+    assert parse_gauges(m.render().decode()) == {"streams": 5.0, "queued_jobs": 2.0, "running_jobs": 9.0,
+                                                 "demand_streams": 0.0, "queued_streams": 0.0}
+    m.observe_admission({"capacity": 480, "demand": 12, "queued": 1})
+    gauges = parse_gauges(m.render().decode())
+    assert (gauges["capacity_streams"], gauges["demand_streams"], gauges["queued_streams"]) == (480.0, 12.0, 1.0)
 
 
 def test_timeline_gives_each_interval_its_rates_and_the_gauges_at_its_end() -> None:

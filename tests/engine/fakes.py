@@ -71,3 +71,26 @@ class FakeBackend:
 
     def close(self) -> None:
         pass
+
+
+class CloningFakeBackend(FakeBackend):
+    """``FakeBackend`` that takes registered voices: ``prepare_voice`` records the reference
+    and returns its id as a voice name, unless the id starts with "bad" (``OptionError``)."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.info = BackendInfo(model="fake-clone", voices=("a", "b"), default_voice="a",
+                                sample_rate=24000, options={"seed": {"type": "int"}},
+                                supports_cloning=True)
+        self.prepared: list[Any] = []
+
+    def prepare_voice(self, voice_ref: Any) -> str:
+        if voice_ref.voice_id.startswith("bad"):
+            raise OptionError("voice_unavailable", f"voice {voice_ref.voice_id!r} cannot be read")
+        self.prepared.append(voice_ref)
+        return voice_ref.voice_id
+
+    def validate(self, voice: str | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        if voice is not None and any(ref.voice_id == voice for ref in self.prepared):
+            return voice, super().validate(None, options)[1]
+        return super().validate(voice, options)

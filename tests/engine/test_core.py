@@ -7,7 +7,7 @@ import pytest
 
 from engine import messages as m
 from engine.core import CoreConfig, EngineCore
-from tests.engine.fakes import FakeBackend
+from tests.engine.fakes import CloningFakeBackend, FakeBackend
 
 
 def _run(core: EngineCore, max_steps: int = 100) -> list[m.Message]:
@@ -33,6 +33,26 @@ def test_open_validates_voice_and_options() -> None:
     assert isinstance(out[0], m.Error) and out[0].code == "invalid_option"
     assert core.open(3, None, {}) == [m.Started(3, "a", {"seed": 0})]
     assert isinstance(core.open(3, None, {})[0], m.Error)
+
+
+def test_open_with_a_voice_ref_uses_the_voice_the_backend_prepared() -> None:
+    """A registered voice goes through prepare_voice; its name is validated and used."""
+    backend = CloningFakeBackend()
+    core = EngineCore(backend)
+    ref = m.VoiceRef("v-1", "/data/v-1.wav", 44100, "ab" * 32, None)
+    assert core.open(1, "ignored", {"seed": 3}, "pcm_s16le", ref) == [m.Started(1, "v-1", {"seed": 3})]
+    assert backend.prepared == [ref]
+    bad = core.open(2, None, {}, "pcm_s16le", m.VoiceRef("bad-1", "/x.wav", 16000, "cd", None))
+    assert bad == [m.Error(2, "voice_unavailable", "voice 'bad-1' cannot be read", False)]
+
+
+def test_open_with_a_voice_ref_on_a_backend_that_cannot_clone_fails_that_stream() -> None:
+    """Without prepare_voice the stream fails with cloning_unsupported, naming the built-in voices."""
+    core, _ = _core()
+    out = core.open(1, None, {}, "pcm_s16le", m.VoiceRef("v-1", "/v.wav", 24000, "ab", None))
+    assert out == [m.Error(1, "cloning_unsupported", "model fake cannot clone voices; use one "
+                           "of its built-in voices: a, b", False)]
+    assert core.num_streams == 0 and core.open(1, None, {}) == [m.Started(1, "a", {"seed": 0})]
 
 
 def test_text_end_produces_audio_then_done() -> None:

@@ -9,6 +9,9 @@ from engine import messages as m
 EXAMPLES: list[m.Message] = [
     m.Open(7, "heart", {"seed": 3, "temperature": 0.5}),
     m.Open(8, None, {}, "pcm_s16le"),
+    m.Open(9, None, {}, "pcm_s16le", m.VoiceRef("v-1", "/data/voices/v-1.wav", 44100, "ab" * 32,
+                                                 "Hello, this is my voice.")),
+    m.Open(10, None, {}, "pcm_f32le", m.VoiceRef("v-2", "/data/v-2.wav", 16000, "cd" * 32)),
     m.Text(7, "héllo, wörld ✓"),
     m.Flush(7),
     m.End(7),
@@ -16,6 +19,7 @@ EXAMPLES: list[m.Message] = [
     m.Shutdown(),
     m.Hello("hibari", ["heart"], "heart", 24000, {"speed": {"min": 0.5, "max": 2.0}}),
     m.Hello("orpheus", ["tara"], "tara", 24000, {}, "NVIDIA H200, 140 GiB, GPU-1234, torch 2.11.0, CUDA 13.0"),
+    m.Hello("qwen3-tts", ["vivian"], "vivian", 24000, {}, "cpu", "random", supports_cloning=True),
     m.Started(7, "heart", {"speed": 1.0}),
     m.Audio(7, b"\x00\x01" * 100, (0, 12), 123.5),
     m.Audio(7, b"", None, 0.0),
@@ -23,6 +27,9 @@ EXAMPLES: list[m.Message] = [
     m.Error(7, "model_error", "boom", True),
     m.Error(None, "load_failed", "no weights", False),
     m.Stats(3, 1, 2),
+    m.Error(9, "capacity", "server at capacity; retry after 1.5 s", True, 1.5),
+    m.Stats(3, 1, 2, {"steps": 10}, {"policy": "queue", "capacity": 480, "demand": 12,
+                                     "queued": 0, "waits_s": [0.25]}),
     m.Batch([m.Audio(7, b"\x00\x01" * 4, (0, 12), 1.5), m.Done(7, "end", 4, {}),
              m.Error(8, "model_error", "boom", True)]),
     m.Batch([]),
@@ -63,3 +70,14 @@ def test_malformed_batch_raises_decode_error() -> None:
     for data in (b"\x92\x1a\x01", b"\x92\x1a\x91\x91\x63"):
         with pytest.raises(m.DecodeError):
             m.decode(data)
+
+
+@pytest.mark.parametrize("voice_ref", [["v-1"], ["v-1", "/p.wav", "44100", "ab", None],
+                                       ["v-1", "/p.wav", 44100, "ab", 7], "v-1"])
+def test_malformed_voice_ref_raises_decode_error(voice_ref: object) -> None:
+    """An Open whose voice_ref has the wrong shape or field types raises DecodeError."""
+    import msgpack
+
+    data = msgpack.packb([int(m.Kind.OPEN), 1, None, {}, "pcm_s16le", voice_ref])
+    with pytest.raises(m.DecodeError):
+        m.decode(data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -157,3 +158,63 @@ def test_heartbeats_keep_coming_while_a_step_blocks() -> None:
         inbox.put(m.encode(m.Shutdown()), timeout_s=10)
         runner.join(60)
         assert not runner.is_alive()
+
+
+class CountingBackend(FakeBackend):
+    """A FakeBackend with the step-based figures: each step launches one decode row per job."""
+
+    async_steps = False
+    max_decode_rows = 256
+
+    def __init__(self) -> None:
+        super().__init__(chunks_per_job=50)
+        self.info = dataclasses.replace(self.info, tokens_per_audio_second=82.0)
+        self.rows = 0
+
+    def step_counts(self) -> tuple[int, int]:
+        return self.rows, 0
+
+    def step(self):  # type: ignore[no-untyped-def]
+        self.rows += len(self.order)
+        return super().step()
+
+
+def test_back_to_back_steps_become_admission_samples_and_stats_carry_the_figures(monkeypatch) -> None:
+    """Each step's rows are paired with the time to the next back-to-back step and given to the
+    core with the decode cap; a wait between steps breaks the pairing; Stats carry the
+    admission figures."""
+    backend = CountingBackend()
+    loop, inbox, outbox = _loop(backend)
+    samples: list[tuple[int, int, float, int]] = []
+    monkeypatch.setattr(loop.core, "note_step",
+                        lambda rows, prompts, seconds, *, max_rows: samples.append((rows, prompts, seconds, max_rows)))
+    with inbox, outbox:
+        _open_streams(loop, range(1, 4))
+        _received(outbox)
+        for _ in range(3):
+            loop._step()
+        assert [(r, p, cap) for r, p, _, cap in samples] == [(6, 0, 256), (6, 0, 256)]  # 2 jobs a stream
+        assert all(s > 0 for _, _, s, _ in samples)
+        loop._sampler.reset()  # the loop slept
+        loop._step()
+        assert len(samples) == 2
+        _received(outbox)
+        loop._send_stats()
+        [stats] = _received(outbox)
+        assert stats.admission["policy"] == "queue" and stats.admission["demand"] == 3
+        assert stats.admission["capacity"] is None  # not yet measured, no initial cap
+
+
+def test_an_idle_loop_wakes_when_a_waiting_stream_times_out(monkeypatch) -> None:
+    """With nothing to step, the loop sleeps only until the admission queue's head times out."""
+    from engine.admission import AdmissionConfig
+
+    inbox = ShmQueue.create(capacity_bytes=1 << 18, max_message_bytes=1 << 16)
+    outbox = ShmQueue.create(capacity_bytes=1 << 18, max_message_bytes=1 << 16)
+    core = EngineCore(FakeBackend(), admission=AdmissionConfig(initial_capacity=1, max_wait_s=0.3))
+    loop = EngineLoop(core, inbox, outbox, stats_interval_s=60.0)
+    with inbox, outbox:
+        _open_streams(loop, range(1, 3))
+        assert core.admission.num_queued == 1
+        monkeypatch.setattr(core, "has_work", lambda: False)
+        assert 0.0 < loop._wait_s() <= 0.3

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from engine.backend import JobOutput, OptionError
+from engine.messages import VoiceRef
 from engine.synthetic import SyntheticBackend
 
 
@@ -231,3 +232,44 @@ def test_realtime_abort_then_reused_id_is_paced_from_its_own_start() -> None:
     clock.now += 0.06
     assert [o.job_id for o in backend.step()] == [2]  # job 1's next is due 0.1 s after it began
     assert backend.next_due_s() == pytest.approx(0.04)
+
+
+def _wav(path: object, rate: int = 16000) -> VoiceRef:
+    import hashlib
+    import wave
+
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(b"\x01\x00" * rate)
+    sha = hashlib.sha256(open(str(path), "rb").read()).hexdigest()
+    return VoiceRef("v-1", str(path), rate, sha, None)
+
+
+def test_cloning_accepts_a_matching_wav_and_speaks_it_in_its_own_pitch(tmp_path: object) -> None:
+    """With clone_voices a voice ref whose file matches becomes a usable voice; the job's tone
+    differs from a built-in voice's."""
+    backend = SyntheticBackend(clone_voices=True)
+    assert backend.info.supports_cloning
+    ref = _wav(tmp_path / "v.wav")  # type: ignore[operator]
+    name = backend.prepare_voice(ref)
+    voice, options = backend.validate(name, {})
+    assert voice == "v-1" and options == {"speed": 1.0, "seed": 0}
+    backend.add_job(1, "Hello there.", voice, options)
+    backend.add_job(2, "Hello there.", "tone", options)
+    out = run_to_end(backend)
+    a = np.concatenate([o.pcm for o in out if o.job_id == 1 and o.pcm is not None])
+    b = np.concatenate([o.pcm for o in out if o.job_id == 2 and o.pcm is not None])
+    assert len(a) == len(b) and not np.array_equal(a, b)
+
+
+def test_cloning_refuses_a_missing_or_altered_file(tmp_path: object) -> None:
+    """A voice ref whose file is gone or does not match its sha256 raises OptionError."""
+    backend = SyntheticBackend(clone_voices=True)
+    ref = _wav(tmp_path / "v.wav")  # type: ignore[operator]
+    with pytest.raises(OptionError, match="does not match"):
+        backend.prepare_voice(VoiceRef(ref.voice_id, ref.path, ref.sample_rate, "00" * 32, None))
+    with pytest.raises(OptionError, match="cannot be read"):
+        backend.prepare_voice(VoiceRef("v-2", ref.path + ".gone", 16000, ref.sha256, None))
+    assert not SyntheticBackend().info.supports_cloning

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import json
 import os
+import re
 import signal
+import socket
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -71,6 +73,39 @@ def test_http_routes(synth: VoxgateServer) -> None:
     status, body = _get(synth, "/")
     assert status == 200 and b"<html" in body.lower()
     assert _get(synth, "/nope/../../etc/passwd")[0] == 404
+
+
+def _raw_http(server: VoxgateServer, data: bytes) -> list[int]:
+    """Send raw bytes, read until the server closes; the status codes of its responses."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    return [int(code) for code in re.findall(rb"HTTP/1\.[01] (\d{3}) ", out)]
+
+
+def test_malformed_http_gets_a_4xx_and_no_traceback(synth: VoxgateServer) -> None:
+    """Unknown paths, wrong methods, garbage, huge or contradictory headers and a plain GET on
+    the WebSocket path each get a 4xx; a GET with a body and pipelined requests are answered;
+    nothing is logged as an error."""
+    close = b"Connection: close\r\n"
+    assert _raw_http(synth, b"POST /nope/x HTTP/1.1\r\nHost: 127.0.0.1\r\n" + close
+                     + b"Content-Length: 3\r\n\r\nabc") == [404]
+    assert _raw_http(synth, b"POST /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + close
+                     + b"Content-Length: 0\r\n\r\n") == [405]
+    assert _raw_http(synth, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + close
+                     + b"Content-Length: 5\r\n\r\nhello") == [200]
+    assert _raw_http(synth, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                     b"GET /v1/voices HTTP/1.1\r\nHost: 127.0.0.1\r\n" + close + b"\r\n") == [200, 200]
+    assert _raw_http(synth, b"\x00\x01\x02garbage\r\n\r\n") == [400]
+    assert _raw_http(synth, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX: " + b"a" * 20000
+                     + b"\r\n\r\n") == [400]
+    assert _raw_http(synth, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 3\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n") == [400]
+    assert _raw_http(synth, b"GET /v1/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n" + close + b"\r\n") == [426]
+    assert _get(synth, "/health")[0] == 200  # still serving
+    assert not [line for line in synth.output if "Traceback" in line or " ERROR " in line]
 
 
 def test_two_streams_word_by_word_and_cancel(synth: VoxgateServer) -> None:
@@ -237,7 +272,8 @@ async def _until_no_active_streams(server: VoxgateServer) -> None:
 
 
 def test_slow_reader_is_closed_and_others_keep_streaming(server_factory: Any) -> None:
-    """A client that stops reading is closed with 1008 once its outbox passes the limit."""
+    """A client that stops reading has its stream stopped and is closed with 1008 once its
+    outbox passes the limit; the last frame it gets is a slow_consumer error."""
     server = server_factory("--model", "synthetic", "--synthetic-fast",
                             "--max-outbox-bytes", "200000")
 
@@ -254,10 +290,13 @@ def test_slow_reader_is_closed_and_others_keep_streaming(server_factory: Any) ->
             # still not reading: the server stops the slow stream once its outbox passes the
             # limit (after the socket buffers fill, however long the engine takes for that)
             await asyncio.wait_for(_until_no_active_streams(server), 60)
+            frames = []
             with pytest.raises(ConnectionClosed) as info:
                 while True:
-                    await asyncio.wait_for(slow.recv(), 60)
+                    frames.append(msgpack.unpackb(await asyncio.wait_for(slow.recv(), 60)))
             assert info.value.rcvd is not None and info.value.rcvd.code == 1008
+            assert frames[-1]["type"] == "error" and frames[-1]["code"] == "slow_consumer"
+            assert frames[-1]["retryable"] is True
 
     asyncio.run(main())
 
@@ -290,3 +329,73 @@ def test_engine_death_fails_streams_and_restarts(server_factory: Any) -> None:
             assert len(await again.collect()) > 0
 
     asyncio.run(main())
+
+
+def test_past_max_connections_the_handshake_gets_503_with_retry_after(server_factory: Any) -> None:
+    """With --max-connections 2 a third WebSocket is refused with HTTP 503 and Retry-After
+    (no upgrade); /health still answers, and once one closes a new connection is served."""
+    from websockets.exceptions import InvalidStatus
+
+    server = server_factory("--model", "synthetic", "--max-connections", "2")
+
+    async def main() -> None:
+        async with connect(server.ws_url) as a, connect(server.ws_url):
+            await a.recv()
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(server.ws_url):
+                    pass
+            response = info.value.response
+            assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+            assert json.loads(response.body)["error"]["code"] == "too_many_connections"
+            assert _get(server, "/health")[0] == 200
+        async with VoxgateClient.connect(server.ws_url) as client:
+            stream = await _speak(client, "Room again.")
+            assert len(await stream.collect()) > 0
+
+    asyncio.run(main())
+
+
+def test_a_low_open_file_limit_lowers_max_connections_with_a_warning() -> None:
+    """Started with a hard open-file limit of 100, the server warns and lowers
+    --max-connections to 100 - 64 reserved; the next connection gets 503, /health answers."""
+    import resource
+    import subprocess
+    import sys
+
+    from websockets.exceptions import InvalidStatus
+
+    from tests.conftest import ROOT, _URL
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--model", "synthetic", "--port", "0",
+         "--log-level", "WARNING"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, preexec_fn=low_limit)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if match := _URL.search(line):
+                break
+        else:
+            raise AssertionError("".join(lines))
+        server = VoxgateServer(proc, match.group(1), int(match.group(2)), lines)
+        assert any("lowering --max-connections from 2048 to 36" in line for line in lines), lines
+
+        async def main() -> None:
+            conns = [await connect(server.ws_url).__aenter__() for _ in range(36)]
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(server.ws_url):
+                    pass
+            assert info.value.response.status_code == 503
+            assert (await asyncio.to_thread(_get, server, "/health"))[0] == 200
+            for ws in conns:
+                await ws.close()
+
+        asyncio.run(main())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -113,8 +113,11 @@ def test_slow_reader_has_its_endless_streams_cancelled_and_is_closed_1008(server
                 await slow.send(msgpack.packb({"type": "start", "stream": name}))
                 await slow.send(msgpack.packb({"type": "text", "stream": name, "text": "word " * 9000}))
                 await slow.send(msgpack.packb({"type": "flush", "stream": name}))
-            await _poll(lambda: _metric(server, "voxgate_engine_streams") == 2)
-            # not reading: the engine's streams go once the outbox overflows
+            # not reading: both streams end as slow consumers once the outbox overflows (the
+            # gateway reads all six frames before any audio comes back, so both were started;
+            # waiting to see the engine hold 2 first would race the overflow, which can come
+            # before the engine's once-a-second stats), and the engine's streams go
+            await _poll(lambda: _metric(server, 'voxgate_streams_total{outcome="slow_consumer"}') == 2)
             await _poll(lambda: _metric(server, "voxgate_engine_streams") == 0)
             frames = []
             with pytest.raises(ConnectionClosed) as info:

@@ -187,6 +187,28 @@ def test_engine_error_ends_only_that_stream() -> None:
     assert s.num_active_streams == 1
 
 
+def test_a_capacity_refusal_carries_its_retry_hint() -> None:
+    """An engine `capacity` Error reaches the client with retry_after_s; other errors have none."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    _send(s, type="start", stream="y")
+    [err] = _client(s.on_engine(em.Error(1, "capacity", "server at capacity; retry after 2.5 s", True, 2.5)))
+    assert (err["code"], err["retryable"], err["retry_after_s"]) == ("capacity", True, 2.5)
+    [err] = _client(s.on_engine(em.Error(2, "model_error", "boom", False)))
+    assert "retry_after_s" not in err
+
+
+def test_done_says_how_long_a_stream_waited_for_admission() -> None:
+    """An engine Done whose timings have queue_wait_ms passes it on in `done`."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    [done] = _client(s.on_engine(em.Done(1, "end", 0, {"queue_wait_ms": 212.3456, "ttfa_ms": 250.0})))
+    assert done["queue_wait_ms"] == 212.346
+    _send(s, type="start", stream="y")
+    [done] = _client(s.on_engine(em.Done(2, "end", 0, {"ttfa_ms": 30.0})))
+    assert "queue_wait_ms" not in done
+
+
 def test_engine_lost_fails_all_streams_retryably() -> None:
     """When the engine dies every active stream gets engine_restarted (retryable)."""
     s, _ = _session()
@@ -203,6 +225,55 @@ def test_close_cancels_everything_in_the_engine() -> None:
     s, _ = _session()
     _send(s, type="start", stream="x")
     assert _engine(s.close()) == [em.Cancel(1)]
+
+
+def test_a_registered_voice_is_resolved_into_the_open() -> None:
+    """A start naming a registered voice (not a built-in one) opens with its VoiceRef; the
+    greeting says whether the model clones; a built-in name never reaches the resolver."""
+    ref = em.VoiceRef("v-1", "/data/voices/v-1.wav", 44100, "ab" * 32, None)
+    asked: list[str] = []
+
+    def resolve(voice: str) -> em.VoiceRef | None:
+        asked.append(voice)
+        return ref if voice in ("v-1", "Alice") else None
+
+    hello = em.Hello("fake", ["a", "b"], "a", 24000, {}, "", supports_cloning=True)
+    s = Session(hello=hello, limits=LIMITS, allocate_key=itertools.count(1).__next__,
+                is_engine_ready=lambda: True, resolve_voice=resolve)
+    assert s.greeting()["supports_cloning"] is True
+    assert _engine(_send(s, type="start", stream="x", voice="Alice")) == [
+        em.Open(1, "Alice", {}, "pcm_s16le", ref)]
+    [err] = _client(_send(s, type="start", stream="z", voice="nobody"))
+    assert err["code"] == "unknown_voice" and "registered" in err["message"]
+    assert _engine(_send(s, type="start", stream="y", voice="b")) == [em.Open(2, "b", {}, "pcm_s16le")]
+    assert asked == ["Alice", "nobody"]
+
+
+def test_an_ambiguous_registered_name_is_an_unknown_voice_naming_the_ids() -> None:
+    """A resolver's LookupError becomes unknown_voice with its message; nothing is opened."""
+    def resolve(voice: str) -> em.VoiceRef | None:
+        raise LookupError("2 registered voices are named 'Sam'; name one by its id: v-1, v-2")
+
+    s = Session(hello=HELLO, limits=LIMITS, allocate_key=itertools.count(1).__next__,
+                is_engine_ready=lambda: True, resolve_voice=resolve)
+    actions = _send(s, type="start", stream="x", voice="Sam")
+    assert _engine(actions) == [] and s.num_active_streams == 0
+    [err] = _client(actions)
+    assert err["code"] == "unknown_voice" and "v-1, v-2" in err["message"] and err["stream"] == "x"
+
+
+def test_stop_accepting_then_shutdown_ends_streams_with_server_shutdown() -> None:
+    """While draining a start is refused (retryable); shutdown cancels every live stream in the
+    engine and tells its client server_shutdown (retryable)."""
+    s, _ = _session()
+    _send(s, type="start", stream="x")
+    s.stop_accepting("the server is shutting down")
+    [refused] = _client(_send(s, type="start", stream="y"))
+    assert (refused["code"], refused["retryable"], refused["stream"]) == ("server_shutdown", True, "y")
+    actions = s.shutdown("the server is shutting down")
+    assert _engine(actions) == [em.Cancel(1)] and s.num_active_streams == 0
+    [err] = _client(actions)
+    assert (err["code"], err["retryable"], err["stream"]) == ("server_shutdown", True, "x")
 
 
 # --- hostile frames: each answered with a documented error, and nothing that fails to encode --

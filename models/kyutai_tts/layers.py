@@ -1,0 +1,85 @@
+"""Building blocks of Kyutai's LM, numerically as moshi 0.2.13 computes them (names as its keys).
+
+- ``RMSNorm``: ``alpha`` [1, 1, D], computed in float32 with eps 1e-8 (moshi's ``rms_norm_f32``).
+- ``Gating``: SiLU-gated FFN, ``linear_in`` [2H, D] (gate half first), ``linear_out`` [D, H], with
+  moshi's hidden width ``2 * dim_feedforward // 3`` (or ``21 * D // 8`` when dim_ff is 4 D).
+- ``ScaledEmbedding``: ids -> vectors where id -1 embeds to exactly 0 (moshi's "zero" token),
+  optionally low-rank (a table of rank r, then ``low_rank`` r -> D).
+- ``DemuxEmbedding``: the text stream's embedding: an id ``(second + 1) * N + first`` is two
+  tokens, ``out1(E[first]) + out2(E[second])`` (``second == -1``: no second token). Its
+  ``low_rank`` projection exists in the checkpoint but moshi never applies it on this path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["RMSNorm", "Gating", "ScaledEmbedding", "DemuxEmbedding", "gating_hidden"]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-8) -> None:
+        super().__init__()
+        self.eps = eps
+        self.alpha = nn.Parameter(torch.ones(1, 1, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        var = self.eps + torch.mean(h * h, dim=-1, keepdim=True)
+        return (h * (self.alpha.reshape(-1).float() * torch.rsqrt(var))).to(x.dtype)
+
+
+def gating_hidden(dim: int, dim_feedforward: int) -> int:
+    return (21 * dim) // 8 if dim_feedforward == 4 * dim else (2 * dim_feedforward) // 3
+
+
+class Gating(nn.Module):
+    def __init__(self, dim: int, dim_feedforward: int) -> None:
+        super().__init__()
+        hidden = gating_hidden(dim, dim_feedforward)
+        self.linear_in = nn.Linear(dim, 2 * hidden, bias=False)
+        self.linear_out = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.linear_in(x)
+        h = h.view(*h.shape[:-1], 2, -1)
+        return self.linear_out(F.silu(h[..., 0, :]) * h[..., 1, :])
+
+
+class ScaledEmbedding(nn.Module):
+    """``weight`` [N, r or D] (+ ``low_rank`` [D, r]); id -1 -> 0."""
+
+    def __init__(self, num: int, dim: int, low_rank: int | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num, low_rank or dim))
+        self.low_rank = nn.Linear(low_rank, dim, bias=False) if low_rank else None
+
+    def forward(self, ids: Tensor) -> Tensor:
+        y = F.embedding(ids.clamp(min=0), self.weight)
+        y = torch.where((ids == -1)[..., None], torch.zeros((), dtype=y.dtype, device=y.device), y)
+        return self.low_rank(y) if self.low_rank is not None else y
+
+
+class DemuxEmbedding(nn.Module):
+    """``weight`` [N, r or D], ``out1`` / ``out2`` [D, r or D] (+ an unused ``low_rank``)."""
+
+    def __init__(self, num: int, dim: int, low_rank: int | None = None) -> None:
+        super().__init__()
+        width = low_rank or dim
+        self.num = num
+        self.weight = nn.Parameter(torch.empty(num, width))
+        self.low_rank = nn.Linear(low_rank, dim, bias=False) if low_rank else None  # unused, as in moshi
+        self.out1 = nn.Linear(width, dim, bias=False)
+        self.out2 = nn.Linear(width, dim, bias=False)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        is_zero = (ids == -1)[..., None]
+        x = ids.clamp(min=0)
+        left, right = x % self.num, x // self.num - 1  # right: the second token, -1 = none
+        y = self.out1(F.embedding(left, self.weight))
+        second = self.out2(F.embedding(right.clamp(min=0), self.weight))
+        zero = torch.zeros((), dtype=y.dtype, device=y.device)
+        y = y + torch.where((right < 0)[..., None], zero, second)
+        return torch.where(is_zero, zero, y)

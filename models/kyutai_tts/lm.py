@@ -1,0 +1,185 @@
+"""Kyutai TTS's temporal transformer over the runtime's paged attention, gpt-fast style.
+
+Parameter names are moshi's ``LMModel`` keys (``emb.<k>``, ``text_emb``, ``transformer.layers.<i>``,
+``out_norm``, ``text_linear``, ``depformer*``, ``linears.<k>``, ``condition_provider.*``), so
+``KyutaiLM`` loads with ``load_state_dict(assign=True)`` onto a model built on the meta device.
+
+One position per frame. Its input is the sum of 32 audio-codebook embeddings, the text-stream
+embedding (the multiplexed text + look-ahead token) and the turn's sum condition; a layer is
+pre-norm self-attention (RoPE with interleaved pairs, a causal window of ``context`` frames:
+the runtime's ``attn`` must apply it), cross-attention to the voice (LayerNorm, no mask, no
+RoPE), then a SiLU-gated FFN; ``out_norm`` gives the hidden state the token head samples from.
+
+What each frame reads, as moshi's ``LMGen`` feeds it (``delays = [0, 0, 2, ..., 2]``, index 0
+the text): at position ``p``, stream ``k`` takes the initial token (text ``text_card``, audio
+``card``) while ``p <= delays[k]``, else what was generated for it at ``p - 1``, which the token
+head keeps per slot in ``slots.frame_in`` (-1, the zero embedding, for audio not generated yet
+or forced silent, and for codebooks beyond the ones generated). So the row's input id carries
+nothing: ``forward`` reads the slot's state through ``token_rows``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.kyutai_tts.conditioning import ConditionProvider, VoiceBank
+from models.kyutai_tts.config import KyutaiTTSConfig, LMConfig
+from models.kyutai_tts.layers import DemuxEmbedding, Gating, RMSNorm, ScaledEmbedding
+from models.mimi.modules import apply_rope
+
+__all__ = ["AttentionBackend", "KyutaiLM", "SlotInputs"]
+
+
+class AttentionBackend(Protocol):
+    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """q/k/v [T, H, D] (RoPE applied) -> o [T, H, D]; stores k/v; causal over ``context`` frames."""
+        ...
+
+
+class SlotInputs:
+    """Per-slot device state the forward reads (``max_slots + 1`` rows, the last for padding).
+
+    ``frame_in`` [S, 1 + n_q] int64: each slot's last generated frame (the machine's text
+    output, then the codebooks; -1 = zero); ``cond_sum`` [S, dim]: the turn's sum condition;
+    ``voice_row`` [S]: the slot's row in ``bank`` (the voices' cross-attention keys/values)."""
+
+    def __init__(self, config: KyutaiTTSConfig, max_slots: int, bank: VoiceBank, *, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
+        s = max_slots + 1
+        self.max_slots = max_slots
+        self.frame_in = torch.full((s, 1 + config.lm.n_q), -1, dtype=torch.int64, device=device)
+        self.cond_sum = torch.zeros(s, config.lm.dim, dtype=dtype, device=device)
+        self.voice_row = torch.zeros(s, dtype=torch.int64, device=device)
+        self.bank = bank
+
+
+class _Attention(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.in_projs = nn.ModuleList([nn.Linear(dim, 3 * dim, bias=False)])
+        self.out_projs = nn.ModuleList([nn.Linear(dim, dim, bias=False)])
+
+
+class _Layer(nn.Module):
+    def __init__(self, c: LMConfig, index: int) -> None:
+        super().__init__()
+        self.index, self.heads, self.head_dim, self.max_period = index, c.num_heads, c.head_dim, c.max_period
+        self.norm1 = RMSNorm(c.dim)
+        self.self_attn = _Attention(c.dim)
+        if c.cross_attention:
+            self.norm_cross = nn.LayerNorm(c.dim, eps=1e-5)
+            self.cross_attention = _Attention(c.dim)
+        self.norm2 = RMSNorm(c.dim)
+        self.gating = Gating(c.dim, c.dim_feedforward)
+
+    def forward(self, x: Tensor, positions: Tensor, attn: AttentionBackend, voice_rows: Tensor | None,
+                bank: VoiceBank | None) -> Tensor:
+        t, h, d = x.shape[0], self.heads, self.head_dim
+        q, k, v = self.self_attn.in_projs[0](self.norm1(x)).view(t, 3, h, d).unbind(1)
+        q, k = apply_rope(q, positions, self.max_period), apply_rope(k, positions, self.max_period)
+        x = x + self.self_attn.out_projs[0](attn(self.index, q, k, v).reshape(t, h * d))
+        if bank is not None:
+            w = self.cross_attention.in_projs[0].weight
+            cq = F.linear(self.norm_cross(x), w[: h * d]).view(t, h, d)
+            x = x + self.cross_attention.out_projs[0](bank.attend(self.index, cq, voice_rows))
+        return x + self.gating(self.norm2(x))
+
+
+class _Transformer(nn.Module):
+    def __init__(self, c: LMConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Layer(c, i) for i in range(c.num_layers))
+
+
+class KyutaiLM(nn.Module):
+    """The whole ``LMModel`` checkpoint: temporal transformer, depth transformer, conditioners."""
+
+    def __init__(self, config: KyutaiTTSConfig) -> None:
+        from models.kyutai_tts.depformer import DepformerLayers
+
+        super().__init__()
+        self.config = config
+        c = config.lm
+        self.emb = nn.ModuleList(ScaledEmbedding(c.card + 1, c.dim) for _ in range(c.n_q))
+        text_emb = DemuxEmbedding if c.demux_second_stream else ScaledEmbedding
+        self.text_emb = text_emb(c.text_card + 1, c.dim)
+        self.text_linear = nn.Linear(c.dim, c.text_card, bias=False)
+        self.transformer = _Transformer(c)
+        self.out_norm = RMSNorm(c.dim)
+        r = c.depformer_low_rank_embeddings
+        self.depformer_in = nn.ModuleList(nn.Linear(c.dim, c.depformer_dim, bias=False)
+                                          for _ in range(c.num_depformer_weights))
+        self.depformer_emb = nn.ModuleList(ScaledEmbedding(c.card + 1, c.depformer_dim, low_rank=r)
+                                           for _ in range(c.dep_q - 1))
+        self.depformer_text_emb = (DemuxEmbedding if c.demux_second_stream else ScaledEmbedding)(
+            c.text_card + 1, c.depformer_dim, low_rank=r)
+        self.depformer = DepformerLayers(c)
+        self.linears = nn.ModuleList(nn.Linear(c.depformer_dim, c.card, bias=False) for _ in range(c.dep_q))
+        self.condition_provider = ConditionProvider(config.condition, c.dim)
+        self.slots: SlotInputs | None = None  # attached by the program (or a test)
+        self.num_active = config.tts.n_q  # codebooks generated (the others are fed as zero)
+        delays = torch.tensor(c.delays, dtype=torch.int64)
+        self.register_buffer("delays", delays, persistent=False)
+
+    def attach(self, slots: SlotInputs, num_active: int | None = None) -> None:
+        self.slots = slots
+        if num_active is not None:
+            if not 1 <= num_active <= self.config.lm.n_q:
+                raise ValueError(f"num_active must be in [1, {self.config.lm.n_q}], got {num_active}")
+            self.num_active = num_active
+
+    def set_voice_frames(self, frames: int) -> None:
+        """The frames of the voice embeddings it will be given (a property of the voice files, not
+        of the checkpoint: 125 for the published voices); sets the cross-attention length."""
+        from dataclasses import replace
+
+        if frames != self.config.condition.voice_frames:
+            cond = replace(self.config.condition, voice_frames=frames)
+            self.config = replace(self.config, condition=cond)
+            self.condition_provider.config = cond
+
+    def cross_kv_weights(self) -> list[Tensor]:
+        """Each layer's cross-attention key/value projection [2 * dim, dim] (for ``VoiceBank.load``)."""
+        dim = self.config.lm.dim
+        return [layer.cross_attention.in_projs[0].weight[dim:] for layer in self.transformer.layers]
+
+    def embed(self, frame: Tensor, positions: Tensor, cond: Tensor | None) -> Tensor:
+        """Inputs of one position per row: previous frames [T, 1 + n_q] (see the module
+        docstring), positions [T], sum conditions [T, dim] -> [T, dim]."""
+        c = self.config.lm
+        is_init = positions[:, None] <= self.delays[None, :]  # [T, 1 + n_q]
+        active = torch.arange(1 + c.n_q, device=positions.device) <= self.num_active  # [1 + n_q]
+        inputs = torch.where(active[None, :], frame, -1)
+        initial = torch.full_like(inputs, c.card)
+        initial[:, 0] = c.text_card
+        inputs = torch.where(is_init, initial, inputs)
+        x = self.emb[0](inputs[:, 1])
+        for k in range(1, c.n_q):
+            x = x + self.emb[k](inputs[:, 1 + k])
+        x = x + self.text_emb(inputs[:, 0])
+        return x if cond is None else x + cond.to(x.dtype)
+
+    def backbone(self, x: Tensor, positions: Tensor, attn: AttentionBackend, voice_rows: Tensor | None) -> Tensor:
+        """x [T, dim] at positions [T] -> hidden [T, dim] (out_norm applied)."""
+        bank = self.slots.bank if (self.slots is not None and self.config.lm.cross_attention) else None
+        for layer in self.transformer.layers:
+            x = layer(x, positions, attn, voice_rows, bank)
+        return self.out_norm(x)
+
+    def forward(self, ids: Tensor, positions: Tensor, attn: AttentionBackend, token_rows: Tensor) -> Tensor:
+        """The runtime's step: ids [T] (unused: inputs come from the slot state), positions [T],
+        attn, token_rows [T] (each token's slot) -> hidden [T, dim]."""
+        s = self.slots
+        if s is None:
+            raise RuntimeError("KyutaiLM.forward needs its per-slot state: call attach(SlotInputs(...)) first")
+        frame = s.frame_in.index_select(0, token_rows)
+        x = self.embed(frame, positions, s.cond_sum.index_select(0, token_rows))
+        return self.backbone(x, positions, attn, s.voice_row.index_select(0, token_rows))
+
+    def text_logits(self, hidden: Tensor) -> Tensor:
+        """hidden [B, dim] -> float32 text-stream logits [B, text_card]."""
+        return self.text_linear(hidden).float()

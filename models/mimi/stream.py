@@ -1,0 +1,153 @@
+"""``MimiDecodeStream``: Mimi's decoder one frame at a time, with per-slot state tensors.
+
+Each ``step`` decodes one frame per row exactly once: ``codes [N, K] -> pcm [N, 1920]``. What a
+slot carries from one frame to the next, all in tensors of ``max_slots + 1`` rows (the last row,
+``scratch_slot``, takes padding rows) indexed by slot, so ``step`` has static shapes for a given
+N and can be captured in a CUDA graph:
+
+- every causal convolution: its last ``context`` input samples;
+- every transposed convolution: the ``kernel - stride`` overlapping outputs still owed to the
+  next input (moshi's ``partial``, kept without the bias, which the next step adds once);
+- the decoder transformer: a ring of the last ``context`` keys and values per layer and the
+  slot's step count (its RoPE position).
+
+Delay: none. The decoder is causal (left padding only, transposed-convolution overlaps trimmed
+on the right, attention to the past), so frame t's 1,920 samples are final once frame t is
+decoded (``delay_samples == 0``) and nothing is left to flush at the end of a stream (moshi's
+whole decode drops the same overlaps).
+
+What equals what (moshi 0.2.13): ``step`` equals moshi's ``mimi.streaming()`` decode frame by
+frame. That equals moshi's whole-sequence ``decode`` only over the first ``context`` encoder
+steps (``context / 2`` frames: 10 s for Mimi). After that they differ in the reference itself:
+moshi's ring holds exactly ``context`` entries and writes a frame's 2 new steps before
+attending, so the first query of each pair loses the oldest key of its window, which the whole
+decode's mask keeps. Serving streams, so this class follows the streaming reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from models.mimi.codec import Mimi
+from models.mimi.modules import ProjectedTransformer, StreamConv, StreamConvTr, _ResBlock, attend
+
+__all__ = ["MimiDecodeStream"]
+
+
+class MimiDecodeStream:
+    """Per-slot streaming decode: ``reset(slots)``, then ``step(slots, codes)`` once per frame.
+
+    ``slots`` int64 [N] in ``[0, max_slots)``, or ``scratch_slot`` for padding rows (their output
+    is garbage; they never touch a real slot's state). ``num_codebooks``: how many codebooks each
+    frame carries (the first K of the codec's; fixed per instance so shapes stay static).
+    """
+
+    delay_samples = 0  # see the module docstring
+
+    def __init__(self, mimi: Mimi, max_slots: int, *, num_codebooks: int | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        if max_slots <= 0:
+            raise ValueError(f"max_slots must be positive, got {max_slots}")
+        n_q = mimi.config.quantizer.n_q
+        self.num_codebooks = n_q if num_codebooks is None else num_codebooks
+        if not 1 <= self.num_codebooks <= n_q:
+            raise ValueError(f"num_codebooks must be in [1, {n_q}], got {num_codebooks}")
+        self.mimi, self.max_slots = mimi, max_slots
+        self.scratch_slot = max_slots
+        self.frame_size = mimi.frame_size
+        p = next(mimi.decoder.parameters())
+        device, dtype = device or p.device, dtype or p.dtype
+        s = max_slots + 1
+        self._convs: dict[int, Tensor] = {}  # id(StreamConv) -> [S, Cin, context]
+        self._tconvs: dict[int, Tensor] = {}  # id(StreamConvTr) -> [S, Cout, overlap]
+        mods = [*mimi.decoder.modules()] + ([mimi.upsample.convtr] if mimi.upsample is not None else [])
+        for m in mods:
+            if isinstance(m, StreamConv) and m.context:
+                self._convs[id(m)] = torch.zeros(s, m.inner.in_channels, m.context, device=device, dtype=dtype)
+            elif isinstance(m, StreamConvTr) and m.overlap:
+                self._tconvs[id(m)] = torch.zeros(s, m.inner.out_channels, m.overlap, device=device, dtype=dtype)
+        t = mimi.config.transformer
+        kv = (s, t.context, t.num_heads, t.head_dim)
+        self.k = [torch.zeros(kv, device=device, dtype=dtype) for _ in range(t.num_layers)]
+        self.v = [torch.zeros(kv, device=device, dtype=dtype) for _ in range(t.num_layers)]
+        self.pos = torch.zeros(s, dtype=torch.int64, device=device)  # transformer steps decoded per slot
+
+    @torch.no_grad()
+    def reset(self, slots: Tensor) -> None:
+        """Start ``slots`` [N] afresh (idempotent)."""
+        for buf in (*self._convs.values(), *self._tconvs.values(), *self.k, *self.v):
+            buf.index_fill_(0, slots, 0)
+        self.pos.index_fill_(0, slots, 0)
+
+    # -- one module, one chunk ----------------------------------------------------------------
+    def _conv(self, m: StreamConv, x: Tensor, slots: Tensor) -> Tensor:
+        if not m.context:
+            return m.inner(x)
+        state = self._convs[id(m)]
+        full = torch.cat((state.index_select(0, slots), x), dim=-1)  # [N, C, context + n]
+        state.index_copy_(0, slots, full[..., full.shape[-1] - m.context:])
+        return m.inner(full)
+
+    def _tconv(self, m: StreamConvTr, x: Tensor, slots: Tensor) -> Tensor:
+        y = m.inner(x)  # [N, Cout, (n - 1) * stride + kernel]
+        if not m.overlap:
+            return y
+        state = self._tconvs[id(m)]
+        pt = m.overlap
+        head = y[..., :pt] + state.index_select(0, slots)
+        tail = y[..., y.shape[-1] - pt:]
+        if m.inner.bias is not None:
+            tail = tail - m.inner.bias[:, None]
+        state.index_copy_(0, slots, tail)
+        return torch.cat((head, y[..., pt: y.shape[-1] - pt]), dim=-1)
+
+    def _transformer(self, tr: ProjectedTransformer, x: Tensor, slots: Tensor) -> Tensor:
+        """x [N, C, n] at each slot's next n steps -> [N, C, n]."""
+        c = tr.config
+        w = c.context
+        z = tr.project_in(x)  # [N, n, d]
+        n = z.shape[1]
+        pos0 = self.pos.index_select(0, slots)  # [N]
+        q_pos = pos0[:, None] + torch.arange(n, device=z.device)  # [N, n]
+        ring = q_pos % w
+        last = q_pos[:, -1:]  # [N, 1]
+        j = torch.arange(w, device=z.device)[None]
+        k_pos = last - (last - j) % w  # [N, W] the position each ring entry holds (< 0: empty)
+        rows = slots[:, None].expand(-1, n)
+        for layer, kc, vc in zip(tr.transformer.layers, self.k, self.v):
+            q, k, v = layer.qkv(layer.norm1(z), q_pos)
+            kc[rows, ring] = k
+            vc[rows, ring] = v
+            o = attend(q, kc.index_select(0, slots), vc.index_select(0, slots), q_pos, k_pos, w)
+            z = layer.finish(z, o)
+        self.pos.index_copy_(0, slots, pos0 + n)
+        return tr.project_out(z)
+
+    def _seanet(self, x: Tensor, slots: Tensor) -> Tensor:
+        for m in self.mimi.decoder.model:
+            if isinstance(m, StreamConv):
+                x = self._conv(m, x, slots)
+            elif isinstance(m, StreamConvTr):
+                x = self._tconv(m, x, slots)
+            elif isinstance(m, _ResBlock):
+                h = x
+                for sub in m.block:
+                    h = self._conv(sub, h, slots) if isinstance(sub, StreamConv) else sub(h)
+                x = x + h
+            elif isinstance(m, nn.ELU):
+                x = m(x)
+            else:  # a module the streaming path does not know would silently break equality
+                raise TypeError(f"MimiDecodeStream: unexpected decoder module {type(m).__name__}")
+        return x
+
+    @torch.no_grad()
+    def step(self, slots: Tensor, codes: Tensor) -> Tensor:
+        """slots int64 [N], codes int64 [N, K] (one frame each, K = num_codebooks) ->
+        pcm float [N, frame_size] (unclipped, as moshi's decode)."""
+        mimi = self.mimi
+        emb = mimi.quantizer.decode(codes[:, :, None])  # [N, C, 1]
+        if mimi.upsample is not None:
+            emb = self._tconv(mimi.upsample.convtr, emb, slots)  # [N, C, stride]
+        emb = self._transformer(mimi.decoder_transformer, emb, slots)
+        return self._seanet(emb, slots)[:, 0]

@@ -1,0 +1,214 @@
+"""engine.admission: capacity from measured step times, and the queue / refuse / off policy,
+on a fake clock with simulated step times (no sleeps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.admission import Admission, AdmissionConfig
+
+ORPHEUS_TOKENS_PER_S = 7 * 24000 / 2048  # 82.03
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _step_s(rows: int, *, scale: float = 1.0) -> float:
+    return scale * (0.0032 + 20.6e-6 * rows)
+
+
+def _true_capacity(headroom: float = 0.1, *, scale: float = 1.0) -> float:
+    """Streams N with ORPHEUS_TOKENS_PER_S * t(N) = 1 - headroom (no decode cap)."""
+    return ((1 - headroom) / ORPHEUS_TOKENS_PER_S / scale - 0.0032) / 20.6e-6
+
+
+def _measured(config: AdmissionConfig | None = None, *, scale: float = 1.0, steps: int = 2000,
+              clock: FakeClock | None = None) -> Admission:
+    """An Admission that has seen ``steps`` steps of 1..450 rows."""
+    adm = Admission(config or AdmissionConfig(), tokens_per_audio_second=ORPHEUS_TOKENS_PER_S,
+                    clock=clock or FakeClock())
+    _run_steps(adm, steps, scale=scale)
+    return adm
+
+
+def _run_steps(adm: Admission, steps: int, *, scale: float = 1.0) -> None:
+    for i in range(steps):
+        rows = 1 + (i * 37) % 450
+        adm.observe_step(rows, 0, _step_s(rows, scale=scale), max_rows=0)
+
+
+def _config(**kw: object) -> AdmissionConfig:
+    return AdmissionConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_capacity_is_what_keeps_real_time_with_the_headroom() -> None:
+    """From simulated step times the capacity is the largest N whose N x 82 tokens a second
+    fit in 90% of the engine's time, within 2%."""
+    adm = _measured()
+    assert adm.is_measured
+    assert adm.capacity() == pytest.approx(_true_capacity(), rel=0.02)
+    assert adm.utilisation(adm.capacity()) <= 0.9  # type: ignore[arg-type]
+    assert adm.utilisation(adm.capacity() + 2) > 0.9  # type: ignore[operator]
+
+
+def test_a_decode_cap_limits_capacity_by_its_steps_time() -> None:
+    """With at most 256 decode rows a step, N > 256 streams share them: capacity is
+    0.9 x 256 / (82 x t(256))."""
+    adm = _measured()
+    adm.observe_step(256, 0, _step_s(256), max_rows=256)
+    expected = 0.9 * 256 / (ORPHEUS_TOKENS_PER_S * _step_s(256))
+    assert adm.capacity() == pytest.approx(expected, rel=0.02)
+
+
+def test_prompts_take_their_share_of_the_engine() -> None:
+    """Steps with prompt tokens cost more (4 us a token); the prompts of the streams speaking
+    lower the capacity below the decode-only figure."""
+    adm = Admission(AdmissionConfig(), tokens_per_audio_second=ORPHEUS_TOKENS_PER_S, clock=FakeClock())
+    for key in range(200):  # 200 streams speaking while the steps are measured
+        adm.request(key)
+    for i in range(3000):
+        rows = 1 + (i * 37) % 450
+        prompt = 300 if i % 10 == 0 else 0
+        adm.observe_step(rows, prompt, _step_s(rows) + 4e-6 * prompt, max_rows=0)
+    assert adm.prefill_share() > 0
+    assert adm.capacity() < _true_capacity() * 0.99
+
+
+def test_the_capacity_follows_a_slower_device() -> None:
+    """Step times 30% longer from some point on: the capacity moves to the new figure."""
+    adm = _measured()
+    before = adm.capacity()
+    _run_steps(adm, 4000, scale=1.3)
+    assert adm.capacity() == pytest.approx(_true_capacity(scale=1.3), rel=0.03)
+    assert adm.capacity() < before  # type: ignore[operator]
+
+
+def test_cold_start_admits_up_to_the_initial_capacity() -> None:
+    """Before min_samples steps are measured the initial capacity holds (none by default)."""
+    assert Admission(AdmissionConfig(), tokens_per_audio_second=82.0).capacity() is None
+    adm = Admission(_config(initial_capacity=3, policy="refuse"), tokens_per_audio_second=82.0)
+    verdicts = [adm.request(k).verdict for k in range(4)]
+    assert verdicts == ["admit", "admit", "admit", "refuse"]
+    _run_steps(adm, 50)
+    assert not adm.is_measured and adm.capacity() == 3
+
+
+def test_a_backend_that_is_not_step_based_has_only_the_initial_capacity() -> None:
+    """No tokens_per_audio_second (hibari, synthetic): steps are not measured, the initial
+    capacity is the limit."""
+    adm = Admission(_config(initial_capacity=2), tokens_per_audio_second=None)
+    _run_steps(adm, 500)
+    assert adm.model.num_samples == 0 and adm.capacity() == 2
+
+
+def test_admits_while_headroom_remains_then_queues_and_recovers_when_streams_end() -> None:
+    """Queue policy: streams are admitted up to capacity; the next ones wait; when speaking
+    streams end, waiting ones are admitted in arrival order, with their waits reported."""
+    clock = FakeClock()
+    adm = _measured(_config(max_wait_s=10.0), clock=clock)
+    cap = adm.capacity()
+    assert cap is not None
+    assert all(adm.request(k).verdict == "admit" for k in range(cap))
+    assert adm.demand == cap
+    assert [adm.request(k).verdict for k in (1001, 1002, 1003)] == ["queue"] * 3
+    assert adm.num_queued == 3
+    assert adm.poll() == ([], [])  # no room yet
+    clock.t += 0.25
+    adm.release(0)
+    adm.release(1)
+    admitted, refused = adm.poll()
+    assert admitted == [1001, 1002] and refused == []
+    assert adm.demand == cap and adm.num_queued == 1
+    snap = adm.snapshot()
+    assert snap["admitted_after_wait"] == 2 and snap["waits_s"] == [0.25, 0.25]
+    assert snap["queued"] == 1 and snap["capacity"] == cap and snap["demand"] == cap
+    assert adm.snapshot()["waits_s"] == []  # reported once
+
+
+def test_refuse_policy_refuses_past_capacity_with_a_retry_hint() -> None:
+    """Refuse policy: the stream past capacity is refused at once (code capacity, a retry
+    hint in the message and as a figure); after one ends, the next is admitted."""
+    clock = FakeClock()
+    adm = Admission(_config(policy="refuse", initial_capacity=2), tokens_per_audio_second=None,
+                    clock=clock)
+    assert adm.request(1).verdict == adm.request(2).verdict == "admit"
+    clock.t += 8.0
+    adm.release(1)  # spoke 8 s: streams leave every ~8 s / 1 stream speaking
+    adm.request(3)
+    d = adm.request(4)
+    assert d.verdict == "refuse" and d.reason == "capacity"
+    assert d.retry_after_s == pytest.approx(4.0)  # 8 s per stream / 2 speaking
+    assert "retry after 4.0 s" in d.message
+    adm.release(2)
+    assert adm.request(4).verdict == "admit"
+    assert adm.snapshot()["refused_capacity"] == 1
+
+
+def test_the_queue_is_bounded_in_length_and_in_wait() -> None:
+    """Past max_queue a stream is refused (queue_full); one that waited max_wait_s is refused
+    by poll (queue_timeout); one expected to wait longer than that is refused at once
+    (queue_wait)."""
+    clock = FakeClock()
+    adm = Admission(_config(initial_capacity=1, max_queue=2, max_wait_s=0.5),
+                    tokens_per_audio_second=None, clock=clock)
+    assert adm.request(1).verdict == "admit"
+    assert adm.request(2).verdict == adm.request(3).verdict == "queue"
+    full = adm.request(4)
+    assert (full.verdict, full.reason) == ("refuse", "queue_full")
+    assert adm.next_timeout_s() == pytest.approx(0.5)
+    clock.t += 0.5
+    admitted, refused = adm.poll()
+    assert admitted == [] and [(k, d.reason) for k, d in refused] == [(2, "queue_timeout"), (3, "queue_timeout")]
+    assert adm.next_timeout_s() is None
+    clock.t += 9.5
+    adm.release(1)  # a stream speaks 10 s: the next room is expected in 10 s
+    adm.request(5)
+    late = adm.request(6)
+    assert (late.verdict, late.reason) == ("refuse", "queue_wait")
+    assert late.retry_after_s == pytest.approx(10.0)
+
+
+def test_off_admits_every_stream_and_still_measures() -> None:
+    """Policy off: today's behaviour (no queue, no refusal) with the figures still reported."""
+    adm = _measured(_config(policy="off", initial_capacity=1))
+    cap = adm.capacity()
+    assert all(adm.request(k).verdict == "admit" for k in range(cap + 50))  # type: ignore[operator]
+    snap = adm.snapshot()
+    assert snap["demand"] == cap + 50 and snap["policy"] == "off" and snap["is_measured"]  # type: ignore[operator]
+    assert snap["step_base_ms"] == pytest.approx(3.2, rel=0.05)
+
+
+def test_an_idle_engine_admits_one_stream_even_at_capacity_zero() -> None:
+    """A device too slow for one stream in real time still serves one at a time."""
+    adm = _measured(_config(policy="refuse"), scale=10.0)
+    assert adm.capacity() == 0
+    assert adm.request(1).verdict == "admit"
+    assert adm.request(2).verdict == "refuse"
+
+
+def test_a_queued_stream_that_goes_frees_its_place() -> None:
+    """A waiting stream cancelled (released) leaves the queue; the one behind moves up."""
+    adm = Admission(_config(initial_capacity=1), tokens_per_audio_second=None)
+    adm.request(1)
+    adm.request(2)
+    adm.request(3)
+    adm.release(2)
+    adm.release(1)
+    assert adm.poll()[0] == [3]
+    adm.release(99)  # unknown: nothing happens
+
+
+def test_config_is_validated() -> None:
+    """Bad settings name the setting."""
+    for kw, word in ((dict(policy="maybe"), "policy"), (dict(max_queue=-1), "max_queue"),
+                     (dict(max_wait_s=-1.0), "max_wait_s"), (dict(headroom=1.0), "headroom"),
+                     (dict(initial_capacity=-1), "initial_capacity"), (dict(min_samples=0), "min_samples")):
+        with pytest.raises(ValueError, match=word):
+            AdmissionConfig(**kw)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tokens_per_audio_second"):
+        Admission(tokens_per_audio_second=0.0)

@@ -1,0 +1,125 @@
+"""Kyutai TTS model pieces: conditions equal the reference's, checkpoint layouts, batch invariance
+of the depth step, the device state machine equal to the host one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from tests.models.kyutai_tts.kyutai_fixtures import JOBS, load_ours, voice_file
+
+from models.kyutai_tts.config import TTS_1_6B_EN_FR, KyutaiTTSConfig
+from models.kyutai_tts.depformer import decode_frame
+from models.kyutai_tts.device_machine import DeviceMachine
+from models.kyutai_tts.lm import KyutaiLM
+from models.kyutai_tts.loader import load_voice
+from models.kyutai_tts.machine import NEW_WORD, PAD, Entry, HostMachine, MachineParams
+
+
+def test_conditions_equal_reference(tts_ckpt, tts_reference):
+    """The sum condition (control + cfg) and the two-voice cross-attention source equal moshi's."""
+    lm = load_ours(tts_ckpt).lm
+    job, ref = JOBS["conditions"], tts_reference["conditions"]
+    cp = lm.condition_provider
+    torch.testing.assert_close(cp.sum_condition("1.5"), ref["sum"], atol=1e-6, rtol=1e-6)
+    voices = [load_voice(voice_file(tts_ckpt, v)) for v in job["voices"]]
+    torch.testing.assert_close(cp.cross_source(voices), ref["cross"], atol=1e-6, rtol=1e-6)
+
+
+def test_published_layout_counts():
+    """The 1.6B preset builds moshi's 498 unstacked tensors (1.84 B parameters); the published
+    file's legacy layout (attention weights stacked per module) has 418."""
+    with torch.device("meta"):
+        lm = KyutaiLM(TTS_1_6B_EN_FR)
+    sd = lm.state_dict()
+    assert len(sd) == 498
+    assert 1.83e9 < sum(v.numel() for v in sd.values()) < 1.84e9
+    stacked = {k.split("in_projs.")[0] + "in" if "in_projs." in k else
+               k.split("out_projs.")[0] + "out" if "out_projs." in k else k for k in sd}
+    assert len(stacked) == 418
+    assert sum(1 for k in sd if k.startswith("condition_provider.")) == 8
+
+
+def test_config_round_trip():
+    """config.json -> KyutaiTTSConfig -> config.json is lossless for the 1.6B preset."""
+    d = TTS_1_6B_EN_FR.to_hf_dict()
+    back = KyutaiTTSConfig.from_hf_dict(d)
+    assert back.lm == TTS_1_6B_EN_FR.lm and back.condition == TTS_1_6B_EN_FR.condition
+    assert back.delay_steps == 16 and back.text_card_in == 8001
+    bad = dict(d, gating="none")
+    with pytest.raises(ValueError):
+        KyutaiTTSConfig.from_hf_dict(bad)
+
+
+def test_depth_step_is_batch_invariant(tts_ckpt):
+    """decode_frame on a batch gives each row the codes it gets alone (greedy; all 32 codebooks)."""
+    lm = load_ours(tts_ckpt).lm
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(4, lm.config.lm.dim, generator=g)
+    text = torch.tensor([3, 163, 8000 + 161 * 5, 44])
+
+    def argmax(logits: torch.Tensor, salt: int) -> torch.Tensor:
+        return logits.argmax(-1)
+
+    with torch.no_grad():
+        batch = decode_frame(lm, hidden, text, argmax, 32)
+        rows = [decode_frame(lm, hidden[i:i + 1], text[i:i + 1], argmax, 32) for i in range(4)]
+    assert batch.shape == (4, 32)
+    assert batch.tolist() == torch.cat(rows).tolist()
+
+
+def _random_entries(rng: random.Random, n: int) -> list[Entry]:
+    out = []
+    for _ in range(n):
+        if rng.random() < 0.15:
+            out.append(Entry(tokens=(), padding=rng.randint(0, 5)))
+        else:
+            toks = tuple(rng.choice([0, 1, 5, 9, 40, 77]) for _ in range(rng.randint(1, 4)))
+            out.append(Entry(tokens=toks, padding=rng.randint(0, 4)))
+    return out
+
+
+@pytest.mark.parametrize("ahead", [2, 0])
+def test_device_machine_equals_host_machine(ahead):
+    """On random entries (words, pauses, <unk>-like 0 tokens) and random samples, batched over
+    slots, the device machine's outputs, end steps and stop flags equal the host machine's."""
+    rng = random.Random(ahead)
+    params = MachineParams(card=161, second_stream_ahead=ahead, max_padding=5, initial_padding=2)
+    dev = DeviceMachine(params, max_slots=3, device="cpu")
+    hosts, texts = [], []
+    for slot in range(3):
+        entries = _random_entries(rng, rng.randint(1, 12))
+        h = HostMachine(params)
+        h.add(entries, final=True)
+        hosts.append(h)
+        texts.append(entries)
+        dev.write(slot, 0, 0, entries, (len(entries), sum(1 for e in entries if e.tokens)))
+    for step in range(80):
+        sampled = [rng.choice([NEW_WORD, PAD, 7]) for _ in range(3)]
+        rows = torch.tensor([2, 0, 1, 3])  # slot 3: the padding row
+        out = dev.step(rows, torch.tensor([sampled[2], sampled[0], sampled[1], 0]), torch.full((4,), step),
+                       torch.tensor([True, True, True, False]))
+        want = [hosts[2].step(sampled[2]), hosts[0].step(sampled[0]), hosts[1].step(sampled[1])]
+        assert out[:3].tolist() == want, step
+    for slot in range(3):
+        assert int(dev.end_step[slot]) == hosts[slot].end_step
+        assert bool(dev.ended[slot]) == (hosts[slot].end_step is not None)
+
+
+def test_host_machine_readiness():
+    """ready_to_run is False exactly when a possible pop lacks its entry or look-ahead word."""
+    params = MachineParams(card=161, second_stream_ahead=2, max_padding=5, initial_padding=2)
+    h = HostMachine(params)
+    assert h.ready_to_run(2)  # the two initial frames never pop
+    assert not h.ready_to_run(3)  # frame 2 may pop word 0, whose look-ahead (word 2) is missing
+    h.add([Entry((5,), 1), Entry((9,), 1)])
+    assert not h.ready_to_run(3)
+    h.add([Entry((40,), 1)])
+    assert h.ready_to_run(3)
+    h.step(PAD), h.step(PAD), h.step(NEW_WORD)  # word 0 popped at frame 2
+    assert h.consumption_times == [2]
+    assert h.ready_to_run(1)  # frame 3 pads (word 0's forced padding)
+    assert not h.ready_to_run(2)  # frame 4 may pop word 1, whose look-ahead (word 3) is missing
+    h.add([], final=True)
+    assert h.ready_to_run(10)

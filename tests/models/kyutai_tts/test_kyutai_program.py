@@ -1,0 +1,280 @@
+"""The Kyutai TTS program served by the runtime (LMBackend): reference parity through the runtime
+(at once and word by word), pauses, batch invariance, the graph path, bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tests.models.kyutai_tts.kyutai_fixtures import GEN_JOBS, frames_of
+
+from engine.backend import OptionError
+
+SAMPLED = {"temperature": 0.8, "top_p": 0.95, "max_tokens": 40}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread avoids thread-pool overheads on a loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _backend(model: str = "tiny", **kw: Any) -> Any:
+    from models.kyutai_tts.build import build_kyutai_backend
+
+    kw.setdefault("load_format", "dummy")
+    return build_kyutai_backend(model, device="cpu", max_num_seqs=8, max_model_len=512, warmup=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Any:
+    return _backend(kyutai_n_q=8)
+
+
+def _record(backend: Any) -> dict[int, list[list[int]]]:
+    """A fresh dict: job tag -> the rows ([sampled, fed, codes...]) the program is given from now on."""
+    program = backend.program
+    if not hasattr(program, "_test_rows"):
+        real, real_new = program.launch_postprocess, program.new_state
+        tags: dict[int, int] = {}
+
+        def launch(states, tokens):  # noqa: ANN001, ANN202
+            for st, row in zip(states, tokens):
+                program._test_rows.setdefault(tags[id(st)], []).append(list(row))
+            return real(states, tokens)
+
+        def new_state(voice, options):  # noqa: ANN001, ANN202
+            st = real_new(voice, options)
+            tags[id(st)] = options["tag"]
+            return st
+
+        program.launch_postprocess, program.new_state = launch, new_state
+    program._test_rows = {}
+    return program._test_rows
+
+
+def _add(backend: Any, job: int, first: str, options: dict[str, Any], voice: str | None = None) -> None:
+    v, opts = backend.validate(voice, {k: x for k, x in options.items() if k != "tag"})
+    opts["tag"] = job
+    backend.add_job(job, first, v, opts)
+
+
+def _drain(backend: Any, outs: list | None = None, max_steps: int = 3000) -> list:
+    outs = [] if outs is None else outs
+    for _ in range(max_steps):
+        if not backend.has_work():
+            return outs
+        outs.extend(backend.step())
+    raise AssertionError("backend did not finish")
+
+
+def _audio(outs: list, job: int) -> np.ndarray:
+    parts = [o.pcm for o in outs if o.job_id == job and o.pcm is not None and o.pcm.size]
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def _run(backend: Any, pieces: list[str], options: dict[str, Any], *, job: int = 1, steps_between: int = 0,
+         voice: str | None = None) -> tuple[list, list[list[int]]]:
+    rows = _record(backend)
+    _add(backend, job, pieces[0], options, voice)
+    outs: list = []
+    for p in pieces[1:]:
+        for _ in range(steps_between):
+            outs.extend(backend.step())
+        backend.push_text(job, p)
+    backend.push_text(job, "", final=True)
+    _drain(backend, outs)
+    assert not [o.error for o in outs if o.error is not None]
+    return outs, rows.get(job, [])
+
+
+def _words(text: str) -> list[str]:
+    words = text.split(" ")
+    return [words[0]] + [" " + w for w in words[1:]]
+
+
+@pytest.mark.parametrize("key", ["once32", "once16_break"])
+def test_served_greedy_tokens_equal_the_reference(tts_ckpt, tts_reference, key) -> None:
+    """Greedy through the runtime (paged attention, the machine and the depth transformer in the
+    step, words fed as the model asks): the reference's text stream, every codebook, the stop and
+    the audio, text at once and word by word (the turn pausing for its words)."""
+    job, ref = GEN_JOBS[key], tts_reference[key]
+    backend = _backend(str(tts_ckpt), load_format="auto", kyutai_n_q=job["n_q"])
+    opts = {"temperature": 0.0, "cfg": job["cfg"], "max_tokens": 400}
+    outs, at_once = _run(backend, [job["text"]], opts, voice=job["voice"])
+    _, by_word = _run(backend, _words(job["text"]), opts, job=2, steps_between=4, voice=job["voice"])
+    for rows in (at_once, by_word):
+        assert torch.tensor(rows)[:, :2].tolist() == ref["logged"].tolist()
+        assert frames_of(rows, job["n_q"]).tolist() == ref["frames"].tolist()
+    audio = _audio(outs, 1)
+    assert audio.shape == tuple(ref["audio"].shape) and audio.size > 0
+    assert float(np.abs(audio - ref["audio"].numpy()).max() / np.abs(ref["audio"].numpy()).max()) < 1e-5
+    assert [o.is_finished for o in outs if o.job_id == 1][-1]
+
+
+def test_text_word_by_word_gives_the_tokens_of_text_at_once(tiny) -> None:
+    """Sampled with a seed: the same tokens and audio whether the text came at once or a word at a time."""
+    text = "Hello there, this is streamed text: three words at a time, or one."
+    opts = dict(SAMPLED, seed=7, max_tokens=60)
+    outs_a, a = _run(tiny, [text], opts, job=1)
+    outs_b, b = _run(tiny, _words(text), opts, job=2, steps_between=3)
+    assert a == b and len(a) == 60
+    np.testing.assert_array_equal(_audio(outs_a, 1), _audio(outs_b, 2))
+
+
+def test_a_paused_sequence_resumes_with_identical_output(tiny) -> None:
+    """A turn whose next words have not come pauses when the model may ask for one (no decode
+    rows, no work); more text resumes it, and the tokens are those of the whole text at once."""
+    opts = dict(SAMPLED, seed=11, max_tokens=50)
+    _, whole = _run(tiny, ["One two three four five six seven."], opts, job=1)
+    rows = _record(tiny)
+    _add(tiny, 2, "One two three ", opts)
+    outs: list = []
+    paused = 0
+    for piece in ("four ", "five ", "six ", "seven."):
+        for _ in range(60):
+            outs.extend(tiny.step())
+            seq = next((s for s in tiny.scheduler.running if s.seq_id == 2), None)
+            if seq is not None and seq.is_paused:
+                paused += 1
+                assert not tiny.has_work()  # a paused turn is no work for the engine loop
+                break
+        tiny.push_text(2, piece)
+    tiny.push_text(2, "", final=True)
+    _drain(tiny, outs)
+    assert paused >= 2
+    assert rows[2] == whole
+
+
+def test_a_stream_alone_equals_the_same_stream_among_others(tiny) -> None:
+    """Batch invariance: a stream's tokens alone equal those beside 1 and 3 others that join at
+    different steps (other voices, cfg), and its audio too (to float32 rounding)."""
+    text = "A stream that must not depend on its neighbours."
+    opts = dict(SAMPLED, seed=5)
+    outs, alone = _run(tiny, [text], opts, job=1)
+    solo_audio = _audio(outs, 1)
+    for others in (1, 3):
+        rows = _record(tiny)
+        _add(tiny, 100, text, opts)
+        tiny.push_text(100, "", final=True)
+        outs = []
+        for k in range(others):
+            for _ in range(k + 1):
+                outs.extend(tiny.step())
+            _add(tiny, 200 + k, f"Neighbour {k} says something else entirely.",
+                 dict(SAMPLED, seed=100 + k, cfg=["1.0", None, "4.0"][k % 3]), voice=f"random-{1 + k % 3}")
+            tiny.push_text(200 + k, "", final=True)
+        _drain(tiny, outs)
+        assert rows[100] == alone, f"with {others} others"
+        np.testing.assert_allclose(_audio(outs, 100), solo_audio, rtol=0, atol=2e-6)
+
+
+def test_unknown_voice_and_bad_options_are_refused(tiny) -> None:
+    """An unknown voice is refused naming the served ones; bad options name their range."""
+    with pytest.raises(OptionError) as e:
+        tiny.validate("nobody", {})
+    assert e.value.code == "unknown_voice" and "random-0" in str(e.value)
+    with pytest.raises(OptionError) as e:
+        tiny.validate(None, {"cfg": 9.0})
+    assert e.value.code == "invalid_option" and "2.0" in str(e.value)
+    assert tiny.validate(None, {"cfg": 3})[1]["cfg"] == "3.0"
+
+
+def test_text_in_an_unsupported_script_fails_that_stream_only(tts_ckpt) -> None:
+    """Words the tokenizer cannot write fail their own turn with model_error; a turn beside it is unaffected."""
+    backend = _backend(str(tts_ckpt), load_format="auto", kyutai_n_q=8)
+    opts = dict(SAMPLED, seed=3, max_tokens=30)
+    _add(backend, 1, "Hello there my friend", opts, voice="voice_a")
+    _add(backend, 2, "Fine words here.", opts, voice="voice_b")
+    backend.push_text(2, "", final=True)
+    backend.push_text(1, " 你好世界 ")
+    outs = _drain(backend, [])
+    errors = [o for o in outs if o.error is not None]
+    assert [o.job_id for o in errors] == [1] and errors[0].error.code == "model_error"
+    assert "unsupported" in errors[0].error.message
+    assert [o.job_id for o in outs if o.is_finished] == [2]
+
+
+def test_a_turn_that_ends_without_text_finishes_silent(tiny) -> None:
+    """end with no text at all: the job finishes with no audio and no error."""
+    _add(tiny, 9, "", dict(SAMPLED, seed=1))
+    tiny.push_text(9, "", final=True)
+    outs = _drain(tiny, [])
+    assert [(o.job_id, o.is_finished, o.error) for o in outs] == [(9, True, None)]
+
+
+def test_voice_bank_rows_are_reused_and_bounded() -> None:
+    """More distinct voices than bank rows at once: the extra turn is refused (capacity,
+    retryable); once a turn ends its row serves another voice."""
+    backend = _backend(kyutai_n_q=4, voice_bank_size=2)
+    opts = dict(SAMPLED, seed=2, max_tokens=8)
+    for job, voice in ((1, "random-0"), (2, "random-1"), (3, "random-2")):
+        _add(backend, job, "Some words here now.", opts, voice=voice)
+        backend.push_text(job, "", final=True)
+    outs = _drain(backend, [])
+    errors = {o.job_id: o.error for o in outs if o.error is not None}
+    assert list(errors) == [3] and errors[3].code == "capacity" and errors[3].retryable
+    _add(backend, 4, "Some words here now.", opts, voice="random-2")
+    backend.push_text(4, "", final=True)
+    outs = _drain(backend, [])
+    assert [o.job_id for o in outs if o.is_finished] == [4] and not [o for o in outs if o.error]
+
+
+@pytest.mark.parametrize("async_steps", [False, True], ids=["sync", "async-steps"])
+def test_the_cuda_graph_path_gives_the_eager_tokens(async_steps: bool) -> None:
+    """``CudaGraphModelRunner``'s path emulated on the CPU (decode inputs from next_input, packed
+    prompts with per-token slot rows, the head in the step function) gives the eager runner's
+    tokens, with and without asynchronous steps (the host one or two steps behind the device)."""
+    from engine.llm.attention import torch_paged_attention_factory
+    from engine.llm.cuda_graphs import CudaGraphModelRunner
+    from tests.engine.llm.graph_emulation import emulate_replays
+
+    counts = {"eager": 0}
+
+    def factory(model, shape, **kw):  # noqa: ANN001, ANN003, ANN202
+        runner = CudaGraphModelRunner(model, shape, capture=False, prefill_buckets=(32,), max_model_len=512,
+                                      attention_backend_factory=torch_paged_attention_factory, **kw)
+        emulate_replays(runner, num_tokens=32)
+        real = runner._execute_eager
+
+        def count(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            counts["eager"] += 1
+            return real(*a, **k)
+
+        runner._execute_eager = count
+        return runner
+
+    texts = ["Graphs must not change a thing at all.", "Nor for this one, which joins later on.", "Short."]
+    runs = []
+    for backend in (_backend(kyutai_n_q=4), _backend(kyutai_n_q=4, runner_factory=factory, async_steps=async_steps)):
+        rows = _record(backend)
+        outs: list = []
+        for i, text in enumerate(texts):
+            words = _words(text)
+            _add(backend, i, words[0], dict(SAMPLED, seed=20 + i, max_tokens=30 + 3 * i))
+            for w in words[1:]:
+                outs.extend(backend.step())
+                backend.push_text(i, w)
+            backend.push_text(i, "", final=True)
+        _drain(backend, outs)
+        assert not [o.error for o in outs if o.error is not None]
+        runs.append(rows)
+    assert counts["eager"] == 0
+    assert runs[0] == runs[1]
+
+
+def test_the_registry_serves_kyutai_tts(tts_ckpt) -> None:
+    """--model kyutai-tts, kyutai-tts-tiny, kyutai/tts-* hub ids and a local checkpoint folder
+    (config.json's model_type "tts") resolve to this program."""
+    from models.registry import resolve
+
+    assert resolve("kyutai-tts").model_id == "kyutai/tts-1.6b-en_fr"
+    assert resolve("kyutai-tts-tiny").model_id == "tiny"
+    assert resolve("kyutai/tts-0.75b-en-public").entry.name == "kyutai-tts"
+    local = resolve(str(tts_ckpt))
+    assert local.entry.name == "kyutai-tts" and local.model_id == str(tts_ckpt)
