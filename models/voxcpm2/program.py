@@ -51,7 +51,7 @@ from models.voxcpm2.audio import ChunkDecoder, ChunkRow
 from models.voxcpm2.head import PatchHead
 from models.voxcpm2.model import STOP, SlotFeatures
 from models.voxcpm2.prompt import Prompt, build_prompt, max_patches, normalize_text
-from models.voxcpm2.voices import ClonedVoice, encode_voice, read_wav
+from models.voxcpm2.voices import ClonedVoice, encode_voice
 
 __all__ = ["DEFAULT_VOICE", "MAX_PATCHES", "StandInTokenizer", "VoxCPM2Program", "VoxCPM2State"]
 
@@ -121,7 +121,7 @@ class VoxCPM2Program:
                                    for n, (_, lo, hi) in self.ranges.items()}
         options["seed"] = {"min": 0, "max": 2**63 - 1, "default": None}
         self.info = BackendInfo(model=model_name, voices=(DEFAULT_VOICE,), default_voice=DEFAULT_VOICE,
-                                sample_rate=config.sample_rate, options=options)
+                                sample_rate=config.sample_rate, options=options, supports_cloning=True)
 
     # -- voices -----------------------------------------------------------------------------
 
@@ -150,24 +150,21 @@ class VoxCPM2Program:
         return voice
 
     def prepare_voice(self, voice_ref: Any) -> str:
-        """A registered voice of the voice store (``voice_id``, ``path`` of a mono WAV file,
-        ``sample_rate``, ``sha256``, ``transcript``): encoded once (again only if its sha256
-        changes); returns the name to pass to ``validate``. A transcript makes it a reference +
-        continuation voice, none a reference voice."""
+        """A registered voice of the voice store (``engine.messages.VoiceRef``: a WAV file, its
+        rate, sha256 and transcript), read and checked against its record
+        (``engine.voice_audio.read_voice``: ``voice_unavailable`` otherwise), encoded once (again
+        only if its sha256 changes); returns the name ``validate`` then takes. A transcript makes
+        it a reference + continuation voice, none a reference voice."""
         name = voice_ref.voice_id
         if name in self.voices and self._voice_keys.get(name) == voice_ref.sha256:
             self.voices.move_to_end(name)
             return name
-        try:
-            wav, rate = read_wav(voice_ref.path)
-        except ValueError as e:
-            raise OptionError("voice_unavailable", f"voice {name!r}: {e}") from None
-        if rate != voice_ref.sample_rate:
-            raise OptionError("voice_unavailable", f"voice {name!r}: the file is at {rate} Hz, its record says "
-                              f"{voice_ref.sample_rate}")
-        text = voice_ref.transcript
-        self.add_voice(name, sample_rate=rate, ref_wav=wav, prompt_wav=wav if text else None,
-                       prompt_text=text if text else None)
+        from engine.voice_audio import read_voice
+
+        rate = self.vae.config.sample_rate
+        wav = read_voice(voice_ref, rate)
+        text = voice_ref.transcript or None
+        self.add_voice(name, sample_rate=rate, ref_wav=wav, prompt_wav=wav if text else None, prompt_text=text)
         self._voice_keys[name] = voice_ref.sha256
         return name
 

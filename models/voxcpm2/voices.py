@@ -11,20 +11,14 @@ A voice has up to two parts, as the reference's prompt cache does (``prompt.buil
   first generated patch is conditioned on the last prompt patch and the streaming VAE is warmed
   with the last ``min(3, C)`` prompt patches, whose audio is cut (``context``).
 
-A registered voice (``from_voice_ref``: a WAV file and maybe its transcript) is a reference voice
-without a transcript and both parts from the same audio with one (the reference's
-``ref_continuation`` mode).
-
-Resampling (``resample``): a windowed-sinc polyphase filter (Hann window, 6 zero crossings,
-cut-off at 0.99 of the lower Nyquist rate). The reference loads audio with librosa (soxr), whose
-filter differs: a voice registered at 16 kHz encodes exactly as the reference's, one at another
-rate to within that difference.
+A registered voice of the voice store (``VoxCPM2Program.prepare_voice``: a WAV file and maybe
+its transcript) is a reference voice without a transcript and both parts from the same audio
+with one (the reference's ``ref_continuation`` mode). Audio at another rate than the encoder's
+is resampled with soxr at its default (high) quality, as the reference's ``librosa.load`` does.
 """
 
 from __future__ import annotations
 
-import math
-import wave
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +28,7 @@ from torch import Tensor
 
 from models.voxcpm2.prompt import CONTEXT_PATCHES
 
-__all__ = ["ClonedVoice", "encode_voice", "read_wav", "resample"]
+__all__ = ["ClonedVoice", "encode_voice"]
 
 
 @dataclass(frozen=True)
@@ -74,53 +68,6 @@ class ClonedVoice:
         return None if self.prompt is None else self.prompt[-CONTEXT_PATCHES:]
 
 
-def read_wav(path: str) -> tuple[np.ndarray, int]:
-    """A PCM WAV file (8/16/24/32-bit integer samples, any channel count) -> (mono float32 in
-    [-1, 1], its rate). Raises ``ValueError`` for what it cannot read."""
-    try:
-        with wave.open(path, "rb") as w:
-            rate, width, channels = w.getframerate(), w.getsampwidth(), w.getnchannels()
-            raw = w.readframes(w.getnframes())
-    except (OSError, EOFError, wave.Error) as e:
-        raise ValueError(f"cannot read {path!r} as a PCM WAV file: {e}") from None
-    if width == 1:
-        x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
-    elif width == 2:
-        x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
-    elif width == 3:
-        b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
-        v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
-        x = (np.where(v >= 1 << 23, v - (1 << 24), v)).astype(np.float32) / float(1 << 23)
-    elif width == 4:
-        x = np.frombuffer(raw, "<i4").astype(np.float32) / float(1 << 31)
-    else:
-        raise ValueError(f"{path!r}: {8 * width}-bit samples are not supported")
-    return x.reshape(-1, channels).mean(axis=1).astype(np.float32), rate
-
-
-def resample(wav: Tensor, orig_hz: int, new_hz: int, *, zero_crossings: int = 6, rolloff: float = 0.99) -> Tensor:
-    """wav [S] float32 at ``orig_hz`` -> [ceil(S * new / orig)] at ``new_hz`` (see the module docstring)."""
-    if orig_hz <= 0 or new_hz <= 0:
-        raise ValueError(f"sample rates must be positive, got {orig_hz} and {new_hz}")
-    g = math.gcd(orig_hz, new_hz)
-    up, down = new_hz // g, orig_hz // g  # output phases, input samples per output period
-    if up == down:
-        return wav
-    cutoff = min(up, down) * rolloff  # in units where the input rate is ``down``
-    width = math.ceil(zero_crossings * down / cutoff)  # filter half-length in input samples
-    taps = torch.arange(-width, width + down, dtype=torch.float64) / down  # [K]
-    t = (-torch.arange(up, dtype=torch.float64)[:, None] / up + taps[None]) * cutoff  # [up, K]
-    t = t.clamp(-zero_crossings, zero_crossings)
-    window = torch.cos(t * math.pi / (2 * zero_crossings)) ** 2
-    arg = t * math.pi
-    sinc = torch.where(arg == 0, torch.ones_like(arg), torch.sin(arg) / torch.where(arg == 0, 1.0, arg))
-    kernels = (sinc * window * (cutoff / down)).to(torch.float32)  # [up, K]
-    x = torch.nn.functional.pad(wav.float()[None, None], (width, width + down))
-    y = torch.nn.functional.conv1d(x, kernels[:, None], stride=down)  # [1, up, frames]
-    out = y[0].T.reshape(-1)
-    return out[: math.ceil(up * wav.shape[-1] / down)]
-
-
 @torch.no_grad()
 def encode_voice(vae: Any, patch_size: int, name: str, *, device: torch.device | str, sample_rate: int,
                  ref_wav: np.ndarray | Tensor | None = None, prompt_wav: np.ndarray | Tensor | None = None,
@@ -136,7 +83,11 @@ def encode_voice(vae: Any, patch_size: int, name: str, *, device: torch.device |
         x = torch.as_tensor(np.asarray(wav, dtype=np.float32)).reshape(-1)
         if x.numel() == 0 or not bool(torch.isfinite(x).all()):
             raise ValueError("voice audio must be non-empty and finite")
-        x = resample(x, sample_rate, enc_rate).to(vae.encoder.fc_mu.weight.device)
+        if sample_rate != enc_rate:
+            import soxr
+
+            x = torch.from_numpy(soxr.resample(x.numpy(), sample_rate, enc_rate).astype(np.float32, copy=False))
+        x = x.to(vae.encoder.fc_mu.weight.device)
         return vae.encode_patches(x, patch_size, left_pad=left).to(device)
 
     return ClonedVoice(name=name, ref=None if ref_wav is None else patches(ref_wav, False),

@@ -1,4 +1,4 @@
-"""Cloned VoxCPM2 voices: WAV reading, resampling to the encoder's 16 kHz, a registered voice of the
+"""Cloned VoxCPM2 voices: resampling to the encoder's 16 kHz (soxr), a registered voice of the
 voice store prepared once (``prepare_voice``), refusals naming what is wrong."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from tests.models.voxcpm2.voxcpm2_serving import backend, run
 
 from engine.backend import OptionError
-from models.voxcpm2.voices import read_wav, resample
+from engine.voice_audio import read_voice
 
 
 def _tone(rate: int, seconds: float) -> np.ndarray:
@@ -23,16 +23,13 @@ def _tone(rate: int, seconds: float) -> np.ndarray:
     return (0.3 * np.sin(2 * np.pi * 440 * t) + 0.2 * np.sin(2 * np.pi * 3000 * t)).astype(np.float32)
 
 
-def _write(path: Path, wav: np.ndarray, rate: int, *, width: int = 2, channels: int = 1) -> Path:
-    scale = {2: 32767, 3: 8388607}[width]
-    ints = np.round(np.repeat(wav[:, None], channels, axis=1) * scale).astype(np.int64).reshape(-1)
-    data = b"".join(int(v).to_bytes(width, "little", signed=True) for v in ints) if width == 3 else \
-        ints.astype("<i2").tobytes()
+def _write(path: Path, wav: np.ndarray, rate: int) -> Path:
+    """A 16-bit mono PCM WAV file, as the voice store keeps them."""
     with wave.open(str(path), "wb") as w:
-        w.setnchannels(channels)
-        w.setsampwidth(width)
+        w.setnchannels(1)
+        w.setsampwidth(2)
         w.setframerate(rate)
-        w.writeframes(data)
+        w.writeframes(np.round(wav * 32767).astype("<i2").tobytes())
     return path
 
 
@@ -46,31 +43,22 @@ def tiny() -> Any:
     return backend(max_num_seqs=2, max_voice_patches=12)
 
 
-@pytest.mark.parametrize("orig", [48000, 24000, 22050, 44100])
-def test_resampling_to_16k_matches_scipys_polyphase_filter(orig: int) -> None:
-    """Tones well inside the band come out as scipy's resample_poly makes them (both near-ideal
-    low-pass filters), with ceil(n * 16000 / orig) samples."""
-    from scipy.signal import resample_poly
+@pytest.mark.parametrize("orig", [48000, 24000, 22050])
+def test_audio_at_another_rate_is_resampled_by_soxr(tiny, orig: int) -> None:
+    """A voice at another rate than the encoder's 16 kHz encodes as soxr's (default quality, as
+    the reference's librosa.load) resampling of it does; at 16 kHz it is encoded as it is."""
+    import soxr
 
-    x = _tone(orig, 0.5)
-    got = resample(torch.from_numpy(x), orig, 16000).numpy()
-    g = np.gcd(orig, 16000)
-    want = resample_poly(x, 16000 // g, orig // g)
-    assert got.size == -(-x.size * 16000 // orig)
-    n = min(got.size, want.size)
-    np.testing.assert_allclose(got[200:n - 200], want[200:n - 200], atol=3e-3)
-    assert torch.equal(resample(torch.from_numpy(x), orig, orig), torch.from_numpy(x))
-
-
-def test_wav_files_read_as_mono_float(tmp_path: Path) -> None:
-    """16- and 24-bit PCM, mono and stereo (averaged), read back to within a quantisation step."""
-    x = _tone(16000, 0.1)
-    for width, channels in ((2, 1), (3, 2)):
-        got, rate = read_wav(str(_write(tmp_path / f"a{width}.wav", x, 16000, width=width, channels=channels)))
-        assert rate == 16000 and got.dtype == np.float32
-        np.testing.assert_allclose(got, x, atol=2.0 / 32767)
-    with pytest.raises(ValueError, match="PCM WAV"):
-        read_wav(str(tmp_path / "missing.wav"))
+    program = tiny.program
+    x = _tone(orig, 0.4)
+    got = program.add_voice(f"r{orig}", sample_rate=orig, ref_wav=x).ref
+    with torch.no_grad():
+        want = program.vae.encode_patches(torch.from_numpy(soxr.resample(x, orig, 16000).astype(np.float32)), 4)
+    assert torch.equal(got, want)
+    y = _tone(16000, 0.4)
+    with torch.no_grad():
+        assert torch.equal(program.add_voice("r16k", sample_rate=16000, ref_wav=y).ref,
+                           program.vae.encode_patches(torch.from_numpy(y), 4))
 
 
 def test_a_registered_voice_is_prepared_once(tiny, tmp_path: Path) -> None:
@@ -82,9 +70,8 @@ def test_a_registered_voice_is_prepared_once(tiny, tmp_path: Path) -> None:
     assert program.prepare_voice(_ref(path, 16000)) == "v1"
     first = program.voices["v1"]
     assert program.prepare_voice(_ref(path, 16000)) == "v1" and program.voices["v1"] is first
-    wav, _ = read_wav(str(path))
     with torch.no_grad():
-        want = program.vae.encode_patches(torch.from_numpy(wav), 4)
+        want = program.vae.encode_patches(torch.from_numpy(read_voice(_ref(path, 16000), 16000)), 4)
     assert first.prompt is None and torch.equal(first.ref, want)
     assert tiny.validate("v1", {})[0] == "v1"
     path2 = _write(tmp_path / "w.wav", _tone(24000, 0.4), 24000)
@@ -104,12 +91,18 @@ def test_a_registered_voice_is_spoken(tiny, tmp_path: Path) -> None:
 
 
 def test_unusable_voices_are_refused_naming_why(tiny, tmp_path: Path) -> None:
-    """A missing or non-WAV file, a rate that is not its record's, audio longer than a slot holds."""
+    """A missing or non-WAV file, a rate or sha256 that is not its record's, audio longer than a
+    slot holds: each a voice_unavailable naming why (``engine.voice_audio`` reads the file)."""
     program = tiny.program
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"not a wav")
-    cases = [(_ref(bad, 16000), "PCM WAV"),
-             (_ref(_write(tmp_path / "r.wav", _tone(16000, 0.2), 16000), 24000), "16000 Hz"),
+    changed = _ref(_write(tmp_path / "c.wav", _tone(16000, 0.2), 16000), 16000, voice_id="changed")
+    _write(tmp_path / "c.wav", _tone(16000, 0.3), 16000)
+    cases = [(_ref(bad, 16000), "cannot be read"),
+             (SimpleNamespace(voice_id="gone", path=str(tmp_path / "gone.wav"), sample_rate=16000,
+                              sha256="0" * 64, transcript=None), "cannot be read"),
+             (_ref(_write(tmp_path / "r.wav", _tone(16000, 0.2), 16000), 24000), "does not match"),
+             (changed, "does not match"),
              (_ref(_write(tmp_path / "long.wav", _tone(16000, 3.0), 16000), 16000), "a slot holds 12")]
     for ref, why in cases:
         with pytest.raises(OptionError) as e:
