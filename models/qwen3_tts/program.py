@@ -20,13 +20,11 @@ What the runtime sees (``engine.llm.program``):
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import OrderedDict
 import random
 import unicodedata
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +35,7 @@ from engine.backend import BackendInfo, OptionError
 from engine.llm.program import Collect
 from engine.llm.sampler import Sampler
 from engine.llm.sequence import SamplingParams
+from engine.llm.slot_codec import SlotCodec
 from engine.llm.token_head import RowInputs
 from models.qwen3_tts.code_predictor import MIN_FRAMES_BEFORE_EOS, code0_mask, decode_frame
 from models.qwen3_tts.config import Qwen3TTSConfig
@@ -201,12 +200,11 @@ class Qwen3Program:
 
     def __init__(self, talker: Talker, config: Qwen3TTSConfig, tokenizer: Any, codec_stream: Any, *,
                  model_name: str = "qwen3-tts", slots: Qwen3Slots, speaker_encoder: Any = None,
-                 codec_graphs: Any = None, seed_rng: random.Random | None = None) -> None:
+                 seed_rng: random.Random | None = None) -> None:
         self.talker = talker
         self.config = config
         self.tokenizer = tokenizer if isinstance(tokenizer, TextTokenizer) else TextTokenizer(tokenizer)
-        self.codec_stream = codec_stream
-        self.codec_graphs = codec_graphs  # BatchGraphs of the codec step, or None (eager)
+        self.codec = SlotCodec(codec_stream, num_codes=config.talker.num_code_groups, device=slots.last_codes.device)
         self.slots = slots
         self.speaker_encoder = speaker_encoder
         self._seed_rng = seed_rng or random.Random()
@@ -380,64 +378,17 @@ class Qwen3Program:
 
     # -- frames -> audio --------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _on_codec_stream(self) -> Iterator[None]:
-        if self._cuda_stream is None:
-            yield
-        else:
-            with torch.cuda.stream(self._cuda_stream):
-                yield
-
     def launch_postprocess(self, states: list[Qwen3State], tokens: list[Any]) -> Collect:
         """Every row's frame through the streaming codec, one batched call."""
-        if not states:
-            return lambda: []
         fresh = [s.slot for s in states if s.num_frames == 0]
         for s in states:
             s.num_frames += 1
         self._totals["codec_frames"] += len(states)
-        dev = self.slots.last_codes.device
-        with self._on_codec_stream():
-            if fresh:
-                self.codec_stream.reset(torch.tensor(fresh, dtype=torch.int64).to(dev, non_blocking=True))
-            slots = torch.tensor([s.slot for s in states], dtype=torch.int64).to(dev, non_blocking=True)
-            codes = torch.tensor(tokens, dtype=torch.int64).to(dev, non_blocking=True)  # [N, 16]
-            if self.codec_graphs is not None:
-                from engine.llm.host_copy import start_host_copy
-
-                pcm: list[Tensor] = []
-                waits = []
-                largest = self.codec_graphs.max_batch_size
-                for i in range(0, len(states), largest):
-                    (out,) = self.codec_graphs.run(slots[i:i + largest] + 1, codes[i:i + largest])
-                    waits.append(start_host_copy(out))
-                return lambda: [row.numpy() for wait in waits for row in wait()]
-            with torch.inference_mode():
-                out = self.codec_stream.step(slots, codes).float().cpu()  # [N, 1920]
-        return lambda: [row.numpy() for row in out]
+        return self.codec.launch([s.slot for s in states], tokens, fresh)
 
     def launch_finish(self, states: list[Qwen3State]) -> Collect:
         """The codec is causal: a finished turn has no audio left."""
         return lambda: [None] * len(states)
-
-    def make_codec_graphs(self, buckets: Any) -> Any:
-        """Capture the codec step per batch bucket (CUDA): inputs slot + 1 (0: padding, the
-        scratch slot) and the frame's codes."""
-        from engine.llm.cuda_graphs import BatchGraphs
-
-        stream = self.codec_stream
-        scratch = stream.scratch_slot
-        g = self.config.talker.num_code_groups
-
-        def step(slot1: Tensor, codes: Tensor) -> Tensor:
-            slots = torch.where(slot1 > 0, slot1 - 1, torch.full_like(slot1, scratch))
-            return stream.step(slots, codes).float()
-
-        graphs = BatchGraphs(step, [((), torch.int64), ((g,), torch.int64)], buckets=buckets,
-                             device=self.slots.last_codes.device)
-        graphs.capture(desc="qwen3 codec graphs")
-        self.codec_graphs = graphs
-        return graphs
 
 
 def _check_script(text: str) -> None:
