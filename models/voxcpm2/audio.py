@@ -11,6 +11,12 @@ a row appears once per call, and a row that needs several chunks (a continuation
 call, a chunk size below K) takes them in rounds, in order. The final chunk is zero-padded and
 cut (the decoder is causal, so padding changes no earlier sample).
 
+Why not ``engine.llm.slot_codec.SlotCodec`` (the codec runner of Qwen3-TTS and Kyutai TTS): that
+decodes one frame of host-known integer codes per row every step; here a row's input is float
+latents that never leave the device (gathered from the ring and the context, or their spilled
+copies), a row is due only every C patches, may take several chunks in rounds, and a finished
+row's last read must be ordered before its slot's reuse.
+
 Ordering on the GPU (the chunk work runs on the decoder's own CUDA stream, overlapping the next
 LM step; the collect waits for it):
 
