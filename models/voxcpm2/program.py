@@ -121,7 +121,9 @@ class VoxCPM2Program:
                                    for n, (_, lo, hi) in self.ranges.items()}
         options["seed"] = {"min": 0, "max": 2**63 - 1, "default": None}
         self.info = BackendInfo(model=model_name, voices=(DEFAULT_VOICE,), default_voice=DEFAULT_VOICE,
-                                sample_rate=config.sample_rate, options=options, supports_cloning=True)
+                                sample_rate=config.sample_rate, options=options, supports_cloning=True,
+                                # a decode row makes a patch of 7,680 samples: 6.25 a second
+                                tokens_per_audio_second=config.sample_rate / config.patch_samples)
 
     # -- voices -----------------------------------------------------------------------------
 

@@ -38,6 +38,19 @@ def test_streamed_audio_equals_the_whole_decode_of_its_patches(tiny) -> None:
     assert float(np.abs(wav).max()) > 1e-3
 
 
+def test_it_declares_the_patches_a_row_makes_per_audio_second(tiny) -> None:
+    """Admission's rate is the true one: a decode row makes one patch a step, so the patches of a
+    job per second of its audio (6.25 at 48 kHz) are what the engine core's admission is given;
+    registered voices reach the program (supports_cloning)."""
+    from engine.core import EngineCore
+
+    patches, wav = run(tiny, TEXT, dict(FIXED, seed=3))
+    rate = patches.shape[0] * tiny.info.sample_rate / wav.size
+    assert tiny.info.tokens_per_audio_second == pytest.approx(rate) and rate == 6.25
+    assert EngineCore(tiny).admission.tokens_per_audio_second == tiny.info.tokens_per_audio_second
+    assert tiny.info.supports_cloning
+
+
 def test_a_continuation_voice_warms_the_decoder_and_cuts_its_context(tiny, voice_wav) -> None:
     """A voice with a transcript (24 kHz audio, resampled): the first patch is conditioned on its
     last prompt patch, the decoder warmed with its last 3 patches, whose audio is not sent; chunks
