@@ -36,7 +36,8 @@ def load(ctx: LoadContext) -> ProgramModel:
     ("auto": bfloat16 on CUDA, float32 on the CPU; "float32", "bfloat16"), ``stream_chunk_patches``
     (patches per streamed VAE chunk, default 4: 640 ms), ``max_flow_steps`` (the most Euler steps
     a request may ask for, default 10: every row runs that many, the extra ones masked),
-    ``max_voice_patches`` (prompt patches a slot holds for a cloned voice, default 256: 41 s),
+    ``max_voice_patches`` (prompt patches a slot holds for a cloned voice, default 384: a voice of
+    the voice store's longest, 30 s, with its transcript takes 2 x 188),
     ``vae_max_batch`` (the largest VAE batch replayed at once, default 256)."""
     import torch
 
@@ -48,7 +49,7 @@ def load(ctx: LoadContext) -> ProgramModel:
 
     chunk = int(ctx.setting("stream_chunk_patches", 4))
     max_steps = int(ctx.setting("max_flow_steps", 10))
-    voice_patches = int(ctx.setting("max_voice_patches", 256))
+    voice_patches = int(ctx.setting("max_voice_patches", 384))
     vae_max_batch = int(ctx.setting("vae_max_batch", 256))
     for name, value, low in (("stream_chunk_patches", chunk, 1), ("max_flow_steps", max_steps, 1),
                              ("max_voice_patches", voice_patches, 0), ("vae_max_batch", vae_max_batch, 1)):

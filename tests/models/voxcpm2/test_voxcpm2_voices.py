@@ -110,6 +110,20 @@ def test_unusable_voices_are_refused_naming_why(tiny, tmp_path: Path) -> None:
         assert e.value.code == "voice_unavailable" and why in str(e.value)
 
 
+def test_the_longest_voice_the_store_takes_fits_a_slot_with_its_transcript(tmp_path: Path) -> None:
+    """At the default max_voice_patches, a voice of the voice store's longest (its default
+    max_voice_duration_s) with a transcript (reference and continuation parts: twice its patches)
+    is prepared, not refused when a stream names it."""
+    from gateway.config import GatewayConfig
+
+    seconds = GatewayConfig().max_voice_duration_s
+    b = backend(max_num_seqs=1)
+    path = _write(tmp_path / "long.wav", _tone(16000, seconds), 16000)
+    assert b.program.prepare_voice(_ref(path, 16000, transcript="Words.")) == "v1"
+    voice = b.program.voices["v1"]
+    assert voice.num_ref == voice.num_prompt == -(-int(16000 * seconds) // 2560)
+
+
 def test_a_voice_dropped_from_the_cache_fails_its_next_segment(tmp_path: Path) -> None:
     """Past max_cached_voices the oldest voice is dropped: a segment that still names it fails
     with a retryable voice_unavailable (never spoken zero-shot instead); the newer voice serves."""
