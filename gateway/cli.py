@@ -10,6 +10,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import textwrap
 from dataclasses import fields
 from typing import Callable
 
@@ -57,6 +58,10 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
                 or "default" in text or not action.option_strings):
             return text
         return text + " (default: %(default)s)"
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # argparse's wrapping, but never inside a flag ("--load-" / "format dummy")
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 def _csv(value: str) -> tuple[str, ...]:

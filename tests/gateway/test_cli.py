@@ -121,6 +121,13 @@ def test_model_help_documents_tiny(serve_help: str) -> None:
     assert "needs --load-format dummy" in entry
 
 
+def test_help_never_wraps_a_flag_at_its_hyphen(serve_help: str) -> None:
+    """A flag named in a help text stays whole on one line (no "--load-" / "format")."""
+    import re
+
+    assert not re.search(r"--[a-z0-9]+(-[a-z0-9]+)*-\n", serve_help)
+
+
 @pytest.fixture
 def no_serving(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(coro: object) -> int:
