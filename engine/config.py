@@ -23,6 +23,9 @@ class EngineConfig:
     load_format: str = "auto"  # "auto" | "dummy" (random weights from the known config)
     dtype: str = "auto"  # "auto" (bf16 on CUDA, fp32 on CPU) | "bfloat16" | "float32"
     codec_path: str | None = None  # local SNAC dir or hub id; default hubertsiuzdak/snac_24khz
+    # A LoRA adapter (a file or a folder in the reference's format) folded into the weights once
+    # at load: one adapted model per engine (VoxCPM2: models/voxcpm2/lora.py).
+    lora: str | None = None
     gpu_memory_utilization: float = 0.85
     # Engines sharing this GPU (voxgate serve --gpus 0 --engines 2): each sizes its KV cache to
     # its own gpu_memory_utilization / gpu_memory_share of the GPU, counting only its own

@@ -112,6 +112,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--codec", dest="codec_path", default=None, metavar="DIR_OR_HUB_ID",
                    help="SNAC codec for Orpheus: a local directory or hub id "
                         "(default: hubertsiuzdak/snac_24khz)")
+    m.add_argument("--lora", default=None, metavar="PATH",
+                   help="VoxCPM2: a LoRA adapter (lora_weights.safetensors or its folder) folded into "
+                        "the weights once at load; without it the base weights (default: none)")
     m.add_argument("--synthetic-fast", dest="synthetic_realtime", action="store_false",
                    help="synthetic model: emit audio as fast as possible instead of at real time")
     m.add_argument("--synthetic-cloning", dest="synthetic_cloning", action="store_true",
