@@ -1,9 +1,8 @@
 """CUDA graphs for decode steps (``DecodeGraphs``) and for batched functions such as a codec
-(``BatchGraphs``), captured at batch-size buckets at start-up.
+(``BatchGraphs``), captured at batch-size buckets at start-up; padding rows write a scratch page.
 
-A step of ``n`` rows replays the smallest bucket ``>= n``, padding rows writing to a scratch KV
-page. Outputs of ``run`` are views of the graph's static buffers: consume or copy them before
-the next replay of the same bucket.
+Outputs of ``run`` are views of the graph's static buffers: consume or copy them before the next
+replay of the same bucket.
 """
 
 from __future__ import annotations
