@@ -1,0 +1,1 @@
+"""Benchmarks and measurement tools: ``voxgate bench`` (``bench/``), CPU tools, GPU tools (``gpu/``)."""

@@ -2,20 +2,8 @@
 
     python -m benchmark.fuzz_protocol --seconds 600
 
-Each example is a short sequence of frames: random bytes and text, random msgpack and JSON
-values, deep nesting, lone surrogates, huge numbers, and client messages of every type with
-any field replaced by any of those. They go through ``gateway.session.Session`` wired to an
-in-process ``EngineCore`` over the synthetic backend, every gateway <-> engine message
-through ``engine.messages`` bytes, as in the server. ``check_frames`` asserts the property:
-
-- the session never raises, and the engine core never raises on what the session forwards;
-- every map for the client encodes in msgpack and JSON, every error has a documented code
-  (``gateway.protocol.ErrorCode``), every close a documented RFC 6455 code;
-- once the connection closes, no stream is left open in the engine.
-
-CI runs a few hundred examples (``tests/gateway/test_session_fuzz.py``); this runs Hypothesis
-for ``--seconds`` in rounds of fresh random examples and prints the first failure, shrunk.
-Needs the test extra (``hypothesis``).
+Runs Hypothesis for ``--seconds`` and prints the first failure, shrunk; what it sends and the
+property ``check_frames`` asserts: benchmark/README.md. Needs the test extra (``hypothesis``).
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """Gateway overhead: latency the gateway (and the queues) add per audio chunk, and its CPU per
-stream, at 100, 500 and 1,000 concurrent streams (issue 5, item 3).
-
-For each level it starts the real ``voxgate serve --model synthetic --debug-timestamps`` (the
-synthetic engine emits 40 ms chunks paced at real time; ``--lookahead-jobs 0`` so that each
-stream makes exactly 25 chunks per second) and drives it with the benchmark's native client:
-N streams, one per connection, started evenly over ``--ramp-s`` and each long enough to outlast
-the measurement window. In the window (after the ramp and ``--settle-s``, ``--measure-s`` long):
-
-- added latency per chunk = client receipt (``time.monotonic()``) minus ``engine_t``, the
-  engine's CLOCK_MONOTONIC stamp when the chunk left the engine core: shared-memory queue,
-  gateway, WebSocket, kernel, and the client's own event loop (whose lag is reported beside
-  it, as an upper bound of the client's share);
-- CPU per stream = the gateway process's CPU seconds in the window / window seconds / N, from
-  /proc (the engine's and the client's CPU are reported too; all three share this machine).
-
-The client can be split over ``--client-procs`` processes (by default one per 250 streams, at
-most a quarter of the CPUs): one Python event loop receiving 25,000 chunks/s saturates a core,
-and its backlog would be counted as gateway latency. They start their streams together (a
-barrier, then a common start time) and the window is the same CLOCK_MONOTONIC interval in all.
+stream, at 100, 500 and 1,000 concurrent streams, against ``voxgate serve --model synthetic``.
 
     python -m benchmark.gateway_overhead --streams 100,500,1000 --json overhead.json
+
+Method: docs/benchmark.md, "Gateway overhead"; the client processes: benchmark/README.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """A soak: N streams for M minutes against one server, with every audio sample accounted for.
 
     python -m benchmark.soak --streams 64 --minutes 10            # starts voxgate serve --model synthetic
-    python -m benchmark.soak --streams 256 --minutes 10 \\
+    python -m benchmark.soak --streams 256 --minutes 10 \
         --serve-args "--model orpheus --load-format dummy --device cuda"
     python -m benchmark.soak --url ws://127.0.0.1:8000/v1/stream --gateway-pid 1234 --streams 32
 
-``--streams`` connections each speak one stream after another (text sent word by word, then
-``end``, audio read until ``done``), so that N streams are open at all times, until the time is
-up; a ``--cancel-fraction`` of them is cancelled after its first audio (barge-in). Then, once
-the engine's last counters are in, the run's sample accounting, from the counters' growth over
-the run (``/metrics``) and what the clients received:
-
-- engine: samples made by the model = sent in audio messages + dropped by reason (made for a
-  stream since cancelled, held for one that failed);
-- gateway: the engine's sent samples = sent to clients (``done.samples`` summed) + dropped by
-  reason (arrived after the stream was cancelled);
-- clients: received = sent to clients, less audio dropped from the connection's buffer at a
-  barge-in (``done.samples`` minus what arrived before it, cancelled streams only).
-
-``unaccounted`` (made, less received, less every reported drop) must be 0. The gateway's and
-the engine's resident memory (``/proc``; the engine's pid from ``/health``) are read at the
-start, every ``--rss-every-s`` and at the end. Linux only (``/proc``).
+``unaccounted`` (made, less received, less every reported drop) must be 0; the accounting
+and what is read: benchmark/README.md. Linux only (``/proc``).
 """
 
 from __future__ import annotations

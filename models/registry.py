@@ -1,12 +1,7 @@
 """Which program serves a ``--model`` value: short names, hub id prefixes, local checkpoints.
 
-The one place models are registered. ``resolve`` matches, in order: a registered name or alias
-(case-insensitive), a hub id whose owner/name starts with a registered prefix (or whose name
-contains the family's name: ``someone/orpheus-3b-finetune``), a local directory
-whose ``config.json`` names a registered architecture (``architectures``, ``model_type`` or
-``architecture``).
-Anything else is refused with the list of what is served. ``check_requirements`` says which
-extra to install when a program's packages are missing. Nothing here imports torch.
+The one place models are registered (``resolve``, ``check_requirements``; the match order is in
+docs/adding_a_model.md, "Registering"). Nothing here imports torch.
 """
 
 from __future__ import annotations

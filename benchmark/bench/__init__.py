@@ -1,0 +1,1 @@
+"""``voxgate bench``: the latency and capacity benchmark client (docs/benchmark.md)."""

@@ -1,11 +1,8 @@
 """Qwen3-TTS's step split on a GPU: the talker, the code predictor and the codec, each alone.
 
-Each part is captured in a CUDA graph at B rows and replayed (median of ``--iters``): the talker
-decoding one token per row over a dense cache of ``--context`` tokens (the served step uses the
-paged cache; this is its compute, not its attention kernel), the frame head (codebook 0 and the
-code predictor's 15 codebooks, sampled), and one frame of the streaming codec per row. GPU only.
-
     python -m benchmark.gpu.qwen3_parts --batch 1,64,256,512,1024 [--model qwen3-tts-1.7b-customvoice]
+
+What each part measures: benchmark/gpu/README.md. GPU only.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Paged-attention metadata and the plain-torch paged attention backend (CPU or any device).
 
-KV cache layout (FlashInfer's NHD paged layout), one tensor per layer:
-``[num_pages, 2, page_size, num_kv_heads, head_dim]``; index 0 of dim 1 is K, 1 is V.
-The cache's dtype is the model's, or float8_e4m3fn (``KVCacheSpec.kv_dtype``): fp8 pages hold
-K/V with scale 1.0, saturated at +-448 (``engine.llm.fp8``), and are read back upcast.
-
-A step's rows are ordered decode first (exactly one new token each), then prefill or
-chunked-prefill rows. New tokens attend to every cached token of their sequence and to the
-earlier new tokens of the same step (causal).
+The KV cache is one ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` tensor per layer
+(FlashInfer's NHD layout; K at index 0 of dim 1, V at 1), in the model's dtype or fp8; a step's
+rows are its decode rows first, then prefill chunks (docs/architecture.md, "The LM runtime").
 """
 
 from __future__ import annotations

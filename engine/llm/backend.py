@@ -1,19 +1,7 @@
 """``LMBackend``: the ``engine.backend.Backend`` contract over scheduler + runner + program.
 
-One ``step`` call = schedule step N+1 and launch it, with ``async_steps`` before step N's
-tokens (launched by the previous call) reach the host: rows continuing from N take their token
-from N's output on the device, so the device never waits for the host between steps; without
-it, after taking N's tokens (the one host sync), recording them and letting ended sequences go.
-Then, while N+1 runs: the program's bookkeeping of N's tokens, their codec work on the codec's
-own CUDA stream, and the collection of N's audio (with ``async_steps``, of N-1's, whose codec
-work has finished by then); then return, so the engine core's work on the
-outputs (encoding, sending) overlaps the device's next step too. Errors:
-- a job refused at ``add_job`` (capacity, too long) gets its error from the next ``step``;
-- an exception in the model step fails every job of that step with ``model_error`` (not
-  retryable: the same input is likely to fail again), frees their pages, and the backend keeps
-  serving the others;
-- an exception while turning one step's tokens into audio fails the jobs of that step the same
-  way.
+One ``step`` schedules and launches the next device step, then does the host's work on the
+previous one while it runs (docs/orpheus.md, "asynchronous steps"; errors: "Failures").
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """``build_lm_backend``: load a program (``models/<name>``) and assemble an ``LMBackend`` around it.
 
-The runtime's side of start-up: resolve the device and dtype, call the program's ``load``
-(``engine.llm.program.LoadContext`` -> ``ProgramModel``), size the paged KV cache, pick the
-runner (CUDA graphs with FlashInfer on a GPU, eager torch attention elsewhere), configure the
-scheduler from the settings and the program's measured defaults, and warm up. Nothing here
-knows which model it builds.
+Resolves device and dtype, calls the program's ``load``, sizes the paged KV cache, picks the
+runner, configures the scheduler and warms up; nothing here knows which model it builds.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""CUDA graphs for decode steps and for the codec, captured at batch-size buckets at start-up.
+"""CUDA graphs for decode steps (``DecodeGraphs``) and for batched functions such as a codec
+(``BatchGraphs``), captured at batch-size buckets at start-up; padding rows write a scratch page.
 
-A decode step of the LM is ~200 small kernels; launched one by one from Python it costs more
-than the GPU work itself at small batches. ``DecodeGraphs`` captures a whole decode step
-(embedding, layers, head, and whatever else the step function does, e.g. sampling) once per
-bucket; a step with ``n`` rows replays the smallest bucket ``>= n`` with the extra rows padded:
-they read and write one reserved scratch page of the KV cache and their outputs are dropped.
-
-``BatchGraphs`` does the same for any function of batched tensors with fixed trailing shapes
-(a codec over a batch of code windows).
-
-Outputs of ``run`` are views of the graph's static output buffers: consume or copy them before
-the next replay of the same bucket.
+Outputs of ``run`` are views of the graph's static buffers: consume or copy them before the next
+replay of the same bucket.
 """
 
 from __future__ import annotations

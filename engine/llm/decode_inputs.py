@@ -1,14 +1,8 @@
 """Host-side inputs of a graphed decode step, built with numpy from per-slot tables.
 
-At 300-500 decode rows, building the attention metadata and the sampler's per-row inputs from
-Python lists took 2-3 ms of host time per step (a page list per sequence, nine small tensors),
-time in which the GPU waits for the next step. ``DecodeInputBuilder`` keeps, per batch slot,
-the sequence's page table and its sampling parameters in numpy arrays (refreshed only when a
-slot changes hands or a sequence's page list changes), so a step's inputs are a few vectorised
-gathers, already padded to the graph's bucket size, and two host-to-device copies.
-
-The result is the same as ``build_attention_metadata`` + ``pad_decode_metadata`` and
-``CudaGraphModelRunner.graph_inputs`` padded with zeros (tests compare them).
+``DecodeInputBuilder`` gives the same inputs as ``build_attention_metadata`` +
+``pad_decode_metadata`` and ``CudaGraphModelRunner.graph_inputs`` (tests compare them), in a
+few vectorised gathers (why: docs/architecture.md, "The LM runtime").
 """
 
 from __future__ import annotations

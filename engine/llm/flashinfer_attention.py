@@ -1,27 +1,8 @@
 """FlashInfer paged attention behind the engine's ``AttentionBackend`` protocol (GPU only).
 
-One step = ``begin_step(meta)`` once (plans the FlashInfer wrappers and computes where this
-step's K/V go), then ``attn(layer, q, k, v)`` per layer (writes K/V into the layer's paged cache,
-then runs decode and/or prefill attention).
-
-Token order inside a step follows ``AttentionMetadata``: the ``num_decode_seqs`` decode rows
-first (one query token each), then the prefill sequences. Decode rows use
-``BatchDecodeWithPagedKVCacheWrapper``; prefill rows ``BatchPrefillWithPagedKVCacheWrapper``
-with a causal mask aligned to the end of each sequence's KV (FlashInfer's convention), so a
-prefill chunk may continue an existing context.
-
-``GraphDecodeAttention`` is the CUDA-graph variant for decode-only steps at one fixed batch size:
-its wrapper works on fixed device buffers, so the captured kernels read whatever the last
-``begin_step`` planned. Planning happens outside the graph, before each replay.
-
-KV cache layout per layer: ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` (NHD).
-``flashinfer`` is imported lazily, so importing this module needs no GPU.
-
-fp8 KV cache (float8_e4m3fn pages): K/V are written saturated with scale 1.0
-(``engine.llm.attention.write_kv``) and the kernels are planned with ``kv_data_type`` fp8 and
-``q_data_type`` the queries' dtype (``q_dtype``, default bf16), so no ``k_scale``/``v_scale``
-is passed. FlashInfer 0.6.18 picks its FA2 prefill kernels for bf16 queries on fp8 pages
-(its FA3 path wants fp8 queries too) and the CUDA-core decode kernel.
+A step calls ``begin_step(meta)`` once (plans the wrappers), then ``attn(layer, q, k, v)`` per
+layer; ``GraphDecodeAttention`` is the variant captured in decode CUDA graphs. ``flashinfer`` is
+imported lazily, so importing this module needs no GPU (details: docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""fp8 (float8_e4m3fn) weights for the decoder's linear layers, and the fp8 KV-cache helpers.
+"""fp8 (float8_e4m3fn) weights for the decoder's linear layers (``--quantization fp8``), and the
+fp8 KV-cache helpers (``--kv-cache-dtype fp8``).
 
-Weights (``--quantization fp8``): each linear weight ``W [N, K]`` is stored as fp8 with one
-float32 scale per output channel, ``W ~= W8 * s[:, None]`` with ``s = max|W[n, :]| / 448``,
-so every row uses the whole e4m3 range. Activations are quantised the same way per token
-(row) on the fly. The product ``(x8 * sx) @ (W8 * sw).T = sx * (x8 @ W8.T) * sw.T`` is one
-``torch._scaled_mm`` with row-wise scales and bf16 output (on Hopper: CUTLASS's row-wise fp8
-GEMM); ``fp8_linear_reference`` computes the same thing by dequantising to float32 (the CPU
-path, and what tests compare the GPU GEMM with).
-
-KV cache (``--kv-cache-dtype fp8``): K and V are stored as fp8 with scale 1.0, i.e. the value
-itself, saturated at +-448 (see ``to_fp8_saturated``). This is what vLLM does without
-calibrated scales; e4m3 keeps 3 mantissa bits for |x| in [2^-6, 448] and the K/V of a decoder
-layer stay far inside that range (``benchmark/gpu/fp8_check.py`` reports their maximum).
-
-``quantise_decoder_linears_`` swaps the ``nn.Linear`` modules of every decoder layer for
-``Fp8Linear`` in place (the bf16 weights are freed), so the model's own forward and
-a program's fused forward (built after it) both run on the fp8 weights. Embedding and LM head stay in the model's
-dtype. Quantise after the model is on its device and in its dtype: ``Module.to(dtype)``
-afterwards would cast the fp8 buffers too.
+Scales, kernels and why scale 1.0 suffices for the KV cache: docs/orpheus.md, "fp8 option".
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
-"""Decode rows and fresh whole prompts in one CUDA graph: one pass over the weights per step.
+"""Decode rows and fresh whole prompts in one CUDA graph: one pass over the weights per step
+(``--mixed-graphs on``).
 
-A step that carries prompts otherwise replays a decode graph and then a packed prefill graph,
-and each replay reads all the weights and launches every layer's kernels again: on the H200 a
-second with 1.3-1.9 prompts per step ran 12.5-14 ms steps against 9.4 ms for 384-row steps
-without prompts (docs/performance_history.md, run 11). Here the prompts' tokens follow the decode rows
-through every GEMM of one forward; only attention is split (``MixedAttention``): the decode
-rows' paged attention (FlashInfer, as in ``DecodeGraphs``), then the packed prompts' causal
-attention over their own tokens (``GraphPrefillAttention``). Each prompt's last token is
-sampled with the decode rows, in one sampler call.
-
-Graphs are captured per (decode bucket, prompt-token bucket), every one with room for
-``max_prompts`` prompt rows (padding rows are sampled and dropped); fewer decode rows than the
-smallest bucket are padded up to it (a 64-row pass costs less than a second pass over the
-weights). Steps outside them (more decode rows than the largest bucket, more prompt tokens,
-chunked prompts) keep the two replays.
+Buckets, the split attention and the measurements behind it: docs/orpheus.md, "Mixed graphs".
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Model runner: turns a ``ScheduledBatch`` into tensors, runs the program's model, samples.
 
-It owns the device buffers: the paged KV cache and the attention backend (plain torch here;
-FlashInfer and CUDA graphs plug in through ``attention_backend_factory`` and the subclass in
-``engine.llm.cuda_graphs``). The program's token head (``engine.llm.token_head``) samples and
-keeps its per-slot state. ``execute`` has exactly one host synchronisation: reading the
-sampled tokens at the end.
+It owns the device buffers (paged KV cache, attention backend; FlashInfer and CUDA graphs plug
+in through ``attention_backend_factory`` and ``engine.llm.cuda_graphs``); ``execute`` has
+exactly one host synchronisation, reading the sampled tokens.
 """
 
 from __future__ import annotations

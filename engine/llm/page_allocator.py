@@ -1,12 +1,8 @@
-"""Pure-Python page allocator for the paged KV cache.
+"""Pure-Python page allocator for the paged KV cache: hands out ids of ``num_pages`` pages of
+``page_size`` tokens and never touches tensors.
 
-The KV cache is a pool of ``num_pages`` fixed-size pages (``page_size`` tokens each). The
-allocator only hands out page ids; it never touches tensors, so it is testable without a GPU.
-
-Invariants (pinned by property tests):
-- a page id is handed out at most once until it is deallocated;
-- ``deallocate`` of a page that is not in use raises ``ValueError`` (a double free is a bug);
-- ``can_allocate(n)`` is true exactly when ``allocate(n)`` would succeed.
+Pinned by property tests: a page is handed out at most once until freed, a double free raises
+``ValueError``, and ``can_allocate(n)`` is true exactly when ``allocate(n)`` would succeed.
 """
 
 from __future__ import annotations

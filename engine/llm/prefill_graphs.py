@@ -1,16 +1,8 @@
 """CUDA graphs for the prefill of fresh sequences (the first-audio critical path).
 
-A new stream's first step is the prefill of its whole prompt. Eagerly, 28 layers of small
-launches from Python cost 30-45 ms per step, ten times the GPU work, and stall every running
-stream for that step. Here the step (forward, head, sampling) is captured per (token bucket,
-row bucket): up to ``R`` fresh prompts are packed one after the other into ``T`` tokens, padded
-at the end. Attention is SDPA over the new tokens with a block-diagonal causal mask built on
-the device from each token's sequence index (a fresh sequence has no cached context, so it only
-sees its own earlier tokens); padding tokens form one more block of their own, so no real token
-sees them. K/V are written to the paged cache as usual; padding tokens write to the scratch page.
-
-Steps that do not fit (a chunked or continued prefill, more prompts or tokens than the largest
-buckets) run eagerly with FlashInfer; the scheduler avoids making them (``SchedulerConfig``).
+Up to ``R`` whole prompts packed into ``T`` tokens per (token bucket, row bucket) graph, with
+a block-diagonal causal mask; other prefills run eagerly (docs/architecture.md,
+"The LM runtime"; docs/orpheus.md, "Prefill").
 """
 
 from __future__ import annotations

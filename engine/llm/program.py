@@ -1,9 +1,8 @@
 """The program contract: what the model-agnostic LM runtime asks of a model.
 
-A program (``models/<name>/program.py``) turns text into prompt ids, says how generated tokens
-become audio, and owns whatever state a sequence needs for that. It never sees jobs, streams or
-batches of requests: the backend hands it one sequence's state per row. The runtime
-(``engine.llm``) never looks inside a model; ``docs/adding_a_model.md`` explains the hooks.
+A program (``models/<name>/program.py``) turns text into prompt ids and tokens into audio, one
+sequence's state per row; it never sees jobs or streams. ``docs/adding_a_model.md`` explains
+the hooks.
 """
 
 from __future__ import annotations

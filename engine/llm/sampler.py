@@ -1,17 +1,8 @@
-"""Batch-invariant sampling on device tensors.
+"""Batch-invariant sampling on device tensors, capturable in a CUDA graph.
 
-Each row is sampled from its own logits with its own temperature, top-p, top-k, repetition
-penalty and random stream (``salt`` gives a row a second stream in the same step, e.g. for the
-next codebook of a frame). The randomness is Gumbel-max with noise from a counter-based integer hash of
-(seed, step, vocab index), computed with int64 torch ops: no ``torch.Generator`` is shared
-across rows, so a row's sample does not depend on which rows share its batch or on their order.
-Every op is elementwise or per-row (sort, cumsum, argmax), so there is no host sync and the
-whole sampler can be captured in a CUDA graph.
-
-Repetition penalty (CTRL / HF / vLLM formula: positive logits divided by the penalty, negative
-ones multiplied) applies to the tokens this sequence has *generated* (``seen``), not to its
-prompt. For a head restricted to audio ids this is the same as penalising prompt + output, as
-vLLM does, because the prompt's text ids lie outside the vocabulary the head samples.
+Each row samples with its own temperature, top-p, top-k, repetition penalty and random stream,
+so a row's sample does not depend on what shares its batch (docs/architecture.md,
+"The LM runtime").
 """
 
 from __future__ import annotations

@@ -1,63 +1,8 @@
 """Continuous-batching scheduler: moves sequences between queues; holds no tensors.
 
-Policy (written down because callers depend on it):
-- Admission reserves every page a sequence can ever need (prompt + max_tokens) when it moves
-  from waiting to running, so a running sequence never runs out of KV cache and nothing is
-  ever preempted: no out-of-memory crash by construction. The price is capacity held for
-  tokens that may never be generated (a stream that stops early frees its pages then).
-  A sequence with ``reserve_tokens`` (a turn fed text while it speaks, whose length nobody
-  knows) reserves that many and takes a page more whenever its next token needs one; when none
-  is free it skips the step (``num_page_waits``). Admitting such a sequence leaves one free page
-  for every running one that grows, so each can take its next page.
-- A paused sequence (``pause``: its program has no input for the next position yet) keeps its
-  pages and slot and takes no rows until ``resume``; with only paused sequences running there
-  is no work.
-- Waiting jobs are admitted earliest deadline first (``set_deadline``: the engine core's time by
-  which a job's audio is needed, so a new stream's first segment, due in 150 ms, goes before a
-  segment generated ahead for a stream with seconds of audio buffered), ties and jobs without a
-  deadline first-come first-served; deadlines are absolute times, so nothing starves. Admission
-  happens while a batch slot and enough pages are free. ``add`` refuses a job with a retryable
-  ``capacity`` error when ``max_waiting`` jobs already wait.
-- A prompt of ``max_model_len`` tokens or more is refused (``too_long``, not retryable): the
-  engine core's segmenter must split text before it gets here. If prompt + max_tokens exceeds
-  ``max_model_len``, ``max_tokens`` is capped to fit (the job still ends normally, at the cap).
-- Every step, each running sequence with exactly one uncomputed token (a decode) is scheduled
-  first; the remaining token budget goes to prefill chunks, earliest deadline first. Decodes are
-  never skipped for a prefill, so running streams never stall behind a long prompt. With
-  ``whole_prompts`` a prompt that would fit a step on its own is never split: it waits for the
-  next step instead (so the step stays replayable from a CUDA graph); ``max_num_prefill_seqs``
-  caps the prefill rows of a step and ``max_num_prefill_tokens`` their tokens (what one packed
-  prefill graph holds: a step with fewer decode rows has more of the token budget left, and
-  prompts beyond the graph's size would make it an eager step).
-- ``max_num_decode_seqs`` (0 = off) caps the decode rows: beyond it the running sequences with
-  the earliest deadlines decode and the rest skip the step, keeping their pages. A stream's
-  segment generated ahead has a later deadline than the segment being spoken, so when the GPU
-  is full the spoken segments keep real time and the ones ahead use what is left; a skipped
-  sequence's deadline does not move while the others' do, so it is not starved.
-- ``decode_horizon_s`` (0 = off) decodes only what is needed soon: a running sequence whose
-  deadline is more than this beyond now (a stream with that much audio buffered, or a segment
-  generated ahead of one) skips the step, unless fewer than ``decode_fill_seqs`` rows would
-  decode (a small batch costs little more than one row, so those rows are filled with the next
-  deadlines). Fewer rows make a shorter step, so the sequences that need audio now (a new
-  stream's first frames, a buffer running low) get it sooner; as a stream's buffer drains, its
-  deadline comes within the horizon and it decodes again. At least one row always decodes, and
-  a job with no deadline (a caller that sets none) decodes every step.
-- ``prefill_wait_s`` (0 = off) lets fresh prompts wait for company when the GPU is busy: a
-  prompt is prefilled in its own pass over the weights (a packed prefill graph), and reading
-  the weights is the bulk of a step's cost whatever the prompt's length (2.4 ms of the 4.5 ms
-  a 64-row decode step took on an H200); at 256 streams a prompt was prefilled, mostly alone,
-  in about half of the steps. While a step has at least ``decode_fill_seqs`` decode rows, its fresh prompts wait
-  until ``prefill_batch_seqs`` of them are ready, or one that is due (within the decode horizon)
-  has waited ``prefill_wait_s``; then every waiting prompt that fits goes, earliest deadline
-  first, so segments generated ahead ride along with the next new stream's prompt. A prompt
-  never waits longer than that once due, nor at all in a lightly loaded step (first audio of a
-  lone stream is not delayed), nor when a chunked prompt is under way.
-- ``hold_undue_prompts`` (off by default: not measured on a GPU) keeps the prompts that are
-  not due within the decode horizon out of a step with at least ``decode_fill_seqs`` decode
-  rows, riders included: in a burst of starts each new stream brings two prompts, its first
-  segment's and the one generated ahead, and on the H200 steps with about three prompts were
-  the slowest of a 3 s ramp (docs/performance_history.md, run 17). The segment ahead is prefilled once
-  its stream's head has ended and it is due, or when a step has room again.
+Its policy (admission with every page reserved, earliest deadline first, decodes before
+prefill, the decode cap and horizon, prompts waiting for company) is what callers depend on:
+docs/orpheus.md, "How the engine schedules".
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A program's per-slot streaming codec, run for it: one frame per row, all rows in one call.
 
-Programs whose codec keeps state per batch slot (``reset(slots)``, ``step(slots [N], codes [N, C])
--> audio [N, S]``, ``scratch_slot`` for padding rows) hand it to ``SlotCodec``, which resets the
-slots that start, decodes a step's frames in one batched call (a CUDA graph per batch bucket
-once captured), on a CUDA stream of its own so that it overlaps the next LM step, and copies the
-audio to pinned host memory; ``collect()`` gives each row's float32 samples.
+``SlotCodec`` resets starting slots, decodes a step's frames in one batched call (a CUDA graph
+per batch bucket) on its own CUDA stream, overlapping the next LM step, and ``collect()``
+gives each row's float32 samples.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """The last stage of a step: hidden states of the sampled rows -> the tokens of the next position.
 
-A program hands the runner a *token head* (``TokenHead``); the runner calls it inside the
-captured decode and prefill graphs and in eager steps, with the rows' sampling inputs
-(``RowInputs``). A head may sample one token per row (``SingleTokenHead``: a logits head, an
-optional column subset and per-position masks, a repetition penalty on the row's own tokens) or
-a whole frame of several codebooks (a depth transformer or code predictor run inside the step:
-``num_columns`` > 1, tokens ``[B, C]``). Heads keep their per-sequence device state in rows
-indexed by ``RowInputs.rows`` (the batch slot; row ``max_num_seqs`` is the padding rows'), and
-forget a row's state in ``reset`` when a new sequence takes its slot.
-
-Everything a head does in ``sample`` must be capturable in a CUDA graph: no host syncs, shapes
-fixed by the batch size, randomness only through the batch-invariant ``Sampler``.
+A program's ``TokenHead`` samples one token per row (``SingleTokenHead``) or a frame of several
+codebooks, inside the captured step; its contract is in docs/adding_a_model.md, "The token head".
 """
 
 from __future__ import annotations

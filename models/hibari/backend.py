@@ -1,16 +1,8 @@
 """The embedded CPU voice: ``hibari-tts`` behind the Backend contract (``engine.backend``).
 
-hibari runs about 100x real time on one core and ships its "heart" voice inside its wheel, so
-the server speaks on any machine with no download. Other hibari voices are offered only when
-their model file is already in hibari's cache (this backend never downloads).
-
-Scheduling: one sentence per step, from the job whose audio is due first (``set_deadline``,
-kept current by the engine core: a playing stream about to run dry before a new stream's first
-audio before segments generated ahead), then first in, first out. A job's text is split into hibari's sentences
-(G2P on its first step); each ``step`` synthesises ONE sentence of the chosen job, so a step lasts
-tens of milliseconds at most, and returns that sentence's audio cut into chunks of at most
-``chunk_ms``. The last chunk of a job's last sentence carries ``is_finished``. Nothing is held
-back between steps, so ``abort_job`` only has queued work to drop.
+Each ``step`` synthesises one sentence of the job whose audio is due first and returns it in
+chunks of at most ``chunk_ms``; voices, speed and scheduling: docs/architecture.md,
+"The embedded CPU voice".
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """Loading the Kyutai TTS program for the runtime (``--model kyutai-tts``, ``kyutai/tts-...``).
 
-Program settings (``LoadContext.setting``; keywords of ``build_lm_backend``):
-- ``kyutai_n_q``: codebooks generated and decoded (default: the config's, 24 as Kyutai's
-  server; 8..32 trade quality for speed);
-- ``voice_dir``: a folder of voice embeddings; default: the checkpoint folder's ``voices/`` if
-  it has one, else the hub snapshot of ``kyutai/tts-voices`` (this checkpoint's files only, from
-  the cache or downloaded), as Kyutai's server does; with ``--load-format dummy`` and no folder,
-  four random voices ``random-0..3``;
-- ``voice_bank_size``: voices whose cross-attention keys/values are held at once (default 8);
-- ``codec_dtype``: Mimi's dtype ("auto": bfloat16 on CUDA, float32 on the CPU).
+Its settings (``kyutai_n_q``, ``voice_dir``, ``voice_bank_size``, ``codec_dtype``; read with
+``LoadContext.setting``) are in docs/models/kyutai_tts.md, "Serving".
 """
 
 from __future__ import annotations

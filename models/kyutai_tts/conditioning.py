@@ -1,20 +1,6 @@
-"""Speaker and CFG conditioning (moshi's ``condition_provider`` + ``fuser``), and the voice bank.
-
-Two conditions reach the temporal transformer, both fixed for a whole turn:
-
-- a *sum* vector added to every frame's input: ``control("ok") + cfg(value)``, each a look-up
-  table entry through a linear projection (a missing value, e.g. ``cfg=None``, gives the
-  conditioner's ``learnt_padding``). The 1.6B model is CFG-distilled: the cfg value is a
-  condition, not a second batch row.
-- a *cross-attention source* of ``max_speakers * voice_frames`` (5 x 125) positions: the voice
-  embeddings (``speaker_wavs`` [1, 512, 125] files) projected to the model width, unused
-  speaker rows replaced by ``learnt_padding``, plus a sinusoidal position embedding.
-
-Every layer attends to that source through its own keys and values, which depend on the voice
-only: ``VoiceBank`` computes them once per voice, for all layers, into rows of a fixed-capacity
-bank ``[layers, capacity, positions, heads, head_dim]``. A sequence's slot names its bank row
-(``voice_row[slot]``), so the step reads per-slot state through one index and keeps static
-shapes; the program loads a voice into a row outside the step.
+"""Speaker and CFG conditioning (moshi's ``condition_provider`` + ``fuser``), and ``VoiceBank``:
+each voice's cross-attention keys/values computed once, in rows of a fixed-capacity bank
+(docs/models/kyutai_tts.md, "Conditioning").
 """
 
 from __future__ import annotations

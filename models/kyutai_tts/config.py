@@ -1,27 +1,6 @@
-"""Kyutai TTS configuration: the checkpoint's ``config.json`` as validated dataclasses.
-
-A checkpoint folder (``kyutai/tts-1.6b-en_fr``) holds ``config.json`` (moshi's LM keyword
-arguments plus ``conditioners``, ``fuser``, ``tts_config``, ``model_id``, ``lm_gen_config`` and
-the names of the weight, codec and tokenizer files), the LM weights
-(``dsm_tts_1e68beda@240.safetensors``), the Mimi codec
-(``tokenizer-e351c8d8-checkpoint125.safetensors``) and a SentencePiece model
-(``tokenizer_spm_8k_en_fr_audio.model``).
-
-``TTS_1_6B_EN_FR`` is that ``config.json`` for ``--load-format dummy`` (no hub access here).
-Where each number comes from: the file's values as checked field by field in a public
-inspection tool for this exact release (revision f65439609986c392cb12df63938abcc550c3fb15: 418
-tensors, 410 bf16 + 8 float32), cross-checked with a public Rust port's test of the same
-config and a C++ port's annotated config struct (all agree): a 16-layer x 2048 temporal
-transformer (16 heads, SiLU gating at 4.125, RMSNorm in float32, RoPE, a causal window of 500
-frames, cross-attention to the speaker), a 4-layer x 1024 depth transformer with per-codebook
-weights shared by the schedule ``0..7, 8 x 8, 9 x 8, 10 x 8`` (11 weight sets) and rank-128
-embeddings, 32 codebooks with acoustic delay 2 (``delays = [0, 0] + [2] * 31``; index 0 is the
-text stream), a text vocabulary of 8,000 with a second (look-ahead) text stream multiplexed in,
-audio 1.28 s (16 frames) behind text, look-ahead 2 words. The state-machine numbers
-(``initial_padding=2``, ``max_padding=8``, ``final_padding=4``, ``padding_between=1``) and the
-sampling defaults (temperature 0.6, top-k 25 text / 250 audio) are moshi 0.2.13's
-``TTSModel`` / ``LMGen`` defaults; ``n_q=24`` and ``cfg 2.0`` are Kyutai's published server
-config (``configs/config-tts.toml``).
+"""Kyutai TTS configuration: the checkpoint's ``config.json`` as validated dataclasses, and
+``TTS_1_6B_EN_FR`` for ``--load-format dummy`` (where its numbers come from:
+docs/models/kyutai_tts.md, "Checkpoint and config").
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""The depth transformer and ``decode_frame``: all the codebooks of one frame inside one step.
-
-The depth transformer runs over the codebooks of a frame (position ``k`` = codebook ``k``): its
-input at ``k`` is ``depformer_in[s(k)](hidden)`` plus the embedding of the previous token (the
-machine's text output for ``k = 0``, codebook ``k - 1``'s sample after), with ``s`` the weight
-schedule (the 1.6B model shares 11 weight sets among 32 codebooks); each layer is pre-norm
-self-attention over the frame's earlier positions (no positional embedding) and a SiLU-gated
-FFN, both with the weights of ``s(k)``; ``linears[k]`` gives codebook ``k``'s logits.
-
-Static shapes only, so ``decode_frame`` can be captured in a CUDA graph: a dense K/V cache of
-``num_codebooks`` positions allocated per call, the codebook loop unrolled in Python, sampling
-through ``sample(logits, salt)`` (salt ``k + 1`` for codebook ``k``; salt 0 is the text's).
+"""The depth transformer and ``decode_frame``: all the codebooks of one frame inside one step,
+with static shapes so it is captured in a CUDA graph (docs/models/kyutai_tts.md,
+"Depth transformer").
 """
 
 from __future__ import annotations

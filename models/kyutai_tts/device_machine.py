@@ -1,22 +1,6 @@
-"""The state machine of ``models.kyutai_tts.machine`` on the device, for a batch of slots.
-
-The depth transformer's first input is the machine's output for the frame being generated, so
-the machine has to run inside the step, between the text sample and the depth transformer. Its
-state lives in per-slot tensors (``max_slots + 1`` rows; the last one takes padding rows):
-
-- counters: ``remaining`` / ``forced`` padding, ``next_entry``, the word being fed (``q_word``,
-  ``q_off`` .. ``q_len``), the look-ahead read point (``la_word``, ``la_off``) and end
-  (``la_limit``: words appended so far), ``words_popped``, ``ended`` and ``end_step``;
-- rings the host fills, entry ``e`` at ``e % ENTRIES`` and word ``w`` (the w-th entry that has
-  tokens) at ``w % WORDS``: ``entry_word`` (its word index, -1 for a pause), ``entry_pad``,
-  ``word_tok`` [.., WORD_TOKENS], ``word_len``; ``num_entries`` / ``num_words``: the totals once
-  the text has ended, ``UNBOUNDED`` before (the host never lets a row pop an entry it has not
-  written: ``HostMachine.ready_to_run``).
-
-The look-ahead stream of the reference is a queue extended by the tokens of word ``k + 2`` when
-word ``k`` is popped; it therefore always reads words 2, 3, 4, ... in order, which is what the
-read point and ``la_limit = min(k + 3, num_words)`` express without a queue. ``step`` is
-elementwise per row (gathers and ``torch.where``): no host sync, static shapes.
+"""The state machine of ``models.kyutai_tts.machine`` on the device, for a batch of slots: it runs
+inside the step, between the text sample and the depth transformer, elementwise per row over
+per-slot tensors (docs/models/kyutai_tts.md, "The state machine").
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """``KyutaiHead``: the runtime's token head for Kyutai TTS (one whole frame per row, in the step).
 
-Per row, inside the captured step (``engine.llm.token_head``): the text-stream logits of the
-temporal hidden state are sampled (salt 0; top-k ``top_k_text``), the device state machine turns
-the sample into the next text input (``DeviceMachine.step``), the depth transformer samples the
-frame's ``n_q`` codebooks from that input (salts 1..n_q; top-k ``top_k_audio``), codebooks not yet
-due are forced to -1 (codebook k is silent before frame ``delay_steps + delays[1 + k]``, as
-moshi's ``TTSModel.generate`` zeroes them), and the frame is written to the slot's
-``frame_in`` for the next step's embedding.
-
-A row's tokens (``num_columns = 2 + n_q``): ``[sampled text token, or STOP; the machine's
-text output; codebook 0 .. n_q - 1 as generated at this frame]``. Codebook 0 of frame t comes
-at step t, the acoustic codebooks (delay 2) at step t + 2: the program undelays them. STOP
-replaces the sampled token once the text ended ``delay_steps + final_padding`` frames ago (the
-reference's last frame is the one before).
+A row's tokens are ``[sampled text token or STOP, the machine's text output, codebooks 0 ..
+n_q - 1 as generated at this step]``; acoustic codebooks come two steps after codebook 0 and
+the program undelays them (docs/models/kyutai_tts.md, "The head").
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Building blocks of Kyutai's LM, numerically as moshi 0.2.13 computes them (names as its keys).
-
-- ``RMSNorm``: ``alpha`` [1, 1, D], computed in float32 with eps 1e-8 (moshi's ``rms_norm_f32``).
-- ``Gating``: SiLU-gated FFN, ``linear_in`` [2H, D] (gate half first), ``linear_out`` [D, H], with
-  moshi's hidden width ``2 * dim_feedforward // 3`` (or ``21 * D // 8`` when dim_ff is 4 D).
-- ``ScaledEmbedding``: ids -> vectors where id -1 embeds to exactly 0 (moshi's "zero" token),
-  optionally low-rank (a table of rank r, then ``low_rank`` r -> D).
-- ``DemuxEmbedding``: the text stream's embedding: an id ``(second + 1) * N + first`` is two
-  tokens, ``out1(E[first]) + out2(E[second])`` (``second == -1``: no second token). Its
-  ``low_rank`` projection exists in the checkpoint but moshi never applies it on this path.
+"""Building blocks of Kyutai's LM (``RMSNorm``, ``Gating``, ``ScaledEmbedding``,
+``DemuxEmbedding``), numerically as moshi 0.2.13 computes them, names as its keys
+(docs/models/kyutai_tts.md, "Layers").
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """Kyutai TTS's temporal transformer over the runtime's paged attention, gpt-fast style.
 
-Parameter names are moshi's ``LMModel`` keys (``emb.<k>``, ``text_emb``, ``transformer.layers.<i>``,
-``out_norm``, ``text_linear``, ``depformer*``, ``linears.<k>``, ``condition_provider.*``), so
-``KyutaiLM`` loads with ``load_state_dict(assign=True)`` onto a model built on the meta device.
-
-One position per frame. Its input is the sum of 32 audio-codebook embeddings, the text-stream
-embedding (the multiplexed text + look-ahead token) and the turn's sum condition; a layer is
-pre-norm self-attention (RoPE with interleaved pairs, a causal window of ``context`` frames:
-the runtime's ``attn`` must apply it), cross-attention to the voice (LayerNorm, no mask, no
-RoPE), then a SiLU-gated FFN; ``out_norm`` gives the hidden state the token head samples from.
-
-What each frame reads, as moshi's ``LMGen`` feeds it (``delays = [0, 0, 2, ..., 2]``, index 0
-the text): at position ``p``, stream ``k`` takes the initial token (text ``text_card``, audio
-``card``) while ``p <= delays[k]``, else what was generated for it at ``p - 1``, which the token
-head keeps per slot in ``slots.frame_in`` (-1, the zero embedding, for audio not generated yet
-or forced silent, and for codebooks beyond the ones generated). So the row's input id carries
-nothing: ``forward`` reads the slot's state through ``token_rows``.
+One position per frame; the row's input id carries nothing: ``forward`` reads the slot's
+previous frame through ``token_rows`` (docs/models/kyutai_tts.md, "Temporal transformer").
 """
 
 from __future__ import annotations

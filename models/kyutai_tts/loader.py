@@ -1,18 +1,6 @@
-"""Load Kyutai TTS (LM + depth transformer + conditioners, Mimi, SentencePiece), or random weights.
-
-A checkpoint folder in the layout of ``kyutai/tts-1.6b-en_fr``: ``config.json`` (see
-``models.kyutai_tts.config``) naming the LM weights (``moshi_name``), the Mimi checkpoint
-(``mimi_name``) and the tokenizer (``tokenizer_name``). The LM's keys are moshi's; its
-attentions may be stored in moshi's legacy layout (``in_proj_weight``, and one stacked
-``in_proj_weight`` / ``out_proj.weight`` per depth-transformer layer for its 11 weight sets:
-the published file has 418 tensors for the 498 of the unstacked layout), which loads here too.
-Weights are cast to ``dtype`` except the conditioners, kept in float32 as moshi keeps them.
-
-Voices are ``.safetensors`` files with one tensor ``speaker_wavs`` [1, 512, 125]
-(``kyutai/tts-voices``, named ``<voice>.<sig>@<epoch>.safetensors`` for this checkpoint).
-
-``load_format="dummy"`` builds a preset (or a folder's config.json) with random weights and
-reads no weight file; without a tokenizer file the text goes through ``HashTokenizer``.
+"""Load Kyutai TTS (LM + depth transformer + conditioners, Mimi, SentencePiece) and its voices
+from a checkpoint folder or the hub, or random weights (``load_format="dummy"``); both of
+moshi's attention layouts load (docs/models/kyutai_tts.md, "Checkpoint and config").
 """
 
 from __future__ import annotations

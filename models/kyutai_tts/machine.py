@@ -1,23 +1,8 @@
 """The word-feeding state machine of Kyutai TTS, on the host (moshi 0.2.13's ``tts.StateMachine``).
 
-Each frame the model samples one text-stream token; only two mean something: ``NEW_WORD`` (0,
-"the next frame starts a word": the machine pops the next entry and feeds its tokens, one per
-frame) and ``PAD`` (3); anything else counts as PAD. The machine overrides the model when it
-must: PAD while a word's tokens are still being fed or while ``forced_padding`` lasts (the first
-``initial_padding`` frames, then ``padding`` frames after each entry), NEW_WORD once
-``remaining_padding`` (``max_padding`` after each word) is spent. Its output is the next frame's
-text input: with a look-ahead stream (``second_stream_ahead = 2``) two tokens multiplexed as
-``(second + 1) * card + first``: ``first`` the current word's next token (or PAD), ``second``
-NEW_WORD on a word frame, else the next token of the words two entries ahead (or -1: none).
-Popping past the last entry sets ``end_step``; generation runs ``delay_steps + final_padding``
-frames more.
-
-``HostMachine`` is that logic over a list of entries that may still grow (input streaming),
-plus what the reference does not need: ``ready_to_run(n)`` says whether the next ``n`` frames
-can run without popping an entry whose look-ahead has not arrived (it branches over both
-possible samples of each frame). Running then gives exactly the tokens the whole text gives at
-once, whenever the text arrives. The device runs the same machine inside the step
-(``models.kyutai_tts.device_machine``); the host replays it from the sampled tokens.
+``HostMachine`` runs it over entries that may still grow and replays the device's machine from
+the sampled tokens; ``ready_to_run(n)`` says when a row may run without changing its tokens
+(docs/models/kyutai_tts.md, "The state machine" and "Pauses").
 """
 
 from __future__ import annotations

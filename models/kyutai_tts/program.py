@@ -1,29 +1,8 @@
 """The Kyutai TTS program: words fed as the model asks for them, a frame of codebooks per step,
 Mimi decoded once per frame per stream.
 
-What the runtime sees (``engine.llm.program``):
-- a turn is one sequence (``input_streaming``): text arrives through ``push_text`` and becomes
-  entries (``text.EntryStream``: a word once whitespace follows it); the prompt is one position
-  (the initial tokens), built once the turn has its first entry;
-- the model decides when it takes the next word (the text stream's NEW_WORD), inside the step:
-  the token head (``head.KyutaiHead``) runs the state machine on the device and the depth
-  transformer from its output. The host replays the machine from the sampled tokens
-  (``machine.HostMachine``) one or two steps behind, writes each slot's next entries to the
-  device (``DeviceMachine.write``), and pauses a sequence (``next_input`` -> None) when one of
-  the frames that may run before it hears back could pop a word whose look-ahead word (two
-  entries on) has not arrived: a pause never changes the tokens;
-- the row's input id carries nothing (``next_input`` returns 0): the forward embeds the slot's
-  previous frame (``lm.SlotInputs.frame_in``), the turn's cfg condition (``cond_sum``) and
-  attends to its voice (``voice_row`` -> ``conditioning.VoiceBank``), all per-slot state set in
-  ``bind_slot``;
-- tokens are ``[B, 2 + n_q]`` (see ``head``); ``STOP`` ends the sequence ``delay_steps +
-  final_padding`` frames after the text ran out (the reference's stop rule);
-- audio: codebook 0 of frame t comes at step t, the others at t + 2; the program assembles
-  frame t at step t + 2 and decodes it with ``MimiDecodeStream`` (all streams of a step in one
-  call, a CUDA graph per batch bucket on the GPU, on the codec's own CUDA stream). Frames
-  before ``delay_steps`` are silence by construction and not decoded; frames ``delay_steps``
-  and ``delay_steps + 1`` are decoded and their samples dropped, as the reference drops them.
-  Mimi is causal (``delay_samples == 0``): nothing is left at the end.
+How a turn runs (entries, pauses, delays, stop, audio): docs/models/kyutai_tts.md,
+"How a turn runs".
 """
 
 from __future__ import annotations

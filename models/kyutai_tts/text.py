@@ -1,17 +1,6 @@
-"""Text -> entries (words, pauses) as moshi 0.2.13's ``script_to_entries`` makes them, whole or streamed.
-
-A turn's text is cleaned (``’`` -> ``'``, ``:`` -> space, parentheses dropped), split on
-whitespace and ``<break time="1.5s"/>`` tags; each word becomes an entry of its SentencePiece
-tokens (the turn's first word starting with the main-speaker token 1 on multi-speaker models)
-with ``padding = max(0, padding_between + len(tokens) - 1)`` forced pad frames after it; a
-break becomes a token-less entry of ``round(seconds * 12.5)`` pad frames.
-
-``EntryStream`` does the same for text that arrives in pieces: it releases a word once
-whitespace (or a break) follows it, and the rest at ``flush`` / ``end``; the entries are exactly
-those of the whole text. Deviations from the reference, on purpose: a word longer than
-``max_word_tokens`` tokens is split into several entries (the device machine feeds words of at
-most that many tokens), never dropped; a word made only of characters the tokenizer does not
-know (another script) is refused with ``ValueError`` (that stream fails alone).
+"""Text -> entries (words, pauses) as moshi 0.2.13's ``script_to_entries`` makes them, whole or
+streamed (``EntryStream``); the cleaning and the deviations (long words split, unknown scripts
+refused): docs/models/kyutai_tts.md, "How a turn runs".
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""SNAC 24 kHz decoding: whole sequences, batched fixed-size windows, and streaming.
+"""SNAC 24 kHz decoding: whole sequences, batched fixed-size windows (``decode_windows``, with
+per-row validity masks and position-keyed noise), and the window-based ``StreamingDecoder``.
 
-``SnacDecoder`` runs the ``snac`` package's own modules (quantizer ``from_codes`` and the
-decoder's layers, weight norm folded into plain weights) with two additions:
-
-- *Validity masks.* ``decode_windows`` takes windows of a fixed number of frames ``W`` (one
-  shape, so a CUDA graph can be captured per batch size) and, per row, the range of frames that
-  are real. Activations outside that range are zeroed before every convolution that mixes time
-  steps, which is exactly the zero padding the decoder sees at the edges of a shorter input: a
-  window whose real frames are ``[a, b)`` decodes those samples as if only those frames existed.
-- *Position-keyed noise.* SNAC's decoder blocks add ``randn * linear(x)``. Fresh noise on every
-  call would make a window's audio differ from the whole sequence's and from other runs. With
-  ``noise="fixed"`` (default) the noise at absolute output position ``p`` of each block is a
-  fixed seeded table entry ``p mod period``, so overlapping windows, batches and whole-sequence
-  decodes all see the same noise. ``noise="random"`` reproduces the package call for call
-  (same ``torch.randn`` draws), ``noise="none"`` drops it.
-
-``StreamingDecoder``: see its docstring for the window/lookahead choice and the latency.
+Why the masks and the noise, and the window/lookahead choice: docs/orpheus.md, "Codec and
+streaming".
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """A CUDA-graph ``decode_fn`` for ``OrpheusProgram``: batched SNAC window decodes replayed.
 
-``OrpheusProgram(decode_fn=...)`` decodes, once per step, the windows of every stream that
-completed a frame. Eagerly the SNAC decoder is ~100 small convolutions and costs 4 ms even for
-one window; as a graph 0.8 ms (fp32, 6-frame windows, H200). Windows are padded to the next
-batch bucket (padding rows are fully masked) and batches beyond the largest bucket are split.
+Windows are padded to the next batch bucket (padding rows fully masked) and batches beyond the
+largest bucket are split; eager vs graph cost: docs/orpheus.md, "Codec and streaming".
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """``StreamingSnac.step`` replayed from CUDA graphs per batch bucket (eager on the CPU).
 
-Each engine step, every stream that completed a frame (or is flushing after its last one)
-contributes one row: (slot, 7 frame codes, end_frames). ``StreamingCodecGraphs.decode`` runs
-them all in one replay (or a few, beyond the largest bucket) and copies the audio to the host
-once. Padding rows of a bucket carry slot index 0 in the graph's inputs, which the captured
-function maps to the pool's scratch slot (inputs hold ``slot + 1``), and end_frames 0, so
-they are fully masked and touch no real stream's state.
+Each step, every stream that completed a frame (or is flushing) contributes one row, all decoded
+in one replay and copied to the host once; padding rows carry slot index 0 (inputs hold
+``slot + 1``), which maps to the pool's scratch slot, and are fully masked.
 """
 
 from __future__ import annotations

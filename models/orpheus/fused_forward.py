@@ -1,25 +1,7 @@
-"""A fused GPU forward for ``models.orpheus.llama.LlamaModel`` (same function, fewer kernels).
+"""A fused GPU forward for ``models.orpheus.llama.LlamaModel`` (same function, fewer kernels),
+over bf16 or fp8 (``engine.llm.fp8``) weights.
 
-The reference forward launches about 40 kernels per layer (RMSNorm alone is seven elementwise
-ops, RoPE ten); at decode batch sizes each costs more in launch and tail than in work, which
-made a captured Orpheus-3B decode step twice the weight-streaming time. Here, per layer:
-add+RMSNorm (one kernel), one QKV GEMM, RoPE (one kernel), the attention backend, the output
-GEMM, add+RMSNorm, one gate-up GEMM, SiLU-mul (one kernel), the down GEMM.
-
-The elementwise parts are ``torch.compile``d small functions (Inductor emits one Triton kernel
-each on the GPU); they are not CUDA-graphed by torch, so the engine's own decode graphs capture
-them. Weights are shared, not copied: the QKV and gate-up matrices are concatenated once and
-the model's ``q_proj``/``k_proj``/``v_proj``/``gate_proj``/``up_proj`` weights become views
-into them, so the model's own forward still works and memory does not grow.
-
-Numerics: the same ops in the same dtypes as the reference, except that fused kernels keep
-intermediates in float32 (SiLU-mul, the RMSNorm reduction order); the GPU check compares both.
-
-fp8 weights (``engine.llm.fp8``): when the model's decoder linears are ``Fp8Linear``
-(``quantise_decoder_linears_``), the fused QKV / gate-up weights are concatenations of the fp8
-weights and their per-channel scales (exact: the scales are per output row), the modules again
-hold views, and each GEMM is ``fp8_gemm`` on activations quantised per token inside the fused
-norm / SiLU-mul kernels (one more small kernel for the attention output).
+The kernels per layer, weight sharing and numerics: docs/orpheus.md, "Fused forward".
 """
 
 from __future__ import annotations

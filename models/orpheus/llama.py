@@ -1,13 +1,8 @@
 """Llama-3 decoder (Orpheus backbone), gpt-fast style, attention delegated to the engine.
 
-Parameter names equal the keys of transformers' ``LlamaForCausalLM`` state dict, so a
-safetensors checkpoint loads with ``load_state_dict(..., assign=True)`` onto a model built on
-the meta device. ``lm_head.weight`` exists only when embeddings are not tied.
-
-The batch is ragged and flattened: ``forward`` takes the tokens of all sequences of a step as
-one dimension ``T`` (no padding) with their absolute ``positions``. Each layer hands its
-rotated q and its k, v to ``attn(layer_idx, q, k, v)``; the attention backend owns the KV
-cache (paged or not), the causal mask and the softmax scale ``head_dim ** -0.5``.
+Parameter names equal ``LlamaForCausalLM``'s state-dict keys (``lm_head.weight`` only when
+embeddings are not tied); ``forward`` takes a step's tokens flattened, with no padding
+(docs/orpheus.md, "Model interface").
 """
 
 from __future__ import annotations

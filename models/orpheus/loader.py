@@ -1,14 +1,6 @@
-"""Load Orpheus (Llama backbone + tokenizer) and the SNAC codec from disk, the hub, or nothing.
-
-Sources, in order: a local directory in Hugging Face layout; a hub id (``owner/name``) that is
-already in the local hub cache; a hub id downloaded with ``huggingface_hub.snapshot_download``
-(tqdm progress bar) when online. Anything missing raises ``FileNotFoundError`` (local) or
-``RuntimeError`` (hub) naming the missing files and how to fix it.
-
-``load_format="dummy"`` builds the model from a known config with random weights and reads
-no weight files (for benchmarks, as vLLM does). Its tokenizer is the directory's when there is
-one, else ``PieceTokenizer``: a documented stand-in that maps text to ids deterministically,
-with about the prompt lengths of Llama 3's tokenizer (the cost of a prompt grows with them).
+"""Load Orpheus (Llama backbone + tokenizer) and the SNAC codec from a local directory, the hub,
+or nothing (``load_format="dummy"``: random weights, ``PieceTokenizer`` when there is no
+tokenizer); sources and errors: docs/orpheus.md, "Loading".
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Measure how streaming SNAC windows deviate from whole-sequence decoding (random weights).
+"""Measure how streaming SNAC windows deviate from whole-sequence decoding (random weights);
+the figures in docs/orpheus.md, "Window and lookahead", come from it.
 
-``python -m models.orpheus.measure_streaming [--frames 16] [--seeds 2]`` prints, for several
-right lookaheads and left contexts (in samples), the max abs difference between a window's
-samples and the same samples of the whole-sequence decode, and the receptive field found by
-perturbing one frame. The figures in docs/orpheus.md come from this script.
+``python -m models.orpheus.measure_streaming [--frames 16] [--seeds 2]``
 """
 
 from __future__ import annotations

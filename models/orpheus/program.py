@@ -1,23 +1,8 @@
 """The Orpheus program: what turns text into Orpheus prompt ids and its tokens into SNAC audio.
 
-A program never sees jobs, streams or batches of requests: the backend hands it one sequence's
-state per row (``engine.llm.program``). ``OrpheusProgram``: Orpheus prompt, the head restricted to the
-audio ids + stop, each audio position constrained to its codebook's ids, and audio tokens ->
-SNAC codes -> a per-sequence ``StreamingDecoder``.
-
-Codec batching seam: ``postprocess`` (and ``finish``) collect the decode window of every row
-that completed a frame this step and decode them in one call to ``decode_fn`` (default
-``models.orpheus.codec.decode_requests``: one batched SNAC call); a GPU build passes a
-``decode_fn`` that runs the batch in a CUDA graph.
-
-Stateful codec (``stream_codec``, an ``models.orpheus.codec_stream_graphs.StreamingCodecGraphs``):
-each frame of each stream then runs through the SNAC decoder once, all streams' frames of a
-step in one batched call, instead of re-decoding a 6-frame window per frame (six times the
-work). The window decoder still serves each segment's first frames while its fast-start ramp
-is ahead of the stateful decoder's fixed delay (``delay_samples``, 4,757 samples: frames 1-4
-with the defaults); from the frame where the stateful output reaches further, it takes over
-and the window decoder is dropped. A stream holds a codec slot from its first frame until its
-tail is flushed at ``finish`` (or ``release``, when it is aborted).
+``OrpheusProgram`` restricts the head to each position's codebook ids + stop, and decodes a
+step's completed frames in one batched call (``decode_fn``, or the stateful ``stream_codec``
+after a segment's fast-start frames): docs/orpheus.md, "Codec".
 """
 
 from __future__ import annotations

@@ -1,31 +1,8 @@
 """Stateful streaming SNAC 24 kHz decoding: each frame runs through the decoder once.
 
-``StreamingSnac`` keeps, per stream slot, the left context every temporal convolution needs,
-so a call decodes one new frame per row (4 latent steps -> 2048 samples) batched across
-streams, with fixed shapes (one CUDA graph per batch size). The audio equals the
-whole-sequence ``SnacDecoder.decode`` (noise="fixed") up to float rounding, delayed by
-``delay_samples``.
-
-How each layer streams (positions are absolute, at the layer's own rate):
-
-- *'same' convolution* (kernel k, dilation d, span E = (k-1)d + 1, odd k): the state holds the
-  last E - 1 inputs; on n new inputs the convolution runs WITHOUT padding over
-  [state, new] and gives n outputs, ``pad = (E-1)//2`` positions behind the inputs.
-- *ConvTranspose1d* (kernel 2s, stride s, padding p): a raw output depends on two adjacent
-  inputs, so the state is the previous input; the raw transposed convolution (padding 0) of
-  [prev, new] has (n+2)s outputs of which the middle ns have both inputs present. Their true
-  positions are shifted by -p: the delay at the new rate is ``d_in * s + p``.
-- *Residual adds*: the skip path goes through a delay line of ``pad`` steps.
-- *Edges*: the whole decode zero-pads every convolution at [0, N); streaming zeroes each
-  temporal convolution's input outside [0, N) (N = the true length at that rate, infinite while
-  the stream is open), starting from zero state. Outputs at negative positions are garbage,
-  masked before the next temporal convolution and never emitted.
-- *Noise*: ``noise_table_i[pos % period]`` at each block's output positions, as
-  ``SnacDecoder._add_noise`` keys it.
-
-A slot's frame counter ``c`` lives on the device; a step returns the samples at positions
-``[c * 2048 - D, (c + 1) * 2048 - D)``. ``StreamCursor`` is the host-side bookkeeping: which of
-those samples to emit and how many flush steps a finished stream still needs.
+``StreamingSnac`` keeps each slot's convolution state and decodes one frame per row, batched,
+equal to ``SnacDecoder.decode`` delayed by ``delay_samples``; ``StreamCursor`` is the host's
+bookkeeping. How each layer streams: docs/codec_streaming.md.
 """
 
 from __future__ import annotations

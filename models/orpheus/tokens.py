@@ -1,14 +1,6 @@
-"""Orpheus audio token ids <-> SNAC codes.
-
-The k-th generated audio token (k counted from the first token after the prompt) carries the
-code ``id - AUDIO_BASE - 4096 * (k mod 7)``. Seven consecutive tokens form one frame (2048
-samples at 24 kHz); by position in the frame they feed SNAC's three codebooks:
-codebook 0 <- position 0; codebook 1 <- positions 1, 4; codebook 2 <- positions 2, 3, 5, 6.
-
-Invalid tokens: ``tokens_to_codes`` raises ``ValueError`` naming the first bad index (a strict
-decoder for whole sequences). The streaming side uses ``token_to_code``, which returns ``None``
-for an id outside the slot's range so that the caller can decide (the LM backend restricts
-sampling to ``audio_token_ids()`` and the slot's valid ids, so this does not happen there).
+"""Orpheus audio token ids <-> SNAC codes (7 tokens a frame; docs/orpheus.md,
+"Audio tokens -> codes"). ``tokens_to_codes`` raises ``ValueError`` naming a bad token;
+``token_to_code`` returns ``None`` for one.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """The code predictor (``talker.code_predictor.*``) and ``decode_frame``: one frame's 16 codes.
 
-Static shapes only, so the whole of ``decode_frame`` can run inside a captured CUDA graph: no
-``.item()``, no branch on tensor values, a dense KV cache of fixed length ``num_code_groups``
-allocated per call, the 15 steps unrolled in Python (a fixed count).
-
-How the reference builds a frame (``Qwen3TTSTalkerForConditionalGeneration.forward`` and the code
-predictor's ``generate``): codebook 0 comes from the talker's ``codec_head`` on the talker's
-final hidden state, with the codec ids ``[vocab - 1024, vocab)`` suppressed except
-``codec_eos`` (and eos itself suppressed for the first ``min_new_tokens = 2`` frames). The code
-predictor then runs over positions 0..15 with plain RoPE: position 0 is the talker hidden
-state, position 1 the talker's embedding of code 0, position k >= 2 the code predictor's
-embedding table k-2 of code k-1 (each input through ``small_to_mtp_projection`` when the widths
-differ); ``lm_head[k-1]`` on position k's output gives code k.
+Static shapes only, so all of ``decode_frame`` runs inside a captured CUDA graph; how the
+reference builds a frame: docs/models/qwen3_tts.md, "Code predictor".
 """
 
 from __future__ import annotations

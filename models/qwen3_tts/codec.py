@@ -1,26 +1,8 @@
 """The 12 Hz speech-tokenizer decoder: whole-sequence ``Codec.forward`` and a stateful
 ``CodecStream`` that decodes each frame exactly once (1,920 samples a frame at 24 kHz).
 
-Parameter names are the keys of ``speech_tokenizer/model.safetensors`` under ``decoder.`` (the
-Mimi encoder's ``encoder.*`` keys are not used). The pipeline, as the reference builds it:
-
-    codes [B, T, 16] -> split RVQ (1 semantic + 15 acoustic codebooks, summed, 1x1 projections)
-    -> causal conv k=3 -> transformer (8 layers, sliding window 72, RoPE on frame positions)
-    -> 2 x (transposed conv k=s=2, causal ConvNeXt) -> causal conv k=7
-    -> 4 x (SnakeBeta, transposed conv k=2r s=r, 3 residual units of causal dilated convs)
-    -> SnakeBeta, causal conv k=7 -> clamp to [-1, 1]
-
-Every part is causal: causal convolutions pad only on the left, each transposed convolution
-(kernel 2r, stride r, the last r outputs trimmed) mixes an input with the one before it only, and
-attention looks back over at most 72 frames. So frame t's 1,920 samples depend on frames <= t
-alone: a prefix decodes to a prefix of the whole decode, the streaming decoder needs no
-look-ahead (``CodecStream.delay_samples == 0``) and nothing to flush.
-
-``CodecStream`` keeps, per slot, exactly what the next frame needs: the left context of every
-causal convolution, the previous input of every overlapping transposed convolution, a ring of
-the last ``window`` keys/values of every transformer layer and the slot's frame position. All
-state lives in tensors allocated for ``max_slots + 1`` slots (the last one is a scratch slot for
-padding rows) and indexed by slot, so ``step`` has static shapes per batch size.
+The codec is causal, so streaming needs no look-ahead and nothing to flush; the pipeline and
+the per-slot state: docs/models/qwen3_tts.md, "Codec".
 """
 
 from __future__ import annotations

@@ -1,28 +1,6 @@
-"""Qwen3-TTS (12 Hz) configuration: validated dataclasses parsed from the checkpoint layout.
-
-A checkpoint folder holds ``config.json`` (``model_type: qwen3_tts``: the talker with its code
-predictor, the speaker encoder of Base checkpoints, the special text ids) and
-``speech_tokenizer/config.json`` (``qwen3_tts_tokenizer_12hz``: the codec; only its
-``decoder_config`` matters here, the encoder is a Mimi model we do not run).
-
-Presets (``PRESETS``) are the known configs of the released checkpoints, for
-``--load-format dummy``. Where each number comes from:
-
-- the talker / code predictor geometry of 1.7B (28 x 2048, intermediate 6144, 16 heads, 8 KV
-  heads, head_dim 128, rope_theta 1e6, mrope sections [24, 20, 20] interleaved; predictor 5 x 1024,
-  intermediate 3072) and the codec decoder (hidden 512, head_dim 64, 16 heads, 8 layers,
-  window 72, latent 1024, codebook_dim 512, decoder_dim 1536): vox-serve's
-  ``Qwen3TTSConfig`` / ``Qwen3TTSTokenizerV2DecoderConfig`` dataclasses, which mirror the
-  published ``config.json`` files (the qwen-tts package's own class defaults are placeholders:
-  codec ids 4196.., 20 talker layers);
-- 0.6B (28 x 1024, intermediate 3072; the predictor as in 1.7B, so no projection between them):
-  published 0.6B configs quoted by several public ports;
-- speaker and language codec ids: the ``spk_id`` / ``codec_language_id`` / ``spk_is_dialect``
-  maps of the CustomVoice ``config.json`` as quoted by several public ports (all agree);
-- special text ids (151643..151673): the qwen-tts ``Qwen3TTSConfig`` defaults;
-- the speaker encoder (ECAPA: channels [512]*4 + [1536], 128 mel bins, 24 kHz): the qwen-tts
-  ``Qwen3TTSSpeakerEncoderConfig`` defaults, with ``enc_dim`` equal to the talker width (the
-  x-vector replaces a codec embedding).
+"""Qwen3-TTS (12 Hz) configuration: validated dataclasses parsed from the checkpoint layout
+(``config.json`` and ``speech_tokenizer/config.json``), and ``PRESETS`` of the released
+checkpoints for ``--load-format dummy`` (their sources: docs/models/qwen3_tts.md).
 """
 
 from __future__ import annotations

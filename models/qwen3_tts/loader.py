@@ -1,18 +1,6 @@
-"""Load Qwen3-TTS (talker + code predictor, speaker encoder, codec decoder, tokenizer).
-
-A checkpoint folder in the Hugging Face layout::
-
-    config.json  model.safetensors (or shards + model.safetensors.index.json)
-    tokenizer.json, or vocab.json + merges.txt + tokenizer_config.json
-    speech_tokenizer/config.json  speech_tokenizer/model.safetensors
-
-``load_format="dummy"`` builds from a preset (``config.PRESETS``) or a folder's config.json with
-random weights and reads no weight file (benchmarks). Its codec is made audible on purpose:
-codebooks filled with random vectors (zero codebooks decode every code to silence) and the
-convolutions given PyTorch's default init (the checkpoint-style normal(0, 0.02) init shrinks a
-deep conv decoder's output to ~1e-7).
-
-A hub id is fetched with ``huggingface_hub.snapshot_download`` (``models.orpheus.loader.resolve_dir``).
+"""Load Qwen3-TTS (talker + code predictor, speaker encoder, codec decoder, tokenizer) from a
+checkpoint folder, a hub id, or a preset with random weights (``load_format="dummy"``, its codec
+made audible); the folder layout: docs/models/qwen3_tts.md, "Checkpoint layout".
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """The Qwen3-TTS program: text streamed into the talker's dual track, 16 codebooks a frame, the
 12 Hz codec decoded once per frame per stream.
 
-What the runtime sees (``engine.llm.program``):
-- a turn is one sequence (``input_streaming``): text arrives through ``push_text``; the prompt is
-  built once the first text token is final (``prompt_ids``); each decode row's input is the next
-  text-track token (``next_input``: the text, then ``tts_eos`` after the turn's end, then
-  ``tts_pad``), packed with ``LAST_FRAME`` so the embedding adds the previous frame's 16 codes
-  from the per-slot state; a row whose text has not arrived pauses the sequence;
-- the token head (``Qwen3Head``) samples a whole frame inside the step: codebook 0 from the
-  talker's codec head (specials suppressed, eos banned for the first frames, the repetition
-  penalty over the row's own code-0 ids), codebooks 1-15 from the code predictor; tokens are
-  ``[B, 16]`` and eos on codebook 0 stops;
-- per-slot device state (``Qwen3Slots``): the last frame's codes (written by the head, read by
-  the next step's embedding) and a cloned voice's x-vector (written in ``bind_slot``);
-- audio: each frame of each stream through ``CodecStream`` once (all streams of a step in one
-  call, a CUDA graph per batch bucket on the GPU, on the codec's own CUDA stream); the codec is
-  causal, so a frame's 1,920 samples go out at once and nothing is left at the end.
+How the runtime drives it (a turn as one sequence, ``next_input``, ``Qwen3Head``,
+``Qwen3Slots``): docs/adding_a_model.md, "The worked example: Qwen3-TTS".
 """
 
 from __future__ import annotations

@@ -1,26 +1,7 @@
 """Text tokenization and prompt building for Qwen3-TTS, as the reference (qwen-tts 0.1.1) does it.
 
-The reference tokenizes ``<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n`` and
-takes ids ``[3:-5]`` as the text; the role ids are ``[0:3]``; an instruction is the whole of
-``<|im_start|>user\\n{instruct}<|im_end|>\\n``. Its prompt, position by position (``pack`` ids of
-``models.qwen3_tts.talker``: a text id and a codec id per position):
-
-    instruct ids ............................ text only (no codec term)
-    role ids (3) ............................ text only
-    tts_pad + think, think_bos, lang, think_eos   (no language / "auto": nothink, think_bos, think_eos)
-    tts_pad + speaker id  (or the x-vector; no row without a speaker)
-    tts_bos + codec_pad
-    dual track ("streaming", the served mode): text[0] + codec_bos
-        decode rows then carry text[1:], tts_eos, then tts_pad for ever
-    non-streaming: text[i] + codec_pad for every i, tts_eos + codec_pad, tts_pad + codec_bos
-        decode rows carry tts_pad
-
-A speaker with a dialect (``spk_is_dialect``) speaking Chinese or "auto" uses the dialect's
-language id. The reference drops ``instruct`` on 0.6B checkpoints.
-
-``TextStream`` turns text arriving in pieces into exactly the ids the whole text gets: it
-releases the tokens of every pre-token except the last one (which more text may still extend)
-and everything at ``end``.
+``build_prompt`` lays out the prompt position by position and ``TextStream`` turns text arriving
+in pieces into exactly the ids the whole text gets (docs/models/qwen3_tts.md, "Prompt").
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""Speaker encoder of Base checkpoints: an ECAPA-TDNN x-vector from a 128-bin log-mel at 24 kHz.
-
-The x-vector (width = the talker's) takes the place of a speaker's codec embedding in the
-prompt. Parameter names are the checkpoint's ``speaker_encoder.*`` keys.
-
-The mel is the reference's (``extract_speaker_embedding``): n_fft 1024, hop 256, Hann window
-1024, reflect padding of (n_fft - hop) / 2 each side, no centring, magnitude
-``sqrt(re^2 + im^2 + 1e-9)``, a Slaney-normalised Slaney-scale filterbank (librosa's
-``filters.mel`` default) over 0..12 kHz, ``log(clamp(mel, 1e-5))``. Everything is plain torch
-(``torch.stft``; the filterbank computed here in float64 as librosa does), no torchaudio.
+"""Speaker encoder of Base checkpoints: an ECAPA-TDNN x-vector from a 128-bin log-mel at 24 kHz,
+the reference's mel in plain torch (its parameters: docs/models/qwen3_tts.md, "Speaker encoder").
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """The Qwen3-TTS talker: a Qwen3 decoder over summed text + codec embeddings, gpt-fast style.
 
-Parameter names are the checkpoint's keys (``talker.model.layers.0.self_attn.q_proj.weight``...)
-so ``Qwen3TTSModel`` (the ``talker`` and, on Base checkpoints, the ``speaker_encoder``) loads
-with ``load_state_dict(..., assign=True)`` onto a model built on the meta device.
-
-The batch is ragged and flattened, as in ``models/orpheus/llama.py``: ``forward`` takes the
-input embeddings of every sequence of a step as one dimension ``T`` with their absolute
-``positions``; each layer hands its rotated q and its k, v to ``attn(layer, q, k, v)``, which owns
-the KV cache, the causal mask and the ``head_dim ** -0.5`` scale.
-
-RoPE: the reference uses Qwen's multimodal RoPE (three position streams over sections [24, 20,
-20] of the frequencies, interleaved). Its speech-only positions give all three streams the same
-value (``get_rope_index``: a cumulative sum of the attention mask, expanded three times), and then
-every section reads the same ``pos * inv_freq``: it is plain RoPE, which is what this file does.
-
-Inputs per position (``embed_prompt`` / ``embed_decode``): the text track
-``text_projection(text_embedding(text_id))`` plus the codec track: nothing, one codec embedding,
-a speaker x-vector in place of a codec embedding, or (decode rows) the 16 code embeddings of the
-previous frame summed (codebook 0 from the talker's table, 1..15 from the code predictor's).
-
-Prompt ids are packed into one int64 per position: ``pack(text_id, codec)`` =
-``text_id << 12 | codec`` where ``codec`` is a codec id (< 4094), ``NO_CODEC`` (4095: text only)
-or ``XVECTOR`` (4094: the row's x-vector from ``xvectors``).
+Checkpoint parameter names, a ragged flattened batch with attention delegated to the engine,
+plain RoPE, and prompt ids packed as ``text_id << 12 | codec`` (why and how:
+docs/models/qwen3_tts.md, "Talker").
 """
 
 from __future__ import annotations
