@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+
+def add_routes(router, gateway, executor):
+    pass

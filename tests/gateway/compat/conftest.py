@@ -1,0 +1,76 @@
+"""The real ``voxgate serve`` (hibari voice, an API key) shared by the vendor-protocol tests,
+and helpers to decode and score what the vendors' clients receive."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+
+import av
+import numpy as np
+import pytest
+
+from benchmark.asr import transcribe, word_error_rate
+from tests.conftest import VoxgateServer, start_server
+
+API_KEY = "compat-test-key"
+
+
+@pytest.fixture(scope="session")
+def compat_server() -> Iterator[VoxgateServer]:
+    """``voxgate serve`` with the embedded voice and ``--api-key``, for every protocol's tests."""
+    server = start_server("--api-key", API_KEY)
+    yield server
+    server.stop()
+
+
+def decode(data: bytes) -> tuple[np.ndarray, int]:
+    """A compressed or containered file (MP3, Ogg Opus, ADTS AAC, FLAC, WAV) as float32 mono
+    and its sample rate, decoded by FFmpeg."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        rate = stream.codec_context.sample_rate
+        parts = [frame.to_ndarray().astype(np.float32).reshape(-1)
+                 if frame.format.name == "flt" else
+                 _to_float(frame) for frame in container.decode(stream)]
+    return np.concatenate(parts), rate
+
+
+def _to_float(frame: av.AudioFrame) -> np.ndarray:
+    x = frame.to_ndarray()
+    if x.ndim == 2:
+        x = x[0]
+    if np.issubdtype(x.dtype, np.integer):
+        return x.astype(np.float32) / float(np.iinfo(x.dtype).max)
+    return x.astype(np.float32)
+
+
+def s16(data: bytes) -> np.ndarray:
+    """Raw little-endian 16-bit PCM as float32."""
+    return np.frombuffer(data, "<i2").astype(np.float32) / 32767.0
+
+
+def mulaw(data: bytes) -> np.ndarray:
+    """G.711 μ-law as float32 (decoded by FFmpeg)."""
+    return _g711(data, "pcm_mulaw")
+
+
+def alaw(data: bytes) -> np.ndarray:
+    """G.711 A-law as float32 (decoded by FFmpeg)."""
+    return _g711(data, "pcm_alaw")
+
+
+def _g711(data: bytes, codec: str) -> np.ndarray:
+    ctx = av.CodecContext.create(codec, "r")
+    ctx.sample_rate = 8000
+    ctx.layout = "mono"
+    packet = av.Packet(data)
+    return np.concatenate([_to_float(f) for f in ctx.decode(packet)] + [np.zeros(0, np.float32)])
+
+
+def assert_intelligible(audio: np.ndarray, rate: int, text: str, *, max_wer: float = 0.25) -> None:
+    """The audio says ``text`` (pocketsphinx word error rate at most ``max_wer``)."""
+    assert audio.size > rate // 2, f"only {audio.size} samples"
+    heard = transcribe(audio.astype(np.float32), rate)
+    wer = word_error_rate(text, heard)
+    assert wer <= max_wer, f"WER {wer:.2f}: heard {heard!r} for {text!r}"
