@@ -3,17 +3,17 @@ ElevenLabs' and Cartesia's WebSockets and Deepgram's ``/v1/speak``, each an adap
 native ``Session`` (docs/compat.md).
 
 ``add_to(app, gateway)`` registers their routes, an error middleware that answers refusals on
-OpenAI's path in OpenAI's form, and the encoder threads (shut down with the app).
+each vendor's paths in that vendor's form, and the encoder threads (shut down with the app).
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from aiohttp import web
 
-from gateway.compat import openai
+from gateway.compat import cartesia, deepgram, elevenlabs, openai
 
 if TYPE_CHECKING:
     from gateway.server import Gateway
@@ -31,24 +31,28 @@ def add_to(app: web.Application, gateway: Gateway) -> None:
         executor.shutdown(wait=False, cancel_futures=True)
 
     app.on_cleanup.append(shut_down)
-    app.middlewares.insert(0, _openai_errors)
+    app.middlewares.insert(0, _vendor_errors)
     speech = openai.SpeechRoute(gateway, executor)
     app.router.add_post(openai.PATH, speech.handle)
-    from gateway.compat import cartesia, deepgram, elevenlabs
-
     elevenlabs.add_routes(app.router, gateway, executor)
     cartesia.add_routes(app.router, gateway, executor)
     deepgram.add_routes(app.router, gateway, executor)
 
 
+def _rewriters() -> dict[str, Callable[[web.StreamResponse], web.StreamResponse]]:
+    return {openai.PATH: openai.rewrite_error, deepgram.PATH: deepgram.rewrite_error}
+
+
 @web.middleware
-async def _openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Refusals on OpenAI's path (API key, Origin, Host, admission, 404/405/413) in its form."""
-    if request.path != openai.PATH:
+async def _vendor_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Refusals on a vendor's paths (API key, Origin, Host, admission, 404/405/413) in its
+    form."""
+    rewrite = _rewriters().get(request.path)
+    if rewrite is None:
         return await handler(request)
     try:
         response = await handler(request)
     except web.HTTPException as exc:
-        return openai.rewrite_error(web.Response(status=exc.status, text=exc.text or exc.reason,
-                                                 headers=exc.headers))
-    return openai.rewrite_error(response)
+        return rewrite(web.Response(status=exc.status, text=exc.text or exc.reason,
+                                    headers=exc.headers))
+    return rewrite(response)

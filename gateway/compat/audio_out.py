@@ -32,6 +32,8 @@ _CODECS: dict[str, tuple[str, str | None]] = {
     "aac": ("aac", "adts"),
     "flac": ("flac", "flac"),
     "wav": ("pcm_s16le", "wav"),
+    "wav_mulaw": ("pcm_mulaw", "wav"),
+    "wav_alaw": ("pcm_alaw", "wav"),
 }
 ENCODINGS = ("pcm_s16le", "pcm_f32le", *_CODECS)
 _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
@@ -156,9 +158,9 @@ class AudioEncoder:
         return tail + self._flush_codec()
 
     def drain(self) -> bytes:
-        """For raw formats: the samples the resampler still holds, out now (a flush's audio is
-        then all sent); the resampler starts afresh. Compressed formats: ``b""``."""
-        if self._resampler is None or self._is_finished or self.fmt.encoding in _CODECS:
+        """For raw formats (PCM, G.711): the samples the resampler still holds, out now (a
+        flush's audio is then all sent); the resampler starts afresh. Containers: ``b""``."""
+        if self._resampler is None or self._is_finished or self._container is not None:
             return b""
         tail = self._out(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
         self._resampler = soxr.ResampleStream(self.input_rate, self.fmt.sample_rate, 1,

@@ -18,16 +18,18 @@ from collections import deque
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Callable
 
+from aiohttp import web
+
 from gateway import protocol as p
 from gateway.compat.audio_out import AudioEncoder
 from gateway.session import Session
-from gateway.ws_handler import Connection
+from gateway.ws_handler import Connection, serve_websocket
 
 if TYPE_CHECKING:
     from gateway.server import Gateway
 
 __all__ = ["CompatConnection", "StreamOut", "VoiceNames", "CompatError", "HTTP_STATUS",
-           "drive"]
+           "drive", "serve_adapter", "load_json", "speech_options"]
 
 log = logging.getLogger("voxgate.compat")
 
@@ -231,3 +233,59 @@ class CompatConnection(Connection):
 
     def on_closed(self) -> None:
         self.adapter.on_closed()
+
+
+async def serve_adapter(gateway: Gateway, request: web.Request,
+                        make_adapter: Callable[[CompatConnection], Any], *,
+                        refuse: Callable[[web.Response], web.StreamResponse],
+                        not_websocket: Callable[[], web.StreamResponse]) -> web.StreamResponse:
+    """Run one vendor WebSocket: ``make_adapter(conn)`` builds the adapter (``on_frame``,
+    ``on_native``, ``on_closed``) once the upgrade is done; the rest is the native runner's."""
+
+    def make(ws: web.WebSocketResponse, session: Session) -> Connection:
+        conn = CompatConnection(ws, session, gateway.config.max_outbox_bytes,
+                                on_close_requested=gateway.on_close_requested,
+                                on_overflow=gateway.on_slow_consumer)
+        conn.adapter = make_adapter(conn)
+        return conn
+
+    def on_frame(conn: Connection, data: bytes | str) -> None:
+        conn.adapter.on_frame(data)  # type: ignore[attr-defined]
+
+    return await serve_websocket(gateway, request, make_connection=make, on_frame=on_frame,
+                                 refuse=refuse, not_websocket=not_websocket)
+
+
+def load_json(data: bytes | str) -> dict[str, Any]:
+    """A client's JSON frame as a map; ``CompatError`` (``bad_message``) when it is not one."""
+    import json
+
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        raise CompatError("bad_message", "the frame is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise CompatError("bad_message", "the frame must be a JSON object")
+    return obj
+
+
+def speech_options(gateway: Gateway, *, speed: Any = None, field: str = "speed") -> dict[str, Any]:
+    """The native options for a vendor's speed setting, where the model declares ``speed``
+    (others are accepted and have no effect). Raises ``CompatError`` for a non-number."""
+    if speed is None:
+        return {}
+    if isinstance(speed, str):
+        try:
+            speed = float(speed)
+        except ValueError:
+            raise CompatError("invalid_option", f"'{field}' must be a number", field=field) from None
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.25 <= speed <= 4.0:
+        raise CompatError("invalid_option", f"'{field}' must be a number in [0.25, 4.0]",
+                          field=field)
+    hello = gateway.engine.hello
+    declared = hello.options if hello is not None else {}
+    if "speed" not in declared:
+        return {}
+    bounds = declared["speed"]
+    lo, hi = bounds.get("min", 0.25), bounds.get("max", 4.0)
+    return {"speed": min(max(float(speed), lo), hi)}

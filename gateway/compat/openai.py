@@ -11,20 +11,18 @@ body early (an SSE stream gets an ``error`` event first).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
-from collections import deque
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from gateway import protocol as p
-from gateway.compat.audio_out import AudioEncoder, OutputFormat
-from gateway.compat.base import HTTP_STATUS, CompatError, StreamOut, VoiceNames, drive
-from gateway.session import Session
+from gateway.compat.audio_out import OutputFormat
+from gateway.compat.base import HTTP_STATUS, CompatError, VoiceNames
+from gateway.compat.http_speech import Speech, speak
 
 if TYPE_CHECKING:
     from gateway.server import Gateway
@@ -43,7 +41,6 @@ _FORMATS = {  # response_format -> (encoding, content type)
     "pcm": ("pcm_s16le", "audio/pcm"),
 }
 _FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed", "stream_format")
-_STREAM = "speech"
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error",
           413: "invalid_request_error", 415: "invalid_request_error",
@@ -74,46 +71,6 @@ def rewrite_error(response: web.StreamResponse) -> web.StreamResponse:
     headers = {k: v for k, v in response.headers.items()
                if k in ("Retry-After", "WWW-Authenticate", "Allow")}
     return openai_error(response.status, message, code=code, headers=headers)
-
-
-class _Request:
-    """The gateway's view of one speech request (the duck type of a connection)."""
-
-    def __init__(self, session: Session, ip: str) -> None:
-        self.session = session
-        self.ip = ip
-        self.is_closing = False
-        self.cut_off: asyncio.TimerHandle | None = None
-        self.out: StreamOut | None = None
-        self.items: deque[tuple[dict[str, Any], bytes]] = deque()
-        self.wakeup = asyncio.Event()
-        self.transport: asyncio.BaseTransport | None = None
-
-    def push(self, msg: dict[str, Any]) -> None:
-        if self.is_closing and msg.get("type") != "error":
-            return
-        kind = msg.get("type")
-        if kind in ("audio", "done", "error") and self.out is not None and (
-                msg.get("stream") == _STREAM):
-            self.out.put(msg)
-        elif kind == "error":  # connection-wide (slow consumer, shutdown)
-            self._emit(msg, b"")
-
-    push_audio = push
-
-    def _emit(self, msg: dict[str, Any], data: bytes) -> None:
-        self.items.append((msg, data))
-        self.wakeup.set()
-
-    def request_close(self, code: int, reason: str) -> None:
-        if not self.is_closing:
-            self.is_closing = True
-            self._emit({"type": "error", "code": "server_shutdown" if code == 1001 else
-                        "slow_consumer", "message": reason or "closed"}, b"")
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
 
 
 class SpeechRoute:
@@ -199,67 +156,22 @@ class SpeechRoute:
 
     async def _speak(self, request: web.Request, text: str, voice: str | None, fmt: str,
                      is_sse: bool, options: dict[str, Any]) -> web.StreamResponse:
-        gw = self.gateway
-        ip = request.remote or ""
-        refusal = gw.admit(ip)
-        if refusal is not None:
-            return rewrite_error(refusal)
-        session = gw.new_session(ip)
-        conn = _Request(session, ip)
-        conn.transport = request.transport
-        hello = gw.engine.hello
+        hello = self.gateway.engine.hello
         rate = hello.sample_rate if hello is not None else 24000
         encoding, ctype = _FORMATS[fmt]
-        encoder = AudioEncoder(OutputFormat(encoding, 24000 if fmt == "pcm" else rate),
-                               input_rate=rate)
-        conn.out = StreamOut(encoder, conn._emit, executor=self.executor,
-                             max_pending_bytes=gw.config.max_outbox_bytes,
-                             on_overflow=lambda: gw.on_slow_consumer(conn))  # type: ignore[arg-type]
-        gw.add_connection(conn)  # type: ignore[arg-type]
-        response: web.StreamResponse | None = None
-        try:
-            drive(gw, conn, p.Start(stream=_STREAM, voice=voice, format=encoder.engine_format,
-                                    options=options))
-            drive(gw, conn, p.TextIn(stream=_STREAM, text=text))
-            drive(gw, conn, p.End(stream=_STREAM))
-            num_bytes = 0
-            while True:
-                await conn.wakeup.wait()
-                conn.wakeup.clear()
-                while conn.items:
-                    msg, data = conn.items.popleft()
-                    kind = msg.get("type")
-                    if kind == "error":
-                        if response is None:
-                            return _native_error(msg)
-                        if is_sse:
-                            await response.write(_sse({"type": "error", "error": {
-                                "message": msg.get("message"), "code": msg.get("code")}}))
-                        return response
-                    if data or (kind == "done" and response is None):
-                        if response is None:
-                            response = web.StreamResponse(headers={
-                                "Content-Type": "text/event-stream" if is_sse else ctype,
-                                "Cache-Control": "no-cache"})
-                            await response.prepare(request)
-                        if data:
-                            num_bytes += len(data)
-                            await response.write(_sse({"type": "speech.audio.delta", "audio":
-                                                       base64.b64encode(data).decode()})
-                                                 if is_sse else data)
-                    if kind == "done":
-                        if is_sse:
-                            await response.write(_sse({"type": "speech.audio.done", "usage": {
-                                "input_tokens": len(text.split()), "output_tokens": 0,
-                                "total_tokens": len(text.split())}}))
-                        await response.write_eof()
-                        return response
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise
-        finally:
-            if conn.out is not None:
-                conn.out.cancel()
-            gw.remove_connection(conn)  # type: ignore[arg-type]
+        words = len(text.split())
+        speech = Speech(text=text, voice=voice, options=options,
+                        fmt=OutputFormat(encoding, 24000 if fmt == "pcm" else rate),
+                        content_type="text/event-stream" if is_sse else ctype,
+                        error=_native_error, refuse=rewrite_error)
+        if is_sse:
+            speech.frame = lambda data: _sse({"type": "speech.audio.delta",
+                                              "audio": base64.b64encode(data).decode()})
+            speech.tail = lambda: _sse({"type": "speech.audio.done", "usage": {
+                "input_tokens": words, "output_tokens": 0, "total_tokens": words}})
+            speech.mid_error = lambda msg: _sse({"type": "error", "error": {
+                "message": msg.get("message"), "code": msg.get("code")}})
+        return await speak(self.gateway, request, self.executor, speech)
 
 
 def _sse(event: dict[str, Any]) -> bytes:
