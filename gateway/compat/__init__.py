@@ -40,7 +40,8 @@ def add_to(app: web.Application, gateway: Gateway) -> None:
 
 
 def _rewriters() -> dict[str, Callable[[web.StreamResponse], web.StreamResponse]]:
-    return {openai.PATH: openai.rewrite_error, deepgram.PATH: deepgram.rewrite_error}
+    return {openai.PATH: openai.rewrite_error, deepgram.PATH: deepgram.rewrite_error,
+            **{path: cartesia.rewrite_error for path in cartesia.PATHS}}
 
 
 @web.middleware

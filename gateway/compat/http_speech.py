@@ -45,8 +45,11 @@ class Speech:
     refuse: Callable[[web.Response], web.StreamResponse]
     options: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
-    frame: Callable[[bytes], bytes] = lambda data: data  # e.g. an SSE event around each chunk
-    tail: Callable[[], bytes] = lambda: b""  # written after the last audio (an SSE "done")
+    # what the body gets for one chunk (the native audio map, its encoded bytes, maybe empty:
+    # the resampler holds them): the bytes, or e.g. an SSE event around them
+    frame: Callable[[dict[str, Any], bytes], bytes] = lambda msg, data: data
+    # written after the last audio, given the encoder's tail (an SSE "done" event)
+    tail: Callable[[bytes], bytes] = lambda data: data
     mid_error: Callable[[dict[str, Any]], bytes] = lambda msg: b""  # an error after audio began
 
 
@@ -126,17 +129,18 @@ async def speak(gw: Gateway, request: web.Request, executor: Executor,
                     if tail:
                         await response.write(tail)
                     return response
-                if data or (kind == "done" and response is None):
+                body = speech.frame(msg, data) if kind == "audio" else b""
+                if body or (kind == "done" and response is None):
                     if response is None:
                         response = web.StreamResponse(headers={
                             "Content-Type": speech.content_type, "Cache-Control": "no-cache",
                             **speech.headers})
                         await response.prepare(request)
-                    if data:
-                        await response.write(speech.frame(data))
+                    if body:
+                        await response.write(body)
                 if kind == "done":
                     assert response is not None
-                    tail = speech.tail()
+                    tail = speech.tail(data)
                     if tail:
                         await response.write(tail)
                     await response.write_eof()

@@ -165,10 +165,12 @@ class SpeechRoute:
                         content_type="text/event-stream" if is_sse else ctype,
                         error=_native_error, refuse=rewrite_error)
         if is_sse:
-            speech.frame = lambda data: _sse({"type": "speech.audio.delta",
-                                              "audio": base64.b64encode(data).decode()})
-            speech.tail = lambda: _sse({"type": "speech.audio.done", "usage": {
-                "input_tokens": words, "output_tokens": 0, "total_tokens": words}})
+            speech.frame = lambda msg, data: _sse({
+                "type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}) \
+                if data else b""
+            speech.tail = lambda data: (speech.frame({}, data) if data else b"") + _sse({
+                "type": "speech.audio.done", "usage": {
+                    "input_tokens": words, "output_tokens": 0, "total_tokens": words}})
             speech.mid_error = lambda msg: _sse({"type": "error", "error": {
                 "message": msg.get("message"), "code": msg.get("code")}})
         return await speak(self.gateway, request, self.executor, speech)
