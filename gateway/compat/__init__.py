@@ -39,16 +39,24 @@ def add_to(app: web.Application, gateway: Gateway) -> None:
     deepgram.add_routes(app.router, gateway, executor)
 
 
-def _rewriters() -> dict[str, Callable[[web.StreamResponse], web.StreamResponse]]:
-    return {openai.PATH: openai.rewrite_error, deepgram.PATH: deepgram.rewrite_error,
-            **{path: cartesia.rewrite_error for path in cartesia.PATHS}}
+def _rewriter(path: str) -> Callable[[web.StreamResponse], web.StreamResponse] | None:
+    """The error form of the vendor whose path this is (``None``: not a vendor's)."""
+    if path == openai.PATH:
+        return openai.rewrite_error
+    if path == deepgram.PATH:
+        return deepgram.rewrite_error
+    if path in cartesia.PATHS:
+        return cartesia.rewrite_error
+    if path.startswith(elevenlabs.PREFIX):
+        return elevenlabs.rewrite_error
+    return None
 
 
 @web.middleware
 async def _vendor_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Refusals on a vendor's paths (API key, Origin, Host, admission, 404/405/413) in its
     form."""
-    rewrite = _rewriters().get(request.path)
+    rewrite = _rewriter(request.path)
     if rewrite is None:
         return await handler(request)
     try:

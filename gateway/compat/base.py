@@ -238,7 +238,8 @@ class CompatConnection(Connection):
 async def serve_adapter(gateway: Gateway, request: web.Request,
                         make_adapter: Callable[[CompatConnection], Any], *,
                         refuse: Callable[[web.Response], web.StreamResponse],
-                        not_websocket: Callable[[], web.StreamResponse]) -> web.StreamResponse:
+                        not_websocket: Callable[[], web.StreamResponse],
+                        idle_timeout_s: float | None = None) -> web.StreamResponse:
     """Run one vendor WebSocket: ``make_adapter(conn)`` builds the adapter (``on_frame``,
     ``on_native``, ``on_closed``) once the upgrade is done; the rest is the native runner's."""
 
@@ -253,7 +254,8 @@ async def serve_adapter(gateway: Gateway, request: web.Request,
         conn.adapter.on_frame(data)  # type: ignore[attr-defined]
 
     return await serve_websocket(gateway, request, make_connection=make, on_frame=on_frame,
-                                 refuse=refuse, not_websocket=not_websocket)
+                                 refuse=refuse, not_websocket=not_websocket,
+                                 idle_timeout_s=idle_timeout_s)
 
 
 def load_json(data: bytes | str) -> dict[str, Any]:

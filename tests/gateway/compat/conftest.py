@@ -3,12 +3,17 @@ and helpers to decode and score what the vendors' clients receive."""
 
 from __future__ import annotations
 
+import asyncio
 import io
+import ssl
+import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import av
 import numpy as np
 import pytest
+import trustme
 
 from benchmark.asr import transcribe, word_error_rate
 from tests.conftest import VoxgateServer, start_server
@@ -74,3 +79,55 @@ def assert_intelligible(audio: np.ndarray, rate: int, text: str, *, max_wer: flo
     heard = transcribe(audio.astype(np.float32), rate)
     wer = word_error_rate(text, heard)
     assert wer <= max_wer, f"WER {wer:.2f}: heard {heard!r} for {text!r}"
+
+
+@dataclass
+class TlsTerminator:
+    """A local TLS terminator (a self-signed certificate made here) in front of a plain server,
+    for clients that insist on https/wss; ``ca_file`` is the PEM a client trusts."""
+
+    port: int
+    ca_file: str
+
+
+@pytest.fixture(scope="session")
+def tls_terminator(compat_server: VoxgateServer, tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[TlsTerminator]:
+    """TLS on 127.0.0.1 (port 0) forwarding each connection to ``compat_server``."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    folder = tmp_path_factory.mktemp("tls")
+    ca_file = str(folder / "ca.pem")
+    ca.cert_pem.write_to_path(ca_file)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server_ctx)
+    loop = asyncio.new_event_loop()
+    ready: list[asyncio.AbstractServer] = []
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", compat_server.port)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def main() -> None:
+        ready.append(await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_ctx))
+
+    loop.run_until_complete(main())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield TlsTerminator(ready[0].sockets[0].getsockname()[1], ca_file)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=5)
