@@ -22,6 +22,8 @@
 # Needs the wheels in .whl/ (../shared/device/fetch-wheels.sh) and, to skip FlashInfer's JIT
 # compile, its kernel cache in .fi_cache/fi_cache.tgz (optional); .fi_cache/inductor.tgz likewise
 # holds torch.compile's cache (a stale one costs a recompile: 18 s for the first decode graph).
+# BENCH_ARGS: more `voxgate bench` options for the sweeps (e.g. "--overload 1.5,2": levels at
+# those multiples of the one level given, beyond capacity).
 # DMON: when nvidia-smi samples GPU utilisation (once a second): all (default), bench2 (only
 # during the second sweep) or off.
 # PYSPY_RECORD_S: with py-spy among the wheels, record the server's and the engine's stacks
@@ -101,7 +103,7 @@ sweep() {  # NAME LEVELS RAMP_S: one voxgate bench sweep into NAME.json.gz, NAME
   echo "== levels $2, first starts spread over $3 s"
   python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c "$2" --warmup 2 --duration ${DURATION_S:-15} \
     --ramp "$3" --option max_tokens="$max_tokens" --min-words 30 --max-words 50 --no-progress \
-    --json "$out/$1.json" 2>&1 | tail -30 | tee "$out/$1.txt"
+    ${BENCH_ARGS:-} --json "$out/$1.json" 2>&1 | tail -30 | tee "$out/$1.txt"
   python3 -m benchmark.timeline "$out/$1.json" > "$out/timeline_$1.txt" 2>&1  # second by second
   gzip -f "$out/$1.json"  # every stream's chunk times: too big to bring back uncompressed
 }

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.backend import BackendInfo, JobError, JobOutput
+from engine.backend import BackendInfo, JobError, JobOutput, OptionError
 from engine.llm.model_runner import LaunchedStep, ModelRunner
 from engine.llm.program import Program
 from engine.llm.scheduler import RequestError, ScheduledBatch, Scheduler
@@ -71,6 +71,14 @@ class LMBackend:
 
     def validate(self, voice: str | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         return self.program.validate(voice, options)
+
+    def prepare_voice(self, voice_ref: Any) -> str:
+        """A registered voice, made usable by the program (its encoding of the voice, computed once);
+        the core calls it only while ``info.supports_cloning`` is set."""
+        prepare = getattr(self.program, "prepare_voice", None)
+        if prepare is None:
+            raise OptionError("cloning_unsupported", f"model {self.info.model} cannot clone voices")
+        return prepare(voice_ref)
 
     def add_job(self, job_id: int, text: str, voice: str, options: dict[str, Any]) -> None:
         """Queue a job. With an input-streaming program, ``text`` is the turn's first text; more

@@ -529,6 +529,9 @@ class CudaGraphModelRunner(ModelRunner):
         independently, so splitting a step in two replays changes no token.
         """
         nd = batch.num_decode_seqs
+        fresh = [s.slot for s in batch.seqs[:nd] if s.num_computed_tokens == 0]
+        if fresh:  # one-token prompts are decode rows, and the decode graphs reset no state rows
+            self.head.reset(torch.tensor(fresh, dtype=torch.int64).to(self.device, non_blocking=True))
         if nd > 0 and len(batch.seqs) > nd and self.mixed_graphs is not None:
             tokens = self._execute_mixed(batch, feed)
             if tokens is not None:

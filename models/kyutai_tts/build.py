@@ -22,8 +22,6 @@ __all__ = ["KYUTAI_DEFAULTS", "build_kyutai_backend", "load"]
 
 # Not yet measured on a GPU: no decode cap (every running stream decodes each step).
 KYUTAI_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0)
-# Mimi's batches follow the decode rows' (every stream past its audio delay decodes a frame per step).
-CODEC_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, *range(96, 513, 32), *range(576, 2049, 64))
 DEFAULT_VOICE = "unmute-prod-website/default_voice.wav"  # Kyutai's server default (configs/config-tts.toml)
 
 
@@ -70,7 +68,7 @@ def load(ctx: LoadContext) -> ProgramModel:
                             voices=VoiceTable(lm, bank, voices), codec_stream=codec, model_name=ctx.model_id,
                             default_voice=DEFAULT_VOICE)
     if ctx.use_graphs:
-        program.make_codec_graphs([b for b in CODEC_BUCKETS if b <= ctx.max_num_seqs] or [ctx.max_num_seqs])
+        program.codec.capture(ctx.max_num_seqs, desc="mimi codec graphs")
     shape = _KVShape(lmc.num_layers, lmc.num_heads, lmc.num_heads, lmc.head_dim, lmc.text_card)
     return ProgramModel(program=program, model=lm, kv_shape=shape, head=head, uses_token_rows=True,
                         supports_mixed_graphs=False, defaults=KYUTAI_DEFAULTS)

@@ -28,22 +28,20 @@ What the runtime sees (``engine.llm.program``):
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from engine.backend import BackendInfo, JobError, OptionError
 from engine.llm.program import Collect
 from engine.llm.scheduler import RequestError
 from engine.llm.sequence import SamplingParams
+from engine.llm.slot_codec import SlotCodec
 from models.kyutai_tts.config import KyutaiTTSConfig
 from models.kyutai_tts.conditioning import VoiceBank
 from models.kyutai_tts.device_machine import DeviceMachine
@@ -147,12 +145,11 @@ class KyutaiProgram:
 
     def __init__(self, lm: KyutaiLM, config: KyutaiTTSConfig, tokenizer: Any, *, slots: SlotInputs,
                  machine: DeviceMachine, voices: VoiceTable, codec_stream: Any, model_name: str = "kyutai-tts",
-                 default_voice: str | None = None, codec_graphs: Any = None,
-                 seed_rng: random.Random | None = None) -> None:
+                 default_voice: str | None = None, seed_rng: random.Random | None = None) -> None:
         self.lm, self.config, self.tokenizer = lm, config, tokenizer
         self.slots, self.machine, self.voices = slots, machine, voices
-        self.codec_stream, self.codec_graphs = codec_stream, codec_graphs
         self.n_q = lm.num_active
+        self.codec = SlotCodec(codec_stream, num_codes=self.n_q, device=slots.frame_in.device)
         self.params = machine.params
         self.delay = config.delay_steps
         self.max_delay = config.max_delay
@@ -163,7 +160,6 @@ class KyutaiProgram:
         self.stop_ids = frozenset({STOP})
         self.vocab_ids = None
         self.allowed_table = None
-        self._cuda_stream = torch.cuda.Stream(slots.frame_in.device) if slots.frame_in.device.type == "cuda" else None
         self._sums: dict[str | None, Tensor] = {}
         self._totals = {"codec_frames": 0}
         names = voices.names()
@@ -307,14 +303,6 @@ class KyutaiProgram:
 
     # -- frames -> audio --------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _on_codec_stream(self) -> Iterator[None]:
-        if self._cuda_stream is None:
-            yield
-        else:
-            with torch.cuda.stream(self._cuda_stream):
-                yield
-
     def launch_postprocess(self, states: list[KyutaiState], tokens: list[Any]) -> Collect:
         """The host's replay of each row's text token; every frame now complete (frame t at step
         t + 2) through Mimi, one batched call; frames before the audio starts give no samples."""
@@ -342,7 +330,7 @@ class KyutaiProgram:
         if not rows:
             return lambda: [None] * len(states)
         self._totals["codec_frames"] += len(rows)
-        pcm = self._decode([states[i].slot for i, _ in rows], [f for _, f in rows], fresh)
+        pcm = self.codec.launch([states[i].slot for i, _ in rows], [f for _, f in rows], fresh)
 
         def collect() -> list[Any]:
             out: list[Any] = [None] * len(states)
@@ -353,48 +341,8 @@ class KyutaiProgram:
 
         return collect
 
-    def _decode(self, slots: list[int], frames: list[list[int]], fresh: list[int]) -> Any:
-        dev = self.slots.frame_in.device
-        with self._on_codec_stream():
-            if fresh:
-                self.codec_stream.reset(torch.tensor(fresh, dtype=torch.int64).to(dev, non_blocking=True))
-            s = torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True)
-            codes = torch.tensor(frames, dtype=torch.int64).to(dev, non_blocking=True)  # [N, n_q]
-            if self.codec_graphs is not None:
-                from engine.llm.host_copy import start_host_copy
-
-                waits = []
-                largest = self.codec_graphs.max_batch_size
-                for i in range(0, len(slots), largest):
-                    (out,) = self.codec_graphs.run(s[i:i + largest] + 1, codes[i:i + largest])
-                    waits.append(start_host_copy(out))
-                return lambda: [row.numpy() for wait in waits for row in wait()]
-            with torch.inference_mode():
-                out = self.codec_stream.step(s, codes).float().cpu()  # [N, 1920]
-        return lambda: [row.numpy() for row in out]
-
     def launch_finish(self, states: list[KyutaiState]) -> Collect:
         """Mimi is causal: a finished turn has no audio left. Its voice row is released."""
         for st in states:
             self.release(st)
         return lambda: [None] * len(states)
-
-    def make_codec_graphs(self, buckets: Any) -> Any:
-        """Capture the Mimi step per batch bucket (CUDA): inputs slot + 1 (0: padding, the
-        scratch slot) and the frame's codes."""
-        from engine.llm.cuda_graphs import BatchGraphs
-
-        stream = self.codec_stream
-        scratch = stream.scratch_slot
-
-        def step(slot1: Tensor, codes: Tensor) -> Tensor:
-            slots = torch.where(slot1 > 0, slot1 - 1, torch.full_like(slot1, scratch))
-            return stream.step(slots, codes).float()
-
-        graphs = BatchGraphs(step, [((), torch.int64), ((self.n_q,), torch.int64)], buckets=buckets,
-                             device=self.slots.frame_in.device)
-        graphs.capture(desc="mimi codec graphs")
-        self.codec_graphs = graphs
-        return graphs
-
-

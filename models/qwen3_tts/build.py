@@ -11,9 +11,6 @@ __all__ = ["QWEN3_DEFAULTS", "build_qwen3_backend", "load"]
 
 # Not yet measured on a GPU: no decode cap (every running stream decodes each step).
 QWEN3_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0)
-# The codec's batches: every stream decodes a frame per step (all decode rows), so its buckets
-# follow the decode rows'.
-CODEC_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, *range(96, 513, 32), *range(576, 2049, 64))
 
 
 def load(ctx: LoadContext) -> ProgramModel:
@@ -46,7 +43,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     program = Qwen3Program(talker, config, tokenizer, codec_stream, model_name=model_id, slots=slots,
                            speaker_encoder=loaded.model.speaker_encoder)
     if ctx.use_graphs:
-        program.make_codec_graphs([b for b in CODEC_BUCKETS if b <= ctx.max_num_seqs] or [ctx.max_num_seqs])
+        program.codec.capture(ctx.max_num_seqs, desc="qwen3 codec graphs")
     t = config.talker
     shape = _KVShape(t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.vocab_size)
     return ProgramModel(program=program, model=Qwen3Forward(talker, slots), kv_shape=shape,

@@ -20,12 +20,11 @@ What the runtime sees (``engine.llm.program``):
 
 from __future__ import annotations
 
-import contextlib
 import math
+from collections import OrderedDict
 import random
 import unicodedata
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +35,7 @@ from engine.backend import BackendInfo, OptionError
 from engine.llm.program import Collect
 from engine.llm.sampler import Sampler
 from engine.llm.sequence import SamplingParams
+from engine.llm.slot_codec import SlotCodec
 from engine.llm.token_head import RowInputs
 from models.qwen3_tts.code_predictor import MIN_FRAMES_BEFORE_EOS, code0_mask, decode_frame
 from models.qwen3_tts.config import Qwen3TTSConfig
@@ -48,6 +48,7 @@ __all__ = ["LAST_FRAME", "Qwen3Forward", "Qwen3Head", "Qwen3Program", "Qwen3Slot
 LAST_FRAME = XVECTOR - 1  # 4093: a decode row's codec track is its slot's previous frame
 SAMPLES_PER_FRAME = 1920  # 80 ms at 24 kHz
 FRAMES_PER_SECOND = 12.5
+MAX_VOICES = 256  # registered voices whose x-vectors an engine keeps
 # The reference's generation defaults (talker and code predictor alike).
 DEFAULT_OPTIONS: dict[str, Any] = {"temperature": 0.9, "top_p": 1.0, "top_k": 50, "repetition_penalty": 1.05,
                                    "max_tokens": 1500, "language": "auto", "instruct": None, "seed": None}
@@ -199,12 +200,11 @@ class Qwen3Program:
 
     def __init__(self, talker: Talker, config: Qwen3TTSConfig, tokenizer: Any, codec_stream: Any, *,
                  model_name: str = "qwen3-tts", slots: Qwen3Slots, speaker_encoder: Any = None,
-                 codec_graphs: Any = None, seed_rng: random.Random | None = None) -> None:
+                 seed_rng: random.Random | None = None) -> None:
         self.talker = talker
         self.config = config
         self.tokenizer = tokenizer if isinstance(tokenizer, TextTokenizer) else TextTokenizer(tokenizer)
-        self.codec_stream = codec_stream
-        self.codec_graphs = codec_graphs  # BatchGraphs of the codec step, or None (eager)
+        self.codec = SlotCodec(codec_stream, num_codes=config.talker.num_code_groups, device=slots.last_codes.device)
         self.slots = slots
         self.speaker_encoder = speaker_encoder
         self._seed_rng = seed_rng or random.Random()
@@ -216,6 +216,8 @@ class Qwen3Program:
         if dev.type == "cuda":
             self._cuda_stream = torch.cuda.Stream(dev)
         self._totals = {"codec_frames": 0}
+        # Registered voices prepared for this engine: id -> (sha256, x-vector [H]); an LRU.
+        self._voices: OrderedDict[str, tuple[str, Tensor]] = OrderedDict()
         voices = tuple(speakers(config))
         ranges: dict[str, Any] = {n: {"min": lo, "max": hi, "default": DEFAULT_OPTIONS[n]}
                                   for n, (lo, hi) in OPTION_RANGES.items()}
@@ -224,20 +226,46 @@ class Qwen3Program:
         if config.supports_instruct:
             ranges["instruct"] = {"type": "string", "default": None}
         self.info = BackendInfo(model=model_name, voices=voices, default_voice=voices[0] if voices else "",
+                                supports_cloning=config.can_clone and speaker_encoder is not None,
                                 sample_rate=24000, options=ranges, input_streaming=True,
                                 # a decode row samples a whole frame of 1,920 samples: 12.5 a second
                                 tokens_per_audio_second=24000 / SAMPLES_PER_FRAME)
 
     # -- jobs -------------------------------------------------------------------------------
 
+    def prepare_voice(self, voice_ref: Any) -> str:
+        """A registered voice (``engine.messages.VoiceRef``): its x-vector from the checkpoint's
+        speaker encoder, computed once per file (by sha256) and kept for the ``MAX_VOICES`` most
+        recently used; returns the name ``validate`` then takes."""
+        if self.speaker_encoder is None:
+            raise OptionError("cloning_unsupported", "this checkpoint cannot clone a voice (no speaker encoder: use a "
+                              "Base checkpoint, e.g. --model qwen3-tts-1.7b-base)")
+        name = voice_ref.voice_id
+        known = self._voices.get(name)
+        if known is not None and known[0] == voice_ref.sha256:
+            self._voices.move_to_end(name)
+            return name
+        from engine.voice_audio import read_voice
+
+        wav = read_voice(voice_ref, self.speaker_encoder.config.sample_rate)
+        with torch.inference_mode():
+            xvector = self.speaker_encoder.embed(torch.from_numpy(wav)).detach()  # [H]
+        self._voices[name] = (voice_ref.sha256, xvector)
+        while len(self._voices) > MAX_VOICES:
+            self._voices.popitem(last=False)
+        return name
+
     def validate(self, voice: str | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        if voice is not None and voice in self._voices:  # a registered voice, prepared
+            unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
+            if unknown:
+                raise OptionError("invalid_option", f"unknown option {unknown[0]!r}; options: "
+                                  f"{', '.join(DEFAULT_OPTIONS)}")
+            return voice, {**DEFAULT_OPTIONS, **{n: self._option(n, v) for n, v in options.items()}}
         served = self.info.voices
         if voice is None or voice == "":
-            if not served:
-                raise OptionError("unknown_voice", "this checkpoint has no built-in speakers: register a voice "
-                                  "(POST /v1/voices) and name it in start")
-            voice = self.info.default_voice
-        if voice.lower() not in served:
+            voice = self.info.default_voice  # (a Base checkpoint has none: no speaker row, as the reference allows)
+        if voice and voice.lower() not in served:
             raise OptionError("unknown_voice", f"unknown voice {voice!r}; voices: {', '.join(served) or 'none'}")
         unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
         if unknown:
@@ -287,8 +315,10 @@ class Qwen3Program:
 
     def new_state(self, voice: str, options: dict[str, Any]) -> Qwen3State:
         instruct = options.get("instruct")
+        cloned = self._voices.get(voice)
         return Qwen3State(
-            speaker=voice or None, language=options.get("language", "auto"),
+            speaker=None if cloned is not None else (voice or None), language=options.get("language", "auto"),
+            xvector=None if cloned is None else cloned[1],
             instruct_ids=self.tokenizer.instruct_ids(instruct) if instruct else None,
             stream=TextStream(self.tokenizer),
         )
@@ -348,64 +378,17 @@ class Qwen3Program:
 
     # -- frames -> audio --------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _on_codec_stream(self) -> Iterator[None]:
-        if self._cuda_stream is None:
-            yield
-        else:
-            with torch.cuda.stream(self._cuda_stream):
-                yield
-
     def launch_postprocess(self, states: list[Qwen3State], tokens: list[Any]) -> Collect:
         """Every row's frame through the streaming codec, one batched call."""
-        if not states:
-            return lambda: []
         fresh = [s.slot for s in states if s.num_frames == 0]
         for s in states:
             s.num_frames += 1
         self._totals["codec_frames"] += len(states)
-        dev = self.slots.last_codes.device
-        with self._on_codec_stream():
-            if fresh:
-                self.codec_stream.reset(torch.tensor(fresh, dtype=torch.int64).to(dev, non_blocking=True))
-            slots = torch.tensor([s.slot for s in states], dtype=torch.int64).to(dev, non_blocking=True)
-            codes = torch.tensor(tokens, dtype=torch.int64).to(dev, non_blocking=True)  # [N, 16]
-            if self.codec_graphs is not None:
-                from engine.llm.host_copy import start_host_copy
-
-                pcm: list[Tensor] = []
-                waits = []
-                largest = self.codec_graphs.max_batch_size
-                for i in range(0, len(states), largest):
-                    (out,) = self.codec_graphs.run(slots[i:i + largest] + 1, codes[i:i + largest])
-                    waits.append(start_host_copy(out))
-                return lambda: [row.numpy() for wait in waits for row in wait()]
-            with torch.inference_mode():
-                out = self.codec_stream.step(slots, codes).float().cpu()  # [N, 1920]
-        return lambda: [row.numpy() for row in out]
+        return self.codec.launch([s.slot for s in states], tokens, fresh)
 
     def launch_finish(self, states: list[Qwen3State]) -> Collect:
         """The codec is causal: a finished turn has no audio left."""
         return lambda: [None] * len(states)
-
-    def make_codec_graphs(self, buckets: Any) -> Any:
-        """Capture the codec step per batch bucket (CUDA): inputs slot + 1 (0: padding, the
-        scratch slot) and the frame's codes."""
-        from engine.llm.cuda_graphs import BatchGraphs
-
-        stream = self.codec_stream
-        scratch = stream.scratch_slot
-        g = self.config.talker.num_code_groups
-
-        def step(slot1: Tensor, codes: Tensor) -> Tensor:
-            slots = torch.where(slot1 > 0, slot1 - 1, torch.full_like(slot1, scratch))
-            return stream.step(slots, codes).float()
-
-        graphs = BatchGraphs(step, [((), torch.int64), ((g,), torch.int64)], buckets=buckets,
-                             device=self.slots.last_codes.device)
-        graphs.capture(desc="qwen3 codec graphs")
-        self.codec_graphs = graphs
-        return graphs
 
 
 def _check_script(text: str) -> None:

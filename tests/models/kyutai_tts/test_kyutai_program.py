@@ -268,6 +268,36 @@ def test_the_cuda_graph_path_gives_the_eager_tokens(async_steps: bool) -> None:
     assert runs[0] == runs[1]
 
 
+@pytest.mark.parametrize("async_steps", [False, True], ids=["sync", "async-steps"])
+def test_turns_reusing_a_slot_on_the_cuda_graph_path_give_the_eager_tokens(async_steps: bool) -> None:
+    """Turns one after another take the slot their predecessor left: the one-position prompt runs
+    as a decode row, and the graph path must still reset the slot's machine and frame first
+    (on the H200 every turn after the first went out of sync before it did)."""
+    from engine.llm.attention import torch_paged_attention_factory
+    from engine.llm.cuda_graphs import CudaGraphModelRunner
+    from tests.engine.llm.graph_emulation import emulate_replays
+
+    def factory(model, shape, **kw):  # noqa: ANN001, ANN003, ANN202
+        runner = CudaGraphModelRunner(model, shape, capture=False, prefill_buckets=(32,), max_model_len=512,
+                                      attention_backend_factory=torch_paged_attention_factory, **kw)
+        emulate_replays(runner, num_tokens=32)
+        return runner
+
+    texts = ["First in the slot.", "Second takes it over.", "Third one now."]
+    runs = []
+    for backend in (_backend(kyutai_n_q=4), _backend(kyutai_n_q=4, runner_factory=factory, async_steps=async_steps)):
+        rows = _record(backend)
+        for i, text in enumerate(texts):
+            outs: list = []
+            _add(backend, i, text + " ", dict(SAMPLED, seed=30 + i, max_tokens=24))
+            backend.push_text(i, "", final=True)
+            _drain(backend, outs)
+            assert not [o.error for o in outs if o.error is not None]
+        runs.append(rows)
+    assert len(runs[1]) == len(texts)
+    assert runs[0] == runs[1]
+
+
 def test_the_registry_serves_kyutai_tts(tts_ckpt) -> None:
     """--model kyutai-tts, kyutai-tts-tiny, kyutai/tts-* hub ids and a local checkpoint folder
     (config.json's model_type "tts") resolve to this program."""

@@ -18,4 +18,9 @@ fi
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q torch==2.13.0
 "$venv/bin/pip" install -q qwen-tts==0.1.1
+# The only torchaudio on the index (2.11.1) is built against a CUDA torch 2.11: its C++
+# extension cannot load beside the CPU torch 2.13, and `import torchaudio` then fails.
+# qwen-tts uses torchaudio only for compliance.kaldi.fbank (pure PyTorch, the 25 Hz
+# tokenizer), and torchaudio treats a missing extension as "not built", so the binaries go.
+rm -f "$venv"/lib/python3*/site-packages/torchaudio/lib/*.so
 "$venv/bin/python" -c "import qwen_tts" && echo "qwen-tts reference venv built: $venv"

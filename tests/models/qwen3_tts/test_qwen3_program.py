@@ -240,3 +240,68 @@ def test_the_cuda_graph_path_gives_the_eager_frames(async_steps: bool) -> None:
         runs.append(frames)
     assert counts["eager"] == 0
     assert runs[0] == runs[1]
+
+
+def _voice_wav(path, seconds: float = 1.5, rate: int = 16000) -> Any:
+    """A 16-bit mono WAV as the voice store writes it, and its VoiceRef."""
+    import hashlib
+    import wave
+
+    from engine.messages import VoiceRef
+
+    t = np.arange(int(rate * seconds)) / rate
+    pcm = (0.3 * np.sin(2 * np.pi * 180 * t) + 0.1 * np.sin(2 * np.pi * 1100 * t)) * 32767
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.astype("<i2").tobytes())
+    return VoiceRef("v-test", str(path), rate, hashlib.sha256(path.read_bytes()).hexdigest(), None)
+
+
+def test_a_registered_voice_clones_through_the_speaker_encoder(ckpt_root, tmp_path) -> None:
+    """Base checkpoint: prepare_voice turns the stored WAV into an x-vector (resampled to 24 kHz,
+    once per file), and the served greedy frames equal our reference-checked generation loop with
+    that x-vector in the prompt."""
+    from engine.voice_audio import read_voice
+    from tests.models.qwen3_tts.qwen3_fixtures import greedy_generate, load_ours
+
+    backend = _backend(str(ckpt_root / "base"), load_format="auto")
+    assert backend.info.supports_cloning
+    ref = _voice_wav(tmp_path / "v.wav")
+    name = backend.prepare_voice(ref)
+    assert backend.prepare_voice(ref) == name  # cached by sha256
+    loaded = load_ours(ckpt_root, "base")
+    xv = loaded.model.speaker_encoder.embed(torch.from_numpy(read_voice(ref, 24000)))
+    torch.testing.assert_close(backend.program._voices[name][1], xv)
+    text = "Really? Yes, really."
+    _, served = _run(backend, [text], {"temperature": 0.0, "language": "english", "max_tokens": 9}, voice=name)
+    from models.qwen3_tts.prompt import build_prompt
+
+    tok = loaded.tokenizer
+    p = build_prompt(loaded.config, tok.text_ids(text), role_ids=tok.role_ids, language="english", xvector=True)
+    packed = torch.tensor(p.packed, dtype=torch.int64)
+    xvs = torch.zeros(len(p.packed), loaded.config.talker.hidden_size)
+    xvs[p.xvector_rows] = xv
+    with torch.no_grad():
+        embeds = loaded.model.talker.embed_prompt(packed, xvs)
+    ours = greedy_generate(loaded, p, embeds, 9)
+    assert served == ours.tolist()
+
+
+def test_cloning_is_refused_on_a_checkpoint_without_a_speaker_encoder(tiny, tmp_path) -> None:
+    """CustomVoice has no speaker encoder: it does not offer cloning and prepare_voice says so."""
+    assert not tiny.info.supports_cloning
+    with pytest.raises(OptionError) as e:
+        tiny.prepare_voice(_voice_wav(tmp_path / "v.wav"))
+    assert e.value.code == "cloning_unsupported" and "Base" in str(e.value)
+
+
+def test_a_voice_file_that_changed_is_unavailable(ckpt_root, tmp_path) -> None:
+    """A stored file whose sha256 no longer matches its record is refused (voice_unavailable)."""
+    backend = _backend(str(ckpt_root / "base"), load_format="auto")
+    ref = _voice_wav(tmp_path / "v.wav")
+    (tmp_path / "v.wav").write_bytes((tmp_path / "v.wav").read_bytes()[:-2] + b"\x01\x02")
+    with pytest.raises(OptionError) as e:
+        backend.prepare_voice(ref)
+    assert e.value.code == "voice_unavailable"
