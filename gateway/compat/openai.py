@@ -21,7 +21,7 @@ from aiohttp import web
 
 from gateway import protocol as p
 from gateway.compat.audio_out import OutputFormat
-from gateway.compat.base import HTTP_STATUS, CompatError, VoiceNames
+from gateway.compat.base import HTTP_STATUS, CompatError, VoiceNames, speech_options
 from gateway.compat.http_speech import Speech, speak
 
 if TYPE_CHECKING:
@@ -137,13 +137,12 @@ class SpeechRoute:
         if stream_format not in ("audio", "sse"):
             raise CompatError("invalid_value", "'stream_format' must be 'audio' or 'sse', got "
                               f"{p.show_value(stream_format)}", field="stream_format")
-        options: dict[str, Any] = {}
         speed = body.get("speed")
-        if speed is not None:
-            if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.25 <= speed <= 4.0:
-                raise CompatError("invalid_value", "'speed' must be a number in [0.25, 4.0]",
-                                  field="speed")
-            options["speed"] = float(speed)
+        if isinstance(speed, str):  # OpenAI takes a number only
+            raise CompatError("invalid_type", "'speed' must be a number in [0.25, 4.0]",
+                              field="speed")
+        # OpenAI's range is 0.25-4; the model's own (hello.options) clips it
+        options: dict[str, Any] = speech_options(self.gateway, speed=speed)
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise CompatError("invalid_type", "'instructions' must be a string",
