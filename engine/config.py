@@ -23,7 +23,14 @@ class EngineConfig:
     load_format: str = "auto"  # "auto" | "dummy" (random weights from the known config)
     dtype: str = "auto"  # "auto" (bf16 on CUDA, fp32 on CPU) | "bfloat16" | "float32"
     codec_path: str | None = None  # local SNAC dir or hub id; default hubertsiuzdak/snac_24khz
+    # A LoRA adapter (a file or a folder in the reference's format) folded into the weights once
+    # at load: one adapted model per engine (VoxCPM2: models/voxcpm2/lora.py).
+    lora: str | None = None
     gpu_memory_utilization: float = 0.85
+    # Engines sharing this GPU (voxgate serve --gpus 0 --engines 2): each sizes its KV cache to
+    # its own gpu_memory_utilization / gpu_memory_share of the GPU, counting only its own
+    # memory (engine.llm.model_runner.kv_budget_bytes). 1: the engine has the GPU to itself.
+    gpu_memory_share: int = 1
     # Jobs (segments) generating at once; a stream holds two, its spoken segment and the one
     # generated ahead (CoreConfig.lookahead_jobs), so 1024 serves 512 streams without a segment
     # waiting for a slot.
@@ -121,6 +128,9 @@ class EngineConfig:
                              f"got {self.dtype!r}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.99:
             raise ValueError("gpu_memory_utilization must be in [0.05, 0.99]")
+        if not 1 <= self.gpu_memory_share <= 64:
+            raise ValueError(f"gpu_memory_share must be in [1, 64] (engines on one GPU), got "
+                             f"{self.gpu_memory_share}")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_decode_seqs < -1:

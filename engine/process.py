@@ -264,7 +264,9 @@ def _hello(backend: Backend) -> m.Hello:
 
 def engine_main(config: EngineConfig, inbox: ShmQueue, outbox: ShmQueue, log_level: str) -> None:
     """Entry point of the engine process (the target of the spawned ``Process``)."""
-    logging.basicConfig(level=log_level, format="%(asctime)s engine %(levelname)s %(message)s")
+    # Several engines (voxgate serve --gpus/--engines): the gateway names each in its environment.
+    name = "engine " + os.environ["VOXGATE_ENGINE_INDEX"] if "VOXGATE_ENGINE_INDEX" in os.environ else "engine"
+    logging.basicConfig(level=log_level, format=f"%(asctime)s {name} %(levelname)s %(message)s")
     from engine.backends import build_backend
 
     try:

@@ -10,13 +10,14 @@ import signal
 import ssl
 import subprocess
 import sys
+import textwrap
 from dataclasses import fields
 from typing import Callable
 
 from engine.admission import ADMISSION_POLICIES, AdmissionConfig
 from engine.config import DECODE_ATTENTION_KERNELS, EngineConfig
 from engine.core import CoreConfig
-from gateway.config import GatewayConfig
+from gateway.config import MAX_ENGINES, GatewayConfig
 from models import registry
 
 __all__ = ["main", "build_parser", "configs_from_args", "check_device", "probe_cuda"]
@@ -58,6 +59,10 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
             return text
         return text + " (default: %(default)s)"
 
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # argparse's wrap breaks at hyphens, which cuts a flag in two ("--load-" / "format").
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
 
 def _csv(value: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in value.split(",") if item.strip())
@@ -68,6 +73,11 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m = sp.add_argument_group("model")
     g = sp.add_argument_group("network")
     lim = sp.add_argument_group("limits")
+    par = sp.add_argument_group(
+        "engines (data parallel; docs/deploy.md)",
+        "One engine process per GPU, or several CPU engines, behind one gateway and one port: each\n"
+        "new stream goes to the engine with the most headroom; one engine's crash fails only its\n"
+        "streams, and it restarts alone.")
     adm = sp.add_argument_group(
         "admission",
         "A stream is admitted at its first text while the engine's measured capacity has room\n"
@@ -103,6 +113,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--codec", dest="codec_path", default=None, metavar="DIR_OR_HUB_ID",
                    help="SNAC codec for Orpheus: a local directory or hub id "
                         "(default: hubertsiuzdak/snac_24khz)")
+    m.add_argument("--lora", default=None, metavar="PATH",
+                   help="VoxCPM2: a LoRA adapter (lora_weights.safetensors or its folder) folded into "
+                        "the weights once at load; without it the base weights (default: none)")
     m.add_argument("--synthetic-fast", dest="synthetic_realtime", action="store_false",
                    help="synthetic model: emit audio as fast as possible instead of at real time")
     m.add_argument("--synthetic-cloning", dest="synthetic_cloning", action="store_true",
@@ -144,8 +157,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                      help="with streams open and no output or heartbeat from the engine for this "
                           "many seconds, kill and restart it (its streams get engine_restarted); 0 off")
     lim.add_argument("--max-engine-restarts", type=int, metavar="N", default=GatewayConfig.max_engine_restarts,
-                     help="engine deaths tolerated within --engine-restart-window-s; one more and "
-                          "the server tells its clients (engine_failed) and exits with status 1")
+                     help="deaths of one engine tolerated within --engine-restart-window-s; one "
+                          "more and that engine is given up; once no engine can serve, the server "
+                          "tells its clients (engine_failed) and exits with status 1")
     lim.add_argument("--engine-restart-window-s", type=float, metavar="S",
                      default=GatewayConfig.engine_restart_window_s,
                      help="the window of --max-engine-restarts, seconds")
@@ -154,6 +168,19 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                           "draining, 503) and lets streams in flight finish for this many "
                           "seconds; then the rest end with server_shutdown (retryable), close "
                           "1001. SIGINT (Ctrl-C) stops at once")
+
+    par.add_argument("--gpus", type=_csv, metavar="IDS", default=GatewayConfig.gpus,
+                     help="comma-separated CUDA devices (indices as nvidia-smi numbers them, or "
+                          "GPU-/MIG- UUIDs): one engine process on each, which sees only its own "
+                          "GPU (CUDA_VISIBLE_DEVICES); implies --device cuda; --gpus 0 is the "
+                          "one-engine server on GPU 0 (default: none: one engine, on the device "
+                          "--device picks)")
+    par.add_argument("--engines", dest="num_engines", type=int, metavar="N", default=0,
+                     help="engine processes: 0 for one per GPU of --gpus, else one; with --gpus, "
+                          "a multiple of its GPUs, as many on each (--gpus 0 --engines 2: two "
+                          "engines sharing GPU 0, each with half of --gpu-memory-utilization); "
+                          "more than one without --gpus are CPU engines (--device cpu), for CPU "
+                          "hosts and tests")
 
     sec.add_argument("--api-key", metavar="KEY", default=os.environ.get("VOXGATE_API_KEY", ""),
                      help="require this key on /v1/... and /metrics: 'Authorization: Bearer KEY', "
@@ -242,7 +269,8 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
 
     gpu.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",
                      default=EngineConfig.gpu_memory_utilization,
-                     help="fraction of the GPU's memory for weights, KV cache and graphs")
+                     help="fraction of the GPU's memory for weights, KV cache and graphs; "
+                          "engines sharing a GPU (--gpus 0 --engines 2) split it evenly")
     gpu.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs, metavar="N",
                      help="segments generating at once (KV cache and batch slots); a stream "
                           "holds two, the one spoken and the one generated ahead")
@@ -322,18 +350,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_device(config: EngineConfig, *,
-                 cuda_probe: Callable[[], str | None] | None = None) -> str | None:
+                 cuda_probe: Callable[[], str | None] | None = None,
+                 gpus: tuple[str, ...] = ()) -> str | None:
     """Why ``config.device`` cannot work here, in one line, or None. ``--device cuda`` needs a
-    GPU that torch sees (probed in a child process, so that the gateway never imports torch);
-    a CPU-only model with it is refused by ``EngineConfig`` (``models.registry``)."""
+    GPU that torch sees (probed in a child process, so that the gateway never imports torch),
+    and with ``--gpus`` every GPU listed; a CPU-only model with it is refused by
+    ``EngineConfig`` (``models.registry``)."""
     if config.device != "cuda":
         return None
-    return (cuda_probe or probe_cuda)()
+    if cuda_probe is not None:
+        return cuda_probe()
+    return probe_cuda(gpus=gpus) if gpus else probe_cuda()
 
 
 # Run in a child process: importing torch (and initialising CUDA) stays out of the gateway.
 _PROBE = """\
 import sys
+import textwrap
 try:
     import torch
 except ImportError:
@@ -342,14 +375,20 @@ if torch.version.cuda is None:
     sys.exit(f"torch {torch.__version__} is a CPU build")
 if not torch.cuda.is_available():
     sys.exit(f"torch {torch.__version__} sees no CUDA GPU")
+wanted = sys.argv[1:]  # --gpus, as CUDA_VISIBLE_DEVICES (it stops at the first it cannot find)
+if wanted and torch.cuda.device_count() < len(wanted):
+    sys.exit(f"torch sees {torch.cuda.device_count()} of the {len(wanted)} GPUs of --gpus "
+             f"{','.join(wanted)} (nvidia-smi -L lists them)")
 """
 
 
-def probe_cuda(timeout_s: float = 120.0) -> str | None:
-    """None when torch sees a CUDA GPU, else why not (one line)."""
+def probe_cuda(timeout_s: float = 120.0, *, gpus: tuple[str, ...] = ()) -> str | None:
+    """None when torch sees a CUDA GPU (and, given ``gpus``, each of them), else why not (one
+    line)."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else None
     try:
-        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
+        done = subprocess.run([sys.executable, "-c", _PROBE, *gpus], capture_output=True,
+                              text=True, timeout=timeout_s, check=False, env=env)
     except subprocess.TimeoutExpired:
         return f"--device cuda: torch did not answer within {timeout_s:g} s whether it sees a GPU"
     if done.returncode == 0:
@@ -359,9 +398,47 @@ def probe_cuda(timeout_s: float = 120.0) -> str | None:
             "stack (pip install -e \".[gpu]\") on a machine with an NVIDIA GPU")
 
 
+def _engine_layout(gpus: tuple[str, ...], num_engines: int,
+                   device: str) -> tuple[tuple[str, ...], int, str, int]:
+    """``--gpus`` / ``--engines`` / ``--device`` as (gpus, engines, device, engines per GPU),
+    or a ValueError that names the flags."""
+    if num_engines < 0:
+        raise ValueError(f"--engines must be 0 (one per GPU of --gpus, else one) or a count of "
+                         f"engines, got {num_engines}")
+    if num_engines > MAX_ENGINES:
+        raise ValueError(f"--engines {num_engines}: at most {MAX_ENGINES} engines per server")
+    if gpus:
+        if device == "cpu":
+            raise ValueError("--gpus runs engines on GPUs; it does not go with --device cpu")
+        listed = ",".join(gpus)
+        twice = sorted({g for g in gpus if gpus.count(g) > 1})
+        if twice:
+            raise ValueError(f"--gpus {listed} lists GPU {twice[0]} more than once; for several "
+                             f"engines on one GPU use --gpus {twice[0]} --engines N")
+        num_engines = num_engines or len(gpus)
+        if num_engines % len(gpus):
+            raise ValueError(f"--engines {num_engines} with --gpus {listed}: every GPU gets as "
+                             f"many engines, so --engines must be a multiple of {len(gpus)}")
+        return gpus, num_engines, "cuda", num_engines // len(gpus)
+    num_engines = num_engines or 1
+    if num_engines > 1 and device == "cuda":
+        raise ValueError(f"--engines {num_engines} without --gpus runs CPU engines; on a GPU use "
+                         f"--gpus 0 --engines {num_engines} (engines sharing GPU 0) or --gpus "
+                         "0,1,... (one engine per GPU)")
+    return (), num_engines, ("cpu" if num_engines > 1 else device), 1
+
+
 def configs_from_args(args: argparse.Namespace) -> tuple[GatewayConfig, EngineConfig]:
     """Map parsed arguments onto the two process configurations (raises ValueError)."""
-    values = vars(args)
+    values = dict(vars(args))
+    values["gpus"], values["num_engines"], values["device"], values["gpu_memory_share"] = (
+        _engine_layout(tuple(values.get("gpus") or ()), values.get("num_engines") or 0,
+                       values["device"]))
+    if values["gpus"]:
+        entry = registry.resolve(values["model"]).entry  # an unknown name lists what is served
+        if entry.device == "cpu":
+            raise ValueError(f"--gpus runs engines on GPUs, and --model {entry.name} runs on the "
+                             "CPU only; for several CPU engines use --engines N")
     gateway = GatewayConfig(**{f.name: values[f.name] for f in fields(GatewayConfig)
                                if f.name in values})
     core = CoreConfig(lookahead_jobs=args.lookahead_jobs, max_streams=args.max_streams)
@@ -399,7 +476,12 @@ async def _serve(gateway_config: GatewayConfig, engine_config: EngineConfig,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, signals.put_nowait, sig)
-    print(f"voxgate: starting the engine (model {engine_config.model}) ...", flush=True)
+    num_engines = gateway_config.num_engines
+    what = "the engine" if num_engines == 1 else f"{num_engines} engines"
+    gpus, per_gpu = gateway_config.gpus, gateway_config.num_engines_per_gpu
+    on = (f" on GPU{'s' * (len(gpus) > 1)} {','.join(gpus)}"
+          f"{f', {per_gpu} per GPU' if per_gpu > 1 else ''}" if gpus else "")
+    print(f"voxgate: starting {what} (model {engine_config.model}){on} ...", flush=True)
     starting = asyncio.create_task(gateway.start_engine())
     first_signal = asyncio.create_task(signals.get())
     await asyncio.wait({starting, first_signal}, return_when=asyncio.FIRST_COMPLETED)
@@ -477,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         gateway_config, engine_config = configs_from_args(args)
     except ValueError as exc:
         return _usage_error(str(exc))
-    problem = check_device(engine_config)
+    problem = check_device(engine_config, gpus=gateway_config.gpus)
     if problem is not None:
         return _usage_error(problem)
     try:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-__all__ = ["GatewayConfig"]
+__all__ = ["GatewayConfig", "MAX_ENGINES"]
+
+MAX_ENGINES = 64  # engine processes one gateway runs (--gpus, --engines)
+# A CUDA_VISIBLE_DEVICES entry: an index, or a GPU / MIG UUID as nvidia-smi -L prints it.
+_GPU_ID = re.compile(r"\d+|GPU-[0-9A-Fa-f-]+|MIG-[0-9A-Za-z/-]+")
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,11 @@ class GatewayConfig:
     # With streams open and nothing from the engine (no output, no heartbeat) for this long,
     # the engine is taken for hung: killed and restarted. 0 = off.
     engine_watchdog_s: float = 10.0
+    # Data parallel (gateway.engine_pool): `num_engines` engine processes on the GPUs in `gpus`
+    # (each sees only its own: CUDA_VISIBLE_DEVICES), as many on each (num_engines a multiple of
+    # len(gpus): engine i on gpus[i % len(gpus)]); with no gpus, CPU engines when more than one.
+    gpus: tuple[str, ...] = ()
+    num_engines: int = 1
     debug_timestamps: bool = False  # add engine_t (engine emit time) to audio messages
     # who may connect (gateway.security, docs/security.md)
     api_key: str = ""  # "": none needed
@@ -82,6 +92,17 @@ class GatewayConfig:
         # shorter than a few beats would take a busy machine's scheduling delay for a hang.
         if self.engine_watchdog_s != 0 and not self.engine_watchdog_s >= 3.0:
             raise ValueError("engine_watchdog_s must be 0 (off) or >= 3 seconds")
+        if not 1 <= self.num_engines <= MAX_ENGINES:
+            raise ValueError(f"num_engines must be in [1, {MAX_ENGINES}], got {self.num_engines}")
+        for gpu in self.gpus:
+            if not _GPU_ID.fullmatch(gpu):
+                raise ValueError(f"gpus: {gpu!r} is not a GPU index (0, 1, ...) or a GPU-/MIG- "
+                                 "UUID (nvidia-smi -L)")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"gpus: a GPU is listed twice in {','.join(self.gpus)}")
+        if self.gpus and self.num_engines % len(self.gpus):
+            raise ValueError(f"num_engines ({self.num_engines}) must be a multiple of the number "
+                             f"of gpus ({len(self.gpus)}): as many engines on each GPU")
         if self.drain_timeout_s < 0:
             raise ValueError("drain_timeout_s must be >= 0")
         if not 0 < self.min_voice_duration_s <= self.max_voice_duration_s:
@@ -107,3 +128,8 @@ class GatewayConfig:
             "max_frame_bytes": self.max_frame_bytes,
             "idle_timeout_s": self.idle_timeout_s,
         }
+
+    @property
+    def num_engines_per_gpu(self) -> int:
+        """Engines sharing each GPU of ``gpus`` (1 with no gpus)."""
+        return self.num_engines // len(self.gpus) if self.gpus else 1

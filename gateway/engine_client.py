@@ -3,11 +3,16 @@
 The engine runs in one child process (multiprocessing *spawn*). Start-up is a handshake: the
 child answers ``Hello`` once the model is loaded and warm, or an ``Error`` naming why it could
 not load; no answer within ``engine_start_timeout_s`` is a failure too. When the child dies,
-every stream in flight fails with a retryable ``engine_restarted`` error (``on_lost``), ``/health``
-says ``restarting``, and a new engine is started after a back-off. More than
-``max_engine_restarts`` deaths within ``engine_restart_window_s`` leave the status ``failed``:
-``on_lost`` is called once more with ``is_failed`` true (clients get ``engine_failed``) and
-``wait_failed()`` returns, for the server to exit non-zero.
+the streams open in it fail (``on_lost`` gets their keys; clients get a retryable
+``engine_restarted``), ``/health`` says ``restarting``, and a new engine is started after a
+back-off. More than ``max_engine_restarts`` deaths within ``engine_restart_window_s`` leave the
+status ``failed``: ``on_lost`` is called once more with ``is_failed`` true and ``wait_failed()``
+returns. One supervisor watches one engine; ``gateway.engine_pool`` owns one per engine and
+decides what a failure means for the server (it exits once no engine can serve).
+
+Each engine process is started with the environment given (``env``: ``CUDA_VISIBLE_DEVICES`` for
+the GPU it is given, ``VOXGATE_ENGINE_INDEX``), set around the spawn so that the child has it
+from its first instruction.
 
 Watchdog: the engine sends a ``Heartbeat`` every second from a thread of its own, and output
 as it steps. With streams open and nothing at all from it for ``engine_watchdog_s`` (and
@@ -26,11 +31,14 @@ the clients that fill it (back-pressure) instead of growing the backlog without 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import logging
 import multiprocessing
+import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from engine import messages as em
@@ -89,13 +97,22 @@ class EngineSupervisor:
         *,
         log_level: str,
         on_message: Callable[[em.Message], None],
-        on_lost: Callable[[], None],
+        on_lost: Callable[[list[int]], None],
         metrics: GatewayMetrics,
         clock: Callable[[], float] = time.monotonic,
+        index: int = 0,
+        gpu: str = "",
+        env: dict[str, str] | None = None,
     ) -> None:
+        """``on_lost(keys)``: the engine died (or failed for good: ``is_failed``); ``keys`` are
+        the streams that were open in it. ``index``: its place in the pool (metrics, logs);
+        ``gpu``: the device it was given (``--gpus``; "" for none); ``env``: set for its process."""
         self.engine_config = engine_config
         self.config = config
         self.log_level = log_level
+        self.index = index
+        self.gpu = gpu
+        self.env = dict(env or {})
         self._on_message = on_message
         self._on_lost = on_lost
         self._metrics = metrics
@@ -125,11 +142,21 @@ class EngineSupervisor:
         # gateway cancelled whose Done has not come back: audio for these is dropped here.
         self._open: dict[int, int] = {}
         self._cancelled: dict[int, int] = {}
+        self.num_open_at_report = 0  # len(_open) when the last Stats arrived (placement)
 
     # --- state -----------------------------------------------------------------------------
 
     def is_ready(self) -> bool:
         return self.status == "ready"
+
+    def has_stream(self, key: int) -> bool:
+        """Stream ``key`` is open in this engine (opened, not cancelled, not done)."""
+        return key in self._open
+
+    @property
+    def num_open(self) -> int:
+        """Streams open in this engine now (the gateway's count)."""
+        return len(self._open)
 
     @property
     def is_failed(self) -> bool:
@@ -145,24 +172,41 @@ class EngineSupervisor:
         hello = self.hello
         body: dict[str, Any] = {
             "status": "ok" if self.is_ready() else self.status,
-            "engine": {"status": self.status, "restarts": self.num_restarts,
-                       "pid": self._process.pid if self._process else None,
-                       "last_error": self.last_error,
-                       "last_heard_s": round(self.watchdog.silent_s(), 3)},
+            "engine": self._engine_body(),
             "model": hello.model if hello else None,
             "weights": hello.weights if hello else None,
             "model_loaded": self.is_ready(),
         }
-        if self.stats is not None:
-            body["engine"].update(streams=self.stats.num_streams,
-                                  queued_jobs=self.stats.num_queued_jobs,
-                                  running_jobs=self.stats.num_running_jobs)
-            if self.stats.admission:  # the load a balancer can use: demand / capacity
-                admission = admission_health(self.stats.admission)
-                body["load"] = admission["load"]
-                body["admission"] = admission
+        if self.stats is not None and self.stats.admission:
+            # the load a balancer can use: demand / capacity
+            admission = admission_health(self.stats.admission)
+            body["load"] = admission["load"]
+            body["admission"] = admission
         code = http.HTTPStatus.OK if self.is_ready() else http.HTTPStatus.SERVICE_UNAVAILABLE
         return code, body
+
+    def report(self) -> dict[str, Any]:
+        """This engine in ``/health``'s ``engines`` list: ``index``, ``gpu``, ``device``,
+        ``open_streams`` (the gateway's live count), the ``engine`` fields and its own
+        ``load`` and ``admission``."""
+        body = {"index": self.index, "gpu": self.gpu or None,
+                "device": self.hello.device if self.hello else None,
+                "open_streams": len(self._open), **self._engine_body()}
+        if self.stats is not None and self.stats.admission:
+            admission = admission_health(self.stats.admission)
+            body["load"] = admission["load"]
+            body["admission"] = admission
+        return body
+
+    def _engine_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"status": self.status, "restarts": self.num_restarts,
+                                "pid": self._process.pid if self._process else None,
+                                "last_error": self.last_error,
+                                "last_heard_s": round(self.watchdog.silent_s(), 3)}
+        if self.stats is not None:
+            body.update(streams=self.stats.num_streams, queued_jobs=self.stats.num_queued_jobs,
+                        running_jobs=self.stats.num_running_jobs)
+        return body
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -197,13 +241,15 @@ class EngineSupervisor:
         self._outbox = ShmQueue.create(capacity_bytes=cfg.queue_capacity_bytes,
                                        max_message_bytes=cfg.max_message_bytes)
         ctx = multiprocessing.get_context("spawn")
-        proc = ctx.Process(target=engine_main, name="voxgate-engine", daemon=True,
+        proc = ctx.Process(target=engine_main, name=f"voxgate-engine-{self.index}", daemon=True,
                            args=(cfg, self._inbox, self._outbox, self.log_level))
         loop = asyncio.get_running_loop()
         self._hello_waiter = loop.create_future()
-        proc.start()
+        with _environ(self.env):  # the child inherits it at exec; nothing here awaits
+            proc.start()
         self._process = proc
-        log.info("engine process %d starting (model %s)", proc.pid, cfg.model)
+        log.info("engine %d: process %d starting (model %s%s)", self.index, proc.pid, cfg.model,
+                 f", GPU {self.gpu}" if self.gpu else "")
         self._reader = asyncio.create_task(self._read_loop(self._outbox))
         self._watcher = asyncio.create_task(self._watch(proc))
         try:
@@ -215,15 +261,16 @@ class EngineSupervisor:
                 f"the engine sent no handshake within {self.config.engine_start_timeout_s:g} s "
                 "(--engine-start-timeout-s)") from None
         self.hello = hello
+        self.stats = None  # the last engine's figures are not this one's
+        self.num_open_at_report = 0
         self.status = "ready"
         self.last_error = None
         self.watchdog.note_heard()
         if self.watchdog.timeout_s > 0:
             self._watchdog_task = asyncio.create_task(self._watch_silence(proc))
-        self._metrics.engine_up.set(1)
-        self._metrics.engine_info.info({"model": hello.model, "device": hello.device, "weights": hello.weights})
-        log.info("engine ready: model %s (%s weights) on %s, voices %s, %d Hz", hello.model, hello.weights,
-                 hello.device or "?", hello.voices, hello.sample_rate)
+        self._metrics.engine_started(self.index, device=hello.device, gpu=self.gpu)
+        log.info("engine %d ready: model %s (%s weights) on %s, voices %s, %d Hz", self.index,
+                 hello.model, hello.weights, hello.device or "?", hello.voices, hello.sample_rate)
 
     def _teardown(self) -> None:
         for task in (self._reader, self._watcher, self._flusher, self._watchdog_task):
@@ -238,7 +285,7 @@ class EngineSupervisor:
             if q is not None:
                 q.close()
         self._inbox = self._outbox = None
-        self._metrics.engine_up.set(0)
+        self._metrics.engine_stopped(self.index)
 
     async def _watch(self, proc: multiprocessing.process.BaseProcess) -> None:
         loop = asyncio.get_running_loop()
@@ -260,12 +307,14 @@ class EngineSupervisor:
         if self._hang_note is not None:
             self.last_error, self._hang_note = self._hang_note, None
         else:
-            log.error("the engine process died (exit code %s); failing its streams", code)
+            log.error("engine %d: the process died (exit code %s); failing its streams",
+                      self.index, code)
             self.last_error = f"engine exited with code {code}"
         self._on_engine_death()
 
     def _on_engine_death(self) -> None:
         was_ready = self.status == "ready"
+        lost_keys = list(self._open)
         self._teardown_keep_watcher()
         now = time.monotonic()
         self._deaths.append(now)
@@ -278,9 +327,9 @@ class EngineSupervisor:
                                f"{self.config.engine_restart_window_s:g} s "
                                f"(--max-engine-restarts {self.config.max_engine_restarts}); "
                                f"giving up (last: {self.last_error})")
-            log.error(self.last_error)
+            log.error("engine %d: %s", self.index, self.last_error)
         if was_ready or is_final:
-            self._on_lost()  # reads is_failed: engine_failed for good, else engine_restarted
+            self._on_lost(lost_keys)  # reads is_failed: failed for good, or restarting
         if is_final:
             self._failed.set()
             return
@@ -303,7 +352,7 @@ class EngineSupervisor:
                            f"with {len(self._open)} streams open (--engine-watchdog-s "
                            f"{watchdog.timeout_s:g}); killed it")
         log.error(self._hang_note)
-        self._metrics.engine_hangs.inc()
+        self._metrics.count_engine_hang(self.index)
         proc.kill()
 
     def _teardown_keep_watcher(self) -> None:
@@ -315,11 +364,11 @@ class EngineSupervisor:
         if self._is_stopping:
             return
         self.num_restarts += 1
-        self._metrics.engine_restarts.inc()
+        self._metrics.count_engine_restart(self.index)
         try:
             await self._launch()
         except EngineStartError as exc:
-            log.error("engine restart failed: %s", exc)
+            log.error("engine %d: restart failed: %s", self.index, exc)
             self.last_error = str(exc)
             self._on_engine_death()
 
@@ -360,12 +409,8 @@ class EngineSupervisor:
             return
         if isinstance(msg, em.Stats):
             self.stats = msg
-            self._metrics.engine_streams.set(msg.num_streams)
-            self._metrics.queued_jobs.set(msg.num_queued_jobs)
-            self._metrics.running_jobs.set(msg.num_running_jobs)
-            for name, value in msg.totals.items():
-                self._metrics.engine_totals.labels(name=name).set(value)
-            self._metrics.observe_admission(msg.admission)
+            self.num_open_at_report = len(self._open)
+            self._metrics.observe_engine_stats(self.index, msg)
             return
         if isinstance(msg, em.Heartbeat):
             self.heartbeat = msg
@@ -432,3 +477,18 @@ class EngineSupervisor:
         except (QueueClosed, QueueFull):
             self._backlog.clear()
         self._writable.set()
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``env`` set, restored after (around a child's spawn)."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

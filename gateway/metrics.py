@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-__all__ = ["GatewayMetrics", "CONTENT_TYPE_LATEST", "admission_health"]
+__all__ = ["GatewayMetrics", "CONTENT_TYPE_LATEST", "admission_health", "total_admission"]
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                       1.0, 2.0, 5.0)
@@ -30,6 +30,24 @@ def admission_health(admission: dict[str, Any]) -> dict[str, Any]:
             "is_measured": bool(admission.get("is_measured", False))}
 
 
+def total_admission(admissions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of several engines' admission reports (the serving engines') as one, in
+    the shape of ``admission_health``: capacity and demand summed, and ``load`` = the demand
+    of the engines with a limit known over the sum of their capacities (0 when none has one).
+    One report gives exactly ``admission_health`` of it."""
+    if len(admissions) == 1:
+        return admission_health(admissions[0])
+    each = [admission_health(a) for a in admissions]
+    known = [h for h in each if h["capacity"] is not None]
+    capacity = sum(h["capacity"] for h in known) if known else None
+    demand_known = sum(h["demand"] for h in known)
+    load = 0.0 if capacity is None else demand_known / max(capacity, 1)
+    return {"load": round(load, 4), "capacity": capacity,
+            "demand": sum(h["demand"] for h in each), "queued": sum(h["queued"] for h in each),
+            "policy": each[0]["policy"] if each else None,
+            "is_measured": bool(each) and all(h["is_measured"] for h in each)}
+
+
 class GatewayMetrics:
     """Implements ``gateway.session.SessionMetrics`` and the gauges the server sets."""
 
@@ -39,26 +57,31 @@ class GatewayMetrics:
         self.active_streams = Gauge("voxgate_active_streams",
                                     "Streams started and not yet done, over all connections",
                                     registry=r)
-        self.engine_streams = Gauge("voxgate_engine_streams", "Streams open in the engine",
-                                    registry=r)
+        # The engine families without an `engine` label are totals over the serving engines
+        # (with one engine, its figures); the voxgate_pool_* families are per engine.
+        self.engine_streams = Gauge("voxgate_engine_streams",
+                                    "Streams open in the engines (their last reports)", registry=r)
         self.queued_jobs = Gauge("voxgate_engine_queued_jobs",
                                  "Segments waiting for admission in the engine (queue depth)",
                                  registry=r)
         self.running_jobs = Gauge("voxgate_engine_running_jobs",
                                   "Segments being generated in the engine", registry=r)
-        self.engine_up = Gauge("voxgate_engine_up", "1 when the engine is serving", registry=r)
+        self.engine_up = Gauge("voxgate_engine_up", "Engines serving (1 with one engine that "
+                               "serves)", registry=r)
         self.engine_info = Info("voxgate_engine", "The engine's model and the device it computes on "
-                                "(from its handshake)", registry=r)
+                                "(from its handshake; with several engines, every engine's device)",
+                                registry=r)
         self.engine_totals = Gauge(
             "voxgate_engine_totals",
             "Engine counters since the engine (re)started, by name: steps and busy_s (seconds in "
             "steps) from its loop; lm_steps, decode_rows, deferred_decodes, prefill_rows and "
             "prefill_tokens from the LM backend; gc_collections, gc_full_collections, gc_pause_s "
             "(all collections' pauses), gc_max_pause_s and gc_frozen_objects from the engine "
-            "process's garbage collector. Rates of these give rows per step and step time.",
+            "process's garbage collector. Rates of these give rows per step and step time. "
+            "Summed over the serving engines.",
             ["name"], registry=r)
         self.engine_restarts = Counter("voxgate_engine_restarts",
-                                       "Engine restarts after it died", registry=r)
+                                       "Engine restarts after it died (all engines)", registry=r)
         self.engine_hangs = Counter("voxgate_engine_hangs",
                                     "Engines killed by the watchdog: streams open and nothing "
                                     "from the engine for --engine-watchdog-s", registry=r)
@@ -109,7 +132,45 @@ class GatewayMetrics:
             "voxgate_admission_step_model",
             "The engine's fit of its step time, t = base + per_row * decode rows + "
             "per_prompt_token * prompt tokens, by term (ms and us)", ["term"], registry=r)
-        self._admission_seen: dict[str, float] = {}  # engine counters at the last report
+        # Per engine (label engine: its place in --gpus or --engines, from 0)
+        self.pool_engines = Gauge("voxgate_pool_engines", "Engines of this server, by status "
+                                  "(starting, ready, restarting, failed, stopped)", ["status"],
+                                  registry=r)
+        self.pool_up = Gauge("voxgate_pool_engine_up", "1 when the engine is serving", ["engine"],
+                             registry=r)
+        self.pool_info = Info("voxgate_pool_engine", "Each engine's device (from its handshake) and "
+                              "the GPU it was given (--gpus; empty for a CPU engine)", ["engine"],
+                              registry=r)
+        self.pool_streams = Gauge("voxgate_pool_engine_streams", "Streams open in the engine (its "
+                                  "last report)", ["engine"], registry=r)
+        self.pool_placed = Counter("voxgate_pool_engine_placed_streams", "Streams the gateway "
+                                   "placed on the engine", ["engine"], registry=r)
+        self.pool_restarts = Counter("voxgate_pool_engine_restarts", "Restarts of the engine after "
+                                     "it died", ["engine"], registry=r)
+        self.pool_hangs = Counter("voxgate_pool_engine_hangs", "Times the watchdog killed the "
+                                  "engine", ["engine"], registry=r)
+        self.pool_totals = Gauge("voxgate_pool_engine_totals", "The engine's counters since it "
+                                 "(re)started, by name (as voxgate_engine_totals)",
+                                 ["engine", "name"], registry=r)
+        self.pool_capacity = Gauge("voxgate_pool_admission_capacity_streams", "The engine's "
+                                   "capacity estimate (NaN: no limit known, or not serving)",
+                                   ["engine"], registry=r)
+        self.pool_demand = Gauge("voxgate_pool_admission_demand_streams", "Streams speaking on the "
+                                 "engine", ["engine"], registry=r)
+        self.pool_headroom = Gauge("voxgate_pool_admission_headroom_streams", "The engine's "
+                                   "capacity minus demand (NaN: no limit known)", ["engine"],
+                                   registry=r)
+        self.pool_load = Gauge("voxgate_pool_admission_load", "The engine's demand / capacity",
+                               ["engine"], registry=r)
+        self.pool_queued = Gauge("voxgate_pool_admission_queued_streams", "Streams waiting for "
+                                 "admission on the engine", ["engine"], registry=r)
+        self.pool_refused = Counter("voxgate_pool_admission_refused", "Streams the engine refused "
+                                    "with a `capacity` error, by reason", ["engine", "reason"],
+                                    registry=r)
+        # engine index -> its counters at its last report (refusals move on by the difference)
+        self._admission_seen: dict[int, dict[str, float]] = {}
+        self._stats: dict[int, Any] = {}  # engine index -> its last Stats
+        self._up: set[int] = set()  # engines serving
         self.admission_capacity.set(math.nan)  # nothing reported yet
         self.admission_headroom.set(math.nan)
 
@@ -129,9 +190,98 @@ class GatewayMetrics:
     def count_samples_sent(self, num_samples: int) -> None:
         self.samples_sent.inc(num_samples)
 
+    # Engines (gateway.engine_client, gateway.engine_pool)
+    def engine_started(self, index: int, *, device: str, gpu: str) -> None:
+        """Engine ``index`` answered its handshake and serves."""
+        engine = str(index)
+        self._up.add(index)
+        self._stats.pop(index, None)  # its counters start from zero again
+        self.pool_up.labels(engine=engine).set(1)
+        self.pool_info.labels(engine=engine).info({"device": device, "gpu": gpu})
+        self._refresh_totals()
+
+    def engine_stopped(self, index: int) -> None:
+        """Engine ``index`` died or was stopped: it leaves the totals (its last counters too)."""
+        engine = str(index)
+        self._up.discard(index)
+        self.pool_up.labels(engine=engine).set(0)
+        for gauge in (self.pool_capacity, self.pool_headroom):
+            gauge.labels(engine=engine).set(math.nan)
+        for gauge in (self.pool_demand, self.pool_queued, self.pool_load, self.pool_streams):
+            gauge.labels(engine=engine).set(0)
+        self._refresh_totals()
+
+    def count_engine_restart(self, index: int) -> None:
+        self.engine_restarts.inc()
+        self.pool_restarts.labels(engine=str(index)).inc()
+
+    def count_engine_hang(self, index: int) -> None:
+        self.engine_hangs.inc()
+        self.pool_hangs.labels(engine=str(index)).inc()
+
+    def count_placed(self, index: int) -> None:
+        self.pool_placed.labels(engine=str(index)).inc()
+
+    def set_engine_statuses(self, statuses: Sequence[str]) -> None:
+        """Every engine's status, for ``voxgate_pool_engines{status}`` (at scrape time)."""
+        for status in ("starting", "ready", "restarting", "failed", "stopped"):
+            self.pool_engines.labels(status=status).set(sum(s == status for s in statuses))
+
+    def observe_engine_stats(self, index: int, stats: Any) -> None:
+        """Engine ``index``'s ``Stats``: its own series, the counters moved on by what it
+        counted since its last report (from zero again after a restart), and the totals."""
+        engine = str(index)
+        self._stats[index] = stats
+        self._up.add(index)  # only a live engine reports (after its handshake)
+        self.pool_streams.labels(engine=engine).set(stats.num_streams)
+        for name, value in stats.totals.items():
+            self.pool_totals.labels(engine=engine, name=name).set(value)
+        admission = stats.admission
+        if admission:
+            health = admission_health(admission)
+            cap = health["capacity"]
+            self.pool_capacity.labels(engine=engine).set(math.nan if cap is None else float(cap))
+            self.pool_demand.labels(engine=engine).set(health["demand"])
+            self.pool_headroom.labels(engine=engine).set(
+                math.nan if cap is None else float(cap) - health["demand"])
+            self.pool_load.labels(engine=engine).set(health["load"])
+            self.pool_queued.labels(engine=engine).set(health["queued"])
+            seen = self._admission_seen.setdefault(index, {})
+            for reason in _REFUSAL_REASONS:
+                delta = _delta(seen, f"refused_{reason}", admission)
+                self.admission_refused.labels(reason=reason).inc(delta)
+                self.pool_refused.labels(engine=engine, reason=reason).inc(delta)
+            self.admission_waited.inc(_delta(seen, "admitted_after_wait", admission))
+            for wait in admission.get("waits_s") or ():
+                self.admission_wait.observe(float(wait))
+        self._refresh_totals()
+
+    def _refresh_totals(self) -> None:
+        """The unlabelled engine families from the serving engines' last reports. With none
+        serving they keep their last values (as with one engine before there were several)."""
+        self.engine_up.set(len(self._up))
+        reports = [self._stats[i] for i in sorted(self._up) if i in self._stats]
+        if not reports:
+            return
+        self.engine_streams.set(sum(s.num_streams for s in reports))
+        self.queued_jobs.set(sum(s.num_queued_jobs for s in reports))
+        self.running_jobs.set(sum(s.num_running_jobs for s in reports))
+        totals: dict[str, float] = {}
+        for s in reports:
+            for name, value in s.totals.items():
+                totals[name] = totals.get(name, 0.0) + value
+        for name, value in totals.items():
+            self.engine_totals.labels(name=name).set(value)
+        admissions = [s.admission for s in reports if s.admission]
+        if admissions:
+            self.observe_admission(total_admission(admissions))
+            for name, term in _STEP_TERMS.items():
+                values = [float(a[name]) for a in admissions if name in a]
+                if values:  # with several engines, their mean
+                    self.admission_step.labels(term=term).set(sum(values) / len(values))
+
     def observe_admission(self, admission: dict[str, Any]) -> None:
-        """An engine admission report (``Stats.admission``): gauges set, counters moved on by
-        what the engine counted since its last report (from zero again after a restart)."""
+        """Set the admission gauges from one report (or a total, ``total_admission``)."""
         if not admission:
             return
         cap = admission.get("capacity")
@@ -141,21 +291,15 @@ class GatewayMetrics:
         self.admission_headroom.set(math.nan if cap is None else float(cap) - demand)
         self.admission_load.set(admission_health(admission)["load"])
         self.admission_queued.set(float(admission.get("queued", 0)))
-        for reason in _REFUSAL_REASONS:
-            self._count_delta(f"refused_{reason}", admission,
-                              self.admission_refused.labels(reason=reason))
-        self._count_delta("admitted_after_wait", admission, self.admission_waited)
-        for wait in admission.get("waits_s") or ():
-            self.admission_wait.observe(float(wait))
-        for name, term in _STEP_TERMS.items():
-            if name in admission:
-                self.admission_step.labels(term=term).set(float(admission[name]))
-
-    def _count_delta(self, name: str, admission: dict[str, Any], counter: Any) -> None:
-        value = float(admission.get(name, 0))
-        last = self._admission_seen.get(name, 0.0)
-        counter.inc(value - last if value >= last else value)  # lower: the engine restarted
-        self._admission_seen[name] = value
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _delta(seen: dict[str, float], name: str, admission: dict[str, Any]) -> float:
+    """How far an engine's counter ``name`` moved since its last report (a lower value: the
+    engine restarted and counts from zero)."""
+    value = float(admission.get(name, 0))
+    last = seen.get(name, 0.0)
+    seen[name] = value
+    return value - last if value >= last else value

@@ -1,7 +1,9 @@
-"""The gateway: one aiohttp server (HTTP and WebSocket on one port) over one engine process.
+"""The gateway: one aiohttp server (HTTP and WebSocket on one port) over its engine processes.
 
-``Gateway`` owns the lifecycle (engine, listening socket), the routing of engine output to
-connections, and the carrying out of a session's actions. The WebSocket adapter is
+``Gateway`` owns the lifecycle (engines, listening socket), the routing of engine output to
+connections, and the carrying out of a session's actions. The engines are an ``EnginePool``
+(``gateway.engine_pool``): one engine, or one per GPU (``--gpus``), which looks like one engine
+here; engine output is routed by stream key whichever engine sent it. The WebSocket adapter is
 ``gateway.ws_handler``; the plain HTTP endpoints are ``gateway.http_routes``. aiohttp parses
 HTTP, answers malformed requests with a 4xx, and upgrades ``/v1/stream`` to a WebSocket.
 
@@ -29,7 +31,7 @@ from engine import messages as em
 from engine.config import EngineConfig
 from gateway import compat, http_routes
 from gateway.config import GatewayConfig
-from gateway.engine_client import EngineSupervisor
+from gateway.engine_pool import EnginePool
 from gateway.fd_limit import connections_allowed, raise_open_file_limit
 from gateway.metrics import GatewayMetrics
 from gateway.security import SecurityPolicy, security_middleware
@@ -82,13 +84,13 @@ def bind_socket(host: str, port: int, *, backlog: int = 1024) -> socket.socket:
 
 
 class Gateway:
-    """Serves ``/v1/stream`` and the HTTP endpoints over one engine process."""
+    """Serves ``/v1/stream`` and the HTTP endpoints over its engine processes."""
 
     def __init__(self, config: GatewayConfig, engine_config: EngineConfig, *,
                  log_level: str = "INFO") -> None:
         self.config = config
         self.metrics = GatewayMetrics()
-        self.engine = EngineSupervisor(
+        self.engine = EnginePool(
             engine_config, config, log_level=log_level,
             on_message=self._on_engine_message, on_lost=self._on_engine_lost,
             metrics=self.metrics,
@@ -342,10 +344,21 @@ class Gateway:
             self._by_key.pop(msg.key, None)  # type: ignore[union-attr]
         self.apply(conn, conn.session.on_engine(msg))
 
-    def _on_engine_lost(self) -> None:
-        self._by_key.clear()
-        for conn in list(self._connections):
-            self.apply(conn, conn.session.on_engine_lost(is_final=self.engine.is_failed))
+    def _on_engine_lost(self, keys: list[int]) -> None:
+        """An engine died: the streams open in it (``keys``) fail; once no engine can serve
+        (``is_failed``) every connection is told and closed, and the server exits."""
+        if self.engine.is_failed:
+            self._by_key.clear()
+            for conn in list(self._connections):
+                self.apply(conn, conn.session.on_engine_lost(is_final=True))
+            return
+        lost: dict[Connection, list[int]] = {}
+        for key in keys:
+            conn = self._by_key.pop(key, None)
+            if conn is not None:
+                lost.setdefault(conn, []).append(key)
+        for conn, conn_keys in lost.items():
+            self.apply(conn, conn.session.on_engine_lost(keys=conn_keys))
 
     # --- HTTP ------------------------------------------------------------------------------
 
@@ -360,4 +373,5 @@ class Gateway:
         # Set at scrape time: summing per action would cost O(connections) per audio chunk.
         self.metrics.active_streams.set(sum(c.session.num_active_streams
                                             for c in self._connections))
+        self.metrics.set_engine_statuses(self.engine.statuses())
         return self.metrics.render()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Union
+from typing import Any, Callable, Collection, Protocol, Union
 
 from engine import messages as em
 from gateway import protocol as p
@@ -342,9 +342,11 @@ class Session:
         stream = self._by_key.get(msg.key)
         return None if stream is None else self._audio_msg(stream, msg)
 
-    def on_engine_lost(self, *, is_final: bool = False) -> list[Action]:
+    def on_engine_lost(self, *, is_final: bool = False,
+                       keys: Collection[int] | None = None) -> list[Action]:
         """The engine died: every stream of this connection fails with a retryable
-        ``engine_restarted`` error, as it is being restarted.
+        ``engine_restarted`` error, as it is being restarted. ``keys``: only the streams with
+        these engine keys fail (with several engines, those of the engine that died).
 
         ``is_final``: it died too often (``--max-engine-restarts``) and the server is exiting:
         the streams fail with a non-retryable ``engine_failed``, the connection gets one too
@@ -356,7 +358,9 @@ class Session:
                    "is lost" if is_final else
                    "the engine stopped unexpectedly and is restarting; this stream's audio is lost")
         actions: list[Action] = []
-        for stream in list(self._streams.values()):
+        streams = list(self._streams.values()) if keys is None else [
+            self._by_key[k] for k in keys if k in self._by_key]
+        for stream in streams:
             self._forget(stream)
             self._metrics.count_error(code.value)
             self._metrics.count_stream("error")

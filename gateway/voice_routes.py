@@ -23,7 +23,7 @@ from aiohttp import BodyPartReader, web
 from gateway import protocol as p
 from gateway.audio_decode import ACCEPTED_FORMATS, AudioRejected, check_audio, decode_audio
 from gateway.config import GatewayConfig
-from gateway.engine_client import EngineSupervisor
+from gateway.engine_pool import EnginePool
 from gateway.http_routes import error_response
 from gateway.voice_store import VoiceStore, VoiceStoreFull
 
@@ -45,7 +45,7 @@ class _Refused(Exception):
 class VoiceRoutes:
     """The handlers of ``/v1/voices`` over one store and the engine's handshake."""
 
-    def __init__(self, config: GatewayConfig, engine: EngineSupervisor,
+    def __init__(self, config: GatewayConfig, engine: EnginePool,
                  store: VoiceStore | None) -> None:
         self.config = config
         self.engine = engine

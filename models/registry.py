@@ -3,7 +3,8 @@
 The one place models are registered. ``resolve`` matches, in order: a registered name or alias
 (case-insensitive), a hub id whose owner/name starts with a registered prefix (or whose name
 contains the family's name: ``someone/orpheus-3b-finetune``), a local directory
-whose ``config.json`` names a registered architecture (``architectures`` or ``model_type``).
+whose ``config.json`` names a registered architecture (``architectures``, ``model_type`` or
+``architecture``).
 Anything else is refused with the list of what is served. ``check_requirements`` says which
 extra to install when a program's packages are missing. Nothing here imports torch.
 """
@@ -72,6 +73,19 @@ ENTRIES: tuple[ModelEntry, ...] = (
                default_id="kyutai/tts-1.6b-en_fr", aliases={"kyutai-tts-tiny": "tiny"},
                hub_prefixes=("kyutai/tts",), architectures=("tts",),
                requires=("torch", "safetensors", "sentencepiece"), extra="kyutai-tts"),
+    ModelEntry("csm", "lm", "models.csm.build:load",
+               "Sesame CSM-1B (Llama-3.2-1B backbone + depth decoder, 32 Mimi codebooks), speakers 0-9, "
+               "registered voices and earlier turns as context; 'csm-tiny' is a tiny random one "
+               "(--load-format dummy)", "gpu",
+               default_id="sesame/csm-1b", aliases={"csm-tiny": "tiny", "csm-1b": "sesame/csm-1b"},
+               hub_prefixes=("sesame/csm",), architectures=("CsmForConditionalGeneration", "csm"),
+               requires=("torch", "safetensors", "tokenizers"), extra="csm"),
+    ModelEntry("voxcpm2", "lm", "models.voxcpm2.build:load",
+               "VoxCPM2 (MiniCPM4 + flow-matching patches, AudioVAE 48 kHz; zero-shot and cloned voices, "
+               "--lora folded at load); 'voxcpm2-tiny' is a tiny random one (--load-format dummy)", "gpu",
+               default_id="openbmb/VoxCPM2", aliases={"voxcpm2-tiny": "tiny"},
+               hub_prefixes=("openbmb/voxcpm",), architectures=("voxcpm2",),
+               requires=("torch", "safetensors", "tokenizers"), extra="voxcpm2"),
 )
 
 
@@ -105,7 +119,7 @@ def _from_config(path: Path) -> ModelEntry | None:
         cfg: dict[str, Any] = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    names = set(cfg.get("architectures") or []) | {str(cfg.get("model_type", ""))}
+    names = set(cfg.get("architectures") or []) | {str(cfg.get("model_type", "")), str(cfg.get("architecture", ""))}
     for e in ENTRIES:
         if names & set(e.architectures):
             return e

@@ -17,6 +17,7 @@
 # the single-stream requests (SINGLE_MAX_TOKENS tokens each, default 84; SINGLE_TOKEN_RATE: the
 # same again with the text streamed word by word at that many words/s). STACKS_EVERY_S: with py-spy among the wheels, dump the server's
 # and the engine's Python stacks that often into stacks.txt (what a slow engine is doing).
+# SKIP_WHEELS=1: the wheels are in /tmp/site already (a second run in one call: data_parallel.sh).
 # COMMIT: the commit the JSON files name (VOXGATE_COMMIT), where the machine's copy of the tree
 # carries another .git (the GPU machine's does: give COMMIT=$(git rev-parse HEAD) from here).
 # Needs the wheels in .whl/ (../shared/device/fetch-wheels.sh) and, to skip FlashInfer's JIT
@@ -40,8 +41,8 @@ max_tokens=${3:-287}  # 41 frames = 3.5 s per segment; a 30-50 word prompt is ~3
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 [ -n "${COMMIT:-}" ] && export VOXGATE_COMMIT=$COMMIT
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
+[ "${SKIP_WHEELS:-0}" = 1 ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+  --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site
 if [ -f .fi_cache/fi_cache.tgz ]; then tar -xzf .fi_cache/fi_cache.tgz -C ~; fi
 if [ -f .fi_cache/inductor.tgz ]; then tar -xzf .fi_cache/inductor.tgz -C /tmp; fi

@@ -104,7 +104,9 @@ def build_lm_backend(
     ``kv_cache_dtype`` "fp8" / ``quantization`` "fp8": the fp8 options (``engine.llm.fp8``).
     ``device`` "auto" picks CUDA when available; ``dtype`` "auto" is bf16 on CUDA, fp32 on CPU.
     KV cache: ``num_pages`` if given; on CUDA, what fits in ``total * gpu_memory_utilization``
-    after the weights, minus ``reserve_bytes`` for activations and graphs; on the CPU,
+    after the weights, minus ``reserve_bytes`` for activations and graphs (the config's
+    ``gpu_memory_share``: engines sharing the GPU, each with its part:
+    ``model_runner.kv_budget_bytes``); on the CPU,
     ``cpu_kv_cache_bytes``. Never more than ``max_num_seqs`` full-length sequences need, never
     less than one. One page (``runner.scratch_page``) is owned by no sequence: CUDA-graph
     padding rows write there. On CUDA with flashinfer installed the runner is
@@ -186,6 +188,7 @@ def build_lm_backend(
             num_pages = num_pages_for_memory(
                 shape, page_size=page_size, dtype=kv_dtype, device=torch.device(device),
                 gpu_memory_utilization=utilization, reserve_bytes=reserve_bytes,
+                gpu_memory_share=pick(None, "gpu_memory_share", 1),
             )
         else:
             num_pages = cpu_kv_cache_bytes // kv_bytes_per_page(shape, page_size, kv_dtype)

@@ -27,7 +27,8 @@ from engine.llm.sequence import PENDING
 from engine.llm.token_head import RowInputs, SingleTokenHead, TokenHead, allowed_columns
 
 __all__ = ["AttentionBackendFactory", "LaunchedStep", "ModelRunner", "allowed_columns", "host_input_ids",
-           "kv_bytes_per_page", "num_pages_for_memory"]
+           "kv_bytes_per_page", "kv_budget_bytes", "num_pages_for_memory",
+           "CUDA_CONTEXT_ALLOWANCE_BYTES"]
 
 AttentionBackendFactory = Callable[[KVCacheSpec, list[torch.Tensor]], AttentionBackend]
 
@@ -38,6 +39,39 @@ def kv_bytes_per_page(config: Any, page_size: int, dtype: torch.dtype) -> int:
     return config.num_hidden_layers * 2 * page_size * config.num_key_value_heads * config.head_dim * elem
 
 
+# What a CUDA process holds outside torch's allocator (its context, the libraries' own
+# memory), which torch.cuda.memory_reserved does not count: an allowance, not a measurement.
+CUDA_CONTEXT_ALLOWANCE_BYTES = 1 << 30
+
+
+def kv_budget_bytes(
+    *,
+    free_bytes: int,
+    total_bytes: int,
+    own_bytes: int,
+    gpu_memory_utilization: float,
+    gpu_memory_share: int = 1,
+    reserve_bytes: int = 0,
+) -> int:
+    """Bytes the KV cache may take on a GPU (negative: none). Pure arithmetic, no device.
+
+    Alone on its GPU (``gpu_memory_share`` 1): ``total * utilization`` minus everything in use
+    on it now (``total - free``: this process and any other) minus ``reserve_bytes``.
+    Sharing it with ``gpu_memory_share - 1`` other engines that size their caches at the same
+    moment: ``total * utilization / share`` minus this process's own memory (``own_bytes``),
+    never more than is free now, minus ``reserve_bytes``. Counting only its own memory is what
+    lets the engines start at once: each sees the others' weights and caches come and go.
+    """
+    if not 0 < gpu_memory_utilization < 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1), got {gpu_memory_utilization}")
+    if gpu_memory_share < 1:
+        raise ValueError(f"gpu_memory_share must be >= 1, got {gpu_memory_share}")
+    if gpu_memory_share == 1:
+        return int(total_bytes * gpu_memory_utilization) - (total_bytes - free_bytes) - reserve_bytes
+    share = int(total_bytes * gpu_memory_utilization / gpu_memory_share) - own_bytes
+    return min(share, free_bytes) - reserve_bytes
+
+
 def num_pages_for_memory(
     config: Any,
     *,
@@ -45,23 +79,28 @@ def num_pages_for_memory(
     dtype: torch.dtype,
     device: torch.device,
     gpu_memory_utilization: float,
+    gpu_memory_share: int = 1,
     reserve_bytes: int = 0,
 ) -> int:
-    """KV pages that fit in ``total * utilization`` minus what is already in use on the GPU.
+    """KV pages that fit in the budget ``kv_budget_bytes`` gives on ``device`` now.
 
     ``dtype`` is the KV cache's (``kv_cache_dtype``), not the weights'. Call after the weights
     are loaded (and quantised); ``reserve_bytes`` keeps room for activations, the
-    sampler's buffers and CUDA graphs.
+    sampler's buffers and CUDA graphs. ``gpu_memory_share``: engines on this GPU (this one
+    counted); its own memory is what torch's allocator holds plus
+    ``CUDA_CONTEXT_ALLOWANCE_BYTES``.
     """
-    if not 0 < gpu_memory_utilization < 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1), got {gpu_memory_utilization}")
     free, total = torch.cuda.mem_get_info(device)
-    budget = int(total * gpu_memory_utilization) - (total - free) - reserve_bytes
+    own = torch.cuda.memory_reserved(device) + CUDA_CONTEXT_ALLOWANCE_BYTES
+    budget = kv_budget_bytes(free_bytes=free, total_bytes=total, own_bytes=own,
+                             gpu_memory_utilization=gpu_memory_utilization,
+                             gpu_memory_share=gpu_memory_share, reserve_bytes=reserve_bytes)
     num_pages = budget // kv_bytes_per_page(config, page_size, dtype)
     if num_pages < 1:
+        shared = (f", shared by {gpu_memory_share} engines" if gpu_memory_share > 1 else "")
         raise ValueError(
             f"no GPU memory left for the KV cache: {free / 2**30:.1f} GiB free of "
-            f"{total / 2**30:.1f} GiB at gpu_memory_utilization={gpu_memory_utilization}"
+            f"{total / 2**30:.1f} GiB at gpu_memory_utilization={gpu_memory_utilization}{shared}"
         )
     return int(num_pages)
 

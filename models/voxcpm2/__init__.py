@@ -15,7 +15,9 @@ slots, ``P`` = 4 frames a patch, ``D`` = 64 latent channels, ``H`` the backbone 
   residual) with ``attn(layer, q [T, Hq, Dh], k, v [T, Hkv, Dh]) -> [T, Hq, Dh]``; ids are text
   ids, ``model.pack_prompt_patch(j)`` or ``model.LAST_PATCH`` (every decode row).
 - Head: ``head.PatchHead(model, slot_feats, max_num_seqs=, max_steps=, ring_patches=)``;
-  ``configure(slot, steps=, cfg=, min_len=, cond=)`` before a sequence's first step;
+  ``configure(slot, steps=, cfg=, min_len=, cond=, max_len=)`` before a sequence's first step
+  (``max_len``: the patch at index ``max_len - 1`` stops; the noise is scaled by the row's
+  ``RowInputs.temperature``);
   ``sample(hidden [B, 2H], RowInputs) -> (tokens int64 [B, 2], stop logits [B, 2])``: column 0
   ``LAST_PATCH`` or ``STOP`` (this patch is the last; it is audio), column 1 the patch index;
   the patch goes to ``slot_feats.last[slot]`` and ``head.ring[slot, index % ring_patches]``.
@@ -26,4 +28,9 @@ slots, ``P`` = 4 frames a patch, ``D`` = 64 latent channels, ``H`` the backbone 
 - Audio: ``vae.VAEStream(vae, max_slots, chunk_frames)``: ``reset(slots)``, ``step(slots [N],
   z [N, D, chunk_frames]) -> pcm [N, chunk_frames * 1920]`` at 48 kHz (``scratch_slot`` for
   padding rows; ``delay_samples == 0``); ``z`` of patches [T, P, D] is ``patches.reshape(-1, D).T``.
+
+Served (``--model voxcpm2``): ``build.load(ctx) -> ProgramModel``; ``program.VoxCPM2Program`` (a
+segment's prompt, per-request options, ``bind_slot``, ``prepare_voice`` / ``add_voice``);
+``audio.ChunkDecoder`` (patches from the head's ring to audio, ``stream_chunk_patches`` at a
+time per slot); ``voices`` (WAV reading, resampling, encoding a voice once).
 """

@@ -6,10 +6,12 @@ Inside the captured step, for each row's last hidden state [2H] (backbone | resi
    patch (``SlotFeatures.last``: zeros before the first patch, or a continuation prompt's last
    patch);
 2. noise [D, P] from (seed, patch index, element) (``flow.patch_noise``; ``RowInputs.steps`` is
-   the patch index), integrated by ``flow.euler_solve`` with the slot's own step count and
+   the patch index), scaled by the row's ``temperature`` (1: the reference's standard normal;
+   0: no noise), integrated by ``flow.euler_solve`` with the slot's own step count and
    guidance scale;
 3. the stop head on the backbone stream; stop is ignored while the patch index is <= the slot's
-   ``min_len`` (the reference's ``i > min_len``: at least ``min_len + 2`` patches);
+   ``min_len`` (the reference's ``i > min_len``: at least ``min_len + 2`` patches); the patch
+   with index ``max_len - 1`` (the slot's cap, the reference's ``max_len``) stops in any case;
 4. the patch is written to ``SlotFeatures.last[slot]`` (the next decode row's input and the next
    condition) and to the slot's ring ``ring[slot, index % R]`` (what the VAE stream decodes).
 
@@ -20,7 +22,7 @@ the patch index. Once a slot has stopped, its state is frozen (later steps alrea
 it write nothing and return STOP again) until ``reset`` for a new sequence.
 
 Per-slot settings (``configure``): the Euler schedule (padded to ``max_steps`` updates), the
-guidance scale, ``min_len`` and the first condition. ``reset(rows)`` (the runtime, at a new
+guidance scale, ``min_len``, ``max_len`` and the first condition. ``reset(rows)`` (the runtime, at a new
 sequence's first step, after the program configured the slot) clears only the stop flag.
 """
 
@@ -33,7 +35,9 @@ from engine.llm.token_head import RowInputs
 from models.voxcpm2.flow import NoiseFn, euler_solve, patch_noise, schedule
 from models.voxcpm2.model import LAST_PATCH, STOP, SlotFeatures, VoxCPM2Model
 
-__all__ = ["PatchHead"]
+__all__ = ["NO_CAP", "PatchHead"]
+
+NO_CAP = 2**62  # a slot's max_len when it has none
 
 
 class PatchHead:
@@ -55,21 +59,34 @@ class PatchHead:
         self.done = torch.zeros(rows, dtype=torch.bool, device=dev)
         self.cfg = torch.full((rows,), 2.0, device=dev)
         self.min_len = torch.full((rows,), 2, dtype=torch.int64, device=dev)
+        self.max_len = torch.full((rows,), NO_CAP, dtype=torch.int64, device=dev)
         self.t = torch.zeros(rows, max_steps, device=dev)
         self.dt = torch.zeros(rows, max_steps, device=dev)
         self.live = torch.zeros(rows, max_steps, dtype=torch.bool, device=dev)
+        # Every step count's padded schedule, on the device once: ``configure`` copies device to
+        # device (a copy from host memory would wait for the step in flight)
+        self._schedules: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+        for n in range(1, max_steps + 1):
+            t, dt, live = schedule(n).padded(max_steps)
+            self._schedules[n] = (torch.tensor(t, device=dev), torch.tensor(dt, device=dev),
+                                  torch.tensor(live, device=dev))
         self.configure(max_num_seqs, steps=min(10, max_steps), cfg=2.0, min_len=2)
 
-    def configure(self, slot: int, *, steps: int, cfg: float, min_len: int, cond: Tensor | None = None) -> None:
-        """Set a slot's generation settings (host-side, before its sequence's first step)."""
+    def configure(self, slot: int, *, steps: int, cfg: float, min_len: int, cond: Tensor | None = None,
+                  max_len: int | None = None) -> None:
+        """Set a slot's generation settings (host-side, before its sequence's first step);
+        ``max_len``: the most patches (None: no cap of its own)."""
         if not 1 <= steps <= self.max_steps:
             raise ValueError(f"steps must be in [1, {self.max_steps}], got {steps}")
-        t, dt, live = schedule(steps).padded(self.max_steps)
-        self.t[slot] = torch.tensor(t)
-        self.dt[slot] = torch.tensor(dt)
-        self.live[slot] = torch.tensor(live)
+        if max_len is not None and max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        t, dt, live = self._schedules[steps]
+        self.t[slot].copy_(t)
+        self.dt[slot].copy_(dt)
+        self.live[slot].copy_(live)
         self.cfg[slot] = float(cfg)
         self.min_len[slot] = int(min_len)
+        self.max_len[slot] = NO_CAP if max_len is None else int(max_len)
         last = self.feats.last
         last[slot] = 0 if cond is None else cond.to(last.device, last.dtype)
         self.done[slot] = False
@@ -83,14 +100,16 @@ class PatchHead:
         mu = model.dit_condition(hidden)  # [B, 2 Hd]
         last = self.feats.last
         cond = last.index_select(0, rows).transpose(1, 2).to(dtype)  # [B, D, P]
-        z = self.noise(r.seeds, r.steps, self.feat_dim, self.patch_size).to(dtype)
+        z = self.noise(r.seeds, r.steps, self.feat_dim, self.patch_size) * r.temperature.view(-1, 1, 1)
+        z = z.to(dtype)  # [B, D, P]
         x = euler_solve(model.feat_decoder.estimator, z, mu, cond, t=self.t.index_select(0, rows),
                         dt=self.dt.index_select(0, rows), live=self.live.index_select(0, rows),
                         cfg=self.cfg.index_select(0, rows), mean_mode=model.config.dit.mean_mode)
         patch = x.transpose(1, 2).to(last.dtype)  # [B, P, D]
         logits = model.stop_logits(hidden.chunk(2, dim=-1)[0])  # [B, 2]
         may_stop = r.steps > self.min_len.index_select(0, rows)
-        stop = (logits[:, 1] > logits[:, 0]) & may_stop
+        at_cap = r.steps + 1 >= self.max_len.index_select(0, rows)
+        stop = ((logits[:, 1] > logits[:, 0]) & may_stop) | at_cap
         was_done = self.done.index_select(0, rows)
         write = r.keep & ~was_done  # [B]
         w = write.view(-1, 1, 1)

@@ -74,7 +74,7 @@ def test_every_serve_option_has_a_description() -> None:
 # Flags whose default is said in words: an empty value (none), a path resolved at start, a key
 # that --help must not print (it may come from VOXGATE_API_KEY), a size in MiB.
 _WORDED_DEFAULTS = {"--api-key", "--allowed-origins", "--allowed-hosts", "--ssl-certfile",
-                    "--ssl-keyfile", "--data-dir", "--max-voice-upload-bytes",
+                    "--ssl-keyfile", "--data-dir", "--max-voice-upload-bytes", "--gpus", "--lora",
                     "--compat-voice-map"}
 
 
@@ -120,6 +120,13 @@ def test_model_help_documents_tiny(serve_help: str) -> None:
     for name in ("hibari", "synthetic", "orpheus", "tiny"):
         assert name in entry
     assert "needs --load-format dummy" in entry
+
+
+def test_help_never_wraps_a_flag_at_its_hyphen(serve_help: str) -> None:
+    """A flag named in a help text stays whole on one line (no "--load-" / "format")."""
+    import re
+
+    assert not re.search(r"--[a-z0-9]+(-[a-z0-9]+)*-\n", serve_help)
 
 
 @pytest.fixture

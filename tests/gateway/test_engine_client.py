@@ -51,7 +51,7 @@ def _supervisor(clock: Clock | None = None, **config: Any) -> tuple[EngineSuperv
     routed: list[em.Message] = []
     sup = EngineSupervisor(EngineConfig(model="synthetic"), GatewayConfig(**config),
                            log_level="WARNING", on_message=routed.append,
-                           on_lost=lambda: lost.append(sup.status), metrics=GatewayMetrics(),
+                           on_lost=lambda keys: lost.append(sup.status), metrics=GatewayMetrics(),
                            clock=clock or Clock())
     return sup, lost, routed
 

@@ -14,7 +14,7 @@ def test_engine_totals_become_labelled_gauges() -> None:
     a later record moves them on."""
     metrics = GatewayMetrics()
     sup = EngineSupervisor(EngineConfig(model="synthetic"), GatewayConfig(), log_level="WARNING",
-                           on_message=lambda msg: None, on_lost=lambda: None, metrics=metrics)
+                           on_message=lambda msg: None, on_lost=lambda keys: None, metrics=metrics)
     sup._dispatch(em.encode(em.Stats(3, 1, 2, {"steps": 10, "busy_s": 0.5, "decode_rows": 640})))
     text = metrics.render().decode()
     assert 'voxgate_engine_totals{name="decode_rows"} 640.0' in text
@@ -28,7 +28,7 @@ def test_engine_totals_become_labelled_gauges() -> None:
 def _supervisor() -> tuple[EngineSupervisor, GatewayMetrics]:
     metrics = GatewayMetrics()
     sup = EngineSupervisor(EngineConfig(model="synthetic"), GatewayConfig(), log_level="WARNING",
-                           on_message=lambda msg: None, on_lost=lambda: None, metrics=metrics)
+                           on_message=lambda msg: None, on_lost=lambda keys: None, metrics=metrics)
     return sup, metrics
 
 

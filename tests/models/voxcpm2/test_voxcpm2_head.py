@@ -165,3 +165,17 @@ def test_one_step_schedule_returns_the_noise():
     assert Schedule(1).live == [False]
     assert sum(Schedule(10).live) == 9
     assert sum(Schedule(60).live) == 58
+
+
+def test_max_len_stops_at_the_cap_whatever_min_len(tiny):
+    """A slot's max_len makes the patch at index max_len - 1 the stop patch, even while stop would
+    be ignored (min_len); without one, min_len alone rules."""
+    head, _ = _head(tiny)
+    head.configure(0, steps=2, cfg=2.0, min_len=100, max_len=3)
+    head.configure(1, steps=2, cfg=2.0, min_len=100)
+    h = torch.randn(2, 2 * tiny.config.lm.hidden_size, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        cols = [head.sample(h, row_inputs([1, 1], [k, k], [0, 1]))[0][:, 0].tolist() for k in range(3)]
+    assert cols == [[LAST_PATCH, LAST_PATCH], [LAST_PATCH, LAST_PATCH], [STOP, LAST_PATCH]]
+    with pytest.raises(ValueError, match="max_len"):
+        head.configure(0, steps=2, cfg=2.0, min_len=2, max_len=0)

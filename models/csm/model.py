@@ -1,0 +1,210 @@
+"""The CSM model: a Llama backbone over summed frame embeddings and a depth decoder that fills a
+frame's codebooks 1..31, gpt-fast style.
+
+Parameter names are the keys of transformers' ``CsmForConditionalGeneration`` checkpoint
+(``embed_text_tokens``, ``lm_head``, ``backbone_model.*``, ``depth_decoder.*``; the codec's
+``codec_model.*`` goes to ``models.csm.codec``), so a model built on the meta device loads with
+``load_state_dict(assign=True)``. The decoder layers are ``models.orpheus.llama``'s (the same
+Llama 3 layer, the same key names).
+
+One position per frame or text token (the reference's 33 columns: 32 codebooks plus text,
+each embedded and the present ones summed): a text position is ``embed_text_tokens(id)``; an
+audio position is the sum over codebooks k of ``embed_audio_tokens(code_k + k * 2051)`` (the
+reference's offsets); the reference never mixes the two in one position. The backbone's
+normed last state gives codebook 0 (``lm_head``); the depth decoder then runs over positions
+0..31: position 0 is that state, position k >= 1 is the shared audio table's embedding of
+codebook k-1's code (offset (k-1) * 2051), all through ``inputs_embeds_projector``; position k's
+output through ``codebooks_head.weight[k-1]`` gives codebook k.
+
+Ids: the runtime hands the model one int64 per position (``pack``): a text id, a frame of the
+context pool (``POOL_FRAME | row``: the prompt's audio, encoded once per voice; row 0 is the
+all-zero frame that stands for ``<|audio_eos|>``), or ``LAST_FRAME`` (the slot's previous
+frame: every decode row). ``STOP`` is only ever produced by the head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.csm.config import CsmConfig
+from models.orpheus.llama import DecoderLayer, RMSNorm, rope_cos_sin
+
+__all__ = ["KIND_SHIFT", "LAST_FRAME", "POOL_FRAME", "STOP", "CsmModel", "SampleFn", "pack_pool", "unpack"]
+
+KIND_SHIFT = 32
+_LOW = (1 << KIND_SHIFT) - 1
+POOL_FRAME = 1 << KIND_SHIFT  # | row: frame ``row`` of the context pool
+LAST_FRAME = 2 << KIND_SHIFT  # the slot's last generated frame (every decode row's id)
+STOP = 3 << KIND_SHIFT  # the head's token for the end-of-speech frame (never an input)
+
+# A sampler: logits [B, V] float32 and a salt (one per codebook) -> ids [B] int64.
+SampleFn = Callable[[Tensor, int], Tensor]
+
+
+def pack_pool(row: int) -> int:
+    return POOL_FRAME | row
+
+
+def unpack(ids: Tensor) -> tuple[Tensor, Tensor]:
+    """ids int64 [T] -> (kind [T]: 0 text, 1 pool frame, 2 last frame; low field [T])."""
+    return ids >> KIND_SHIFT, ids & _LOW
+
+
+class _AudioEmbeddings(nn.Module):
+    """``backbone_model.embed_tokens``: one table for all codebooks, codebook k at offset k * V."""
+
+    def __init__(self, c: CsmConfig) -> None:
+        super().__init__()
+        self.embed_audio_tokens = nn.Embedding(c.num_codebooks * c.codebook_size, c.backbone.hidden_size)
+
+
+class _Backbone(nn.Module):
+    def __init__(self, c: CsmConfig) -> None:
+        super().__init__()
+        b = c.backbone
+        self.embed_tokens = _AudioEmbeddings(c)
+        self.layers = nn.ModuleList(DecoderLayer(b, i) for i in range(b.num_hidden_layers))
+        self.norm = RMSNorm(b.hidden_size, b.rms_norm_eps)
+
+
+class _DepthModel(nn.Module):
+    def __init__(self, c: CsmConfig) -> None:
+        super().__init__()
+        d = c.depth
+        self.embed_tokens = nn.Embedding(c.num_codebooks * c.codebook_size, c.backbone.hidden_size)
+        self.inputs_embeds_projector = nn.Linear(c.backbone.hidden_size, d.hidden_size, bias=False)
+        self.layers = nn.ModuleList(DecoderLayer(d, i) for i in range(d.num_hidden_layers))
+        self.norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+
+
+class _CodebooksHead(nn.Module):
+    def __init__(self, c: CsmConfig) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(c.num_codebooks - 1, c.depth.hidden_size, c.codebook_size))
+
+
+class _DepthDecoder(nn.Module):
+    def __init__(self, c: CsmConfig) -> None:
+        super().__init__()
+        self.model = _DepthModel(c)
+        self.codebooks_head = _CodebooksHead(c)
+
+
+class _DenseAttention:
+    """The depth decoder's attention over one frame: a dense cache [B, L, Hkv, D] per layer,
+    inputs ``[B * n, H, D]`` (rows ordered batch-major) written at the static ``offset``."""
+
+    def __init__(self, num_layers: int, batch: int, length: int, kv_heads: int, head_dim: int, like: Tensor) -> None:
+        shape = (batch, length, kv_heads, head_dim)
+        self.k = [like.new_zeros(shape) for _ in range(num_layers)]
+        self.v = [like.new_zeros(shape) for _ in range(num_layers)]
+        self.batch = batch
+        self.offset = 0
+
+    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        b, p = self.batch, self.offset
+        n = q.shape[0] // b
+        self.k[layer][:, p:p + n] = k.view(b, n, *k.shape[1:])
+        self.v[layer][:, p:p + n] = v.view(b, n, *v.shape[1:])
+        kc, vc = self.k[layer][:, :p + n], self.v[layer][:, :p + n]  # [B, S, Hkv, D]
+        rep = q.shape[1] // kc.shape[2]
+        kc = kc.repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, H, S, D]
+        vc = vc.repeat_interleave(rep, dim=2).transpose(1, 2)
+        qb = q.view(b, n, *q.shape[1:]).transpose(1, 2)  # [B, H, n, D]
+        mask = torch.arange(p + n, device=q.device)[None, :] <= torch.arange(p, p + n, device=q.device)[:, None]
+        o = F.scaled_dot_product_attention(qb, kc, vc, attn_mask=mask)  # [B, H, n, D]
+        return o.transpose(1, 2).reshape(b * n, *q.shape[1:])
+
+
+class CsmModel(nn.Module):
+    """Backbone, depth decoder, text embedding and codebook-0 head; see the module docstring.
+
+    Build on the meta device, load, then ``setup()`` (RoPE tables, audio offsets, the tied
+    codebook embedding)."""
+
+    def __init__(self, config: CsmConfig, *, max_seq_len: int | None = None) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.max_seq_len = max(max_seq_len or 0, c.backbone.max_position_embeddings)
+        self.embed_text_tokens = nn.Embedding(c.text_vocab_size, c.backbone.hidden_size)
+        self.lm_head = nn.Linear(c.backbone.hidden_size, c.codebook_size, bias=False)
+        self.backbone_model = _Backbone(c)
+        self.depth_decoder = _DepthDecoder(c)
+        self.register_buffer("rope", torch.empty(self.max_seq_len, 2, c.backbone.head_dim), persistent=False)
+        self.register_buffer("depth_rope", torch.empty(c.num_codebooks, 2, c.depth.head_dim), persistent=False)
+        self.register_buffer("offsets", torch.empty(c.num_codebooks, dtype=torch.int64), persistent=False)
+
+    @torch.no_grad()
+    def setup(self, device: torch.device | str) -> None:
+        """Non-persistent buffers (after a meta-device load) and the tie of the codebook tables."""
+        c = self.config
+        self.rope = rope_cos_sin(c.backbone, self.max_seq_len, device)
+        self.depth_rope = rope_cos_sin(c.depth, c.num_codebooks, device)
+        self.offsets = torch.arange(c.num_codebooks, device=device, dtype=torch.int64) * c.codebook_size
+        if c.tie_codebooks_embeddings:
+            self.backbone_model.embed_tokens.embed_audio_tokens.weight = self.depth_decoder.model.embed_tokens.weight
+
+    # -- backbone -----------------------------------------------------------------------------
+    def embed_audio(self, codes: Tensor) -> Tensor:
+        """codes [N, K] (K = num_codebooks) -> the summed frame embedding [N, H]."""
+        table = self.backbone_model.embed_tokens.embed_audio_tokens
+        return table(codes + self.offsets).sum(dim=1)
+
+    def embed(self, ids: Tensor, pool: Tensor, last_frames: Tensor) -> Tensor:
+        """Packed ids [T] (``pack_pool`` / text ids / ``LAST_FRAME``), the context pool [P, K] and
+        each position's slot's last frame [T, K] -> input embeddings [T, H]."""
+        kind, low = unpack(ids)
+        text = self.embed_text_tokens(torch.where(kind == 0, low, torch.zeros_like(low)))  # [T, H]
+        frames = pool.index_select(0, torch.where(kind == 1, low, torch.zeros_like(low)))  # [T, K]
+        frames = torch.where((kind == 2)[:, None], last_frames, frames)
+        return torch.where((kind == 0)[:, None], text, self.embed_audio(frames).to(text.dtype))
+
+    def forward(self, embeds: Tensor, positions: Tensor, attn: Callable[..., Tensor]) -> Tensor:
+        """embeds [T, H], positions [T] -> the backbone's final-normed hidden [T, H]."""
+        cs = self.rope.index_select(0, positions).to(embeds.dtype)  # [T, 2, D]
+        cos, sin = cs[:, 0:1], cs[:, 1:2]
+        x = embeds
+        for layer in self.backbone_model.layers:
+            x = layer(x, cos, sin, attn)
+        return self.backbone_model.norm(x)
+
+    def codebook0_logits(self, hidden: Tensor) -> Tensor:
+        """hidden [B, H] -> float32 [B, V]."""
+        return self.lm_head(hidden).float()
+
+    # -- depth decoder ------------------------------------------------------------------------
+    def _depth(self, x: Tensor, attn: _DenseAttention) -> Tensor:
+        """x [B, n, H_backbone] at positions attn.offset.. -> normed [B, H_depth] of the last one."""
+        dm = self.depth_decoder.model
+        b, n, _ = x.shape
+        h = dm.inputs_embeds_projector(x).reshape(b * n, -1)  # [B * n, Hd], batch-major
+        cs = self.depth_rope[attn.offset:attn.offset + n].to(h.dtype)  # [n, 2, D]
+        cs = cs.repeat(b, 1, 1)  # [B * n, 2, D]
+        cos, sin = cs[:, 0:1], cs[:, 1:2]
+        for layer in dm.layers:
+            h = layer(h, cos, sin, attn)
+        attn.offset += n
+        return dm.norm(h.view(b, n, -1)[:, -1])
+
+    def decode_frame(self, hidden: Tensor, code0: Tensor, sample: SampleFn) -> Tensor:
+        """The backbone's hidden [B, H] and codebook 0 [B] -> the frame's codes [B, K]; codebook k
+        is sampled with salt k. Static shapes: the K - 1 steps are unrolled."""
+        c = self.config
+        d, dm = c.depth, self.depth_decoder.model
+        heads = self.depth_decoder.codebooks_head.weight  # [K-1, Hd, V]
+        attn = _DenseAttention(d.num_hidden_layers, hidden.shape[0], c.num_codebooks, d.num_key_value_heads,
+                               d.head_dim, hidden)
+        x = torch.stack((hidden, dm.embed_tokens(code0).to(hidden.dtype)), dim=1)  # [B, 2, Hb]
+        h = self._depth(x, attn)
+        codes = [code0]
+        for k in range(1, c.num_codebooks):
+            code = sample((h @ heads[k - 1]).float(), k)  # [B]
+            codes.append(code)
+            if k < c.num_codebooks - 1:
+                h = self._depth(dm.embed_tokens(code + k * c.codebook_size)[:, None].to(hidden.dtype), attn)
+        return torch.stack(codes, dim=1)

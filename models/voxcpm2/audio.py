@@ -1,0 +1,238 @@
+"""Patches to 48 kHz audio for the VoxCPM2 program: the streaming VAE decoder, a chunk of
+``chunk_patches`` patches per slot at a time, each chunk decoded once.
+
+Where a chunk's patches come from: the patch head writes patch ``i`` of the sequence in slot
+``s`` to ``ring[s, i % R]`` (``PatchHead.ring``, on the device); a continuation voice's last
+prompt patches, which warm the decoder and whose audio is cut, sit in ``context[s]``. A
+sequence's *virtual stream* is its K context patches, then its generated patches; a chunk is C
+consecutive positions of it (``ChunkRow``). ``run`` gathers every due row's chunk from those
+buffers and decodes them in one ``VAEStream.step`` (a CUDA graph per batch bucket on the GPU):
+a row appears once per call, and a row that needs several chunks (a continuation voice's first
+call, a chunk size below K) takes them in rounds, in order. The final chunk is zero-padded and
+cut (the decoder is causal, so padding changes no earlier sample).
+
+Why not ``engine.llm.slot_codec.SlotCodec`` (the codec runner of Qwen3-TTS and Kyutai TTS): that
+decodes one frame of host-known integer codes per row every step; here a row's input is float
+latents that never leave the device (gathered from the ring and the context, or their spilled
+copies), a row is due only every C patches, may take several chunks in rounds, and a finished
+row's last read must be ordered before its slot's reuse.
+
+Ordering on the GPU (the chunk work runs on the decoder's own CUDA stream, overlapping the next
+LM step; the collect waits for it):
+
+- a chunk is gathered once its patches' step has finished (their tokens reached the host) and
+  before the ring entries are written again: the next writes to them are ``R`` patches later,
+  and the host collects (waits for) each call's work before it launches more than two further
+  steps, so ``R >= C + 3`` suffices (the program uses more);
+- a finished sequence's last chunk is read before another sequence takes its slot. Without
+  asynchronous steps the runtime launches the step that puts a new sequence in a freed slot
+  *before* it hands the program the old one's stop (``launch_finish``), so ``bind_slot`` calls
+  ``spill`` first: the slot's ring row and context are copied aside (on the LM's stream, before
+  the new sequence's first step) and the old sequence's last chunk reads the copy. With them,
+  ``launch_finish`` comes first, and ``run(..., final=True)`` records an event after its
+  gathers that ``wait_slot`` (also from ``bind_slot``) makes the LM's stream wait for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from engine.llm.program import Collect
+from models.voxcpm2.prompt import CONTEXT_PATCHES
+from models.voxcpm2.vae import VAEStream
+
+__all__ = ["ChunkDecoder", "ChunkRow"]
+
+# where a chunk position's patch comes from: nothing (padding), the context, the ring, or their
+# copies set aside when the slot was taken before the sequence's last chunk was read (``spill``)
+_ZERO, _CONTEXT, _RING, _CONTEXT_SPILLED, _RING_SPILLED = 0, 1, 2, 3, 4
+
+
+@dataclass
+class ChunkRow:
+    """One sequence's decode progress: ``start`` virtual positions decoded of ``available``."""
+
+    slot: int
+    num_context: int  # K: context patches before the generated ones
+    start: int  # virtual positions already decoded
+    available: int  # virtual positions known (context + patches generated)
+    spilled: bool = False  # its ring row and context were copied aside (``ChunkDecoder.spill``)
+
+
+class ChunkDecoder:
+    """See the module docstring. ``ring`` is ``PatchHead.ring`` [S+1, R, P, D]."""
+
+    def __init__(self, vae: Any, ring: Tensor, *, max_slots: int, chunk_patches: int) -> None:
+        if chunk_patches < 1:
+            raise ValueError(f"chunk_patches must be >= 1, got {chunk_patches}")
+        rows, ring_len, p, d = ring.shape
+        if ring_len < chunk_patches + 3:
+            raise ValueError(f"the ring holds {ring_len} patches; chunks of {chunk_patches} need {chunk_patches + 3}")
+        self.ring = ring
+        self.chunk = chunk_patches
+        self.patch_size, self.feat_dim = p, d
+        self.device = ring.device
+        self.stream = VAEStream(vae, max_slots, chunk_patches * p)
+        self.patch_samples = p * self.stream.hop
+        self.context = torch.zeros(rows, CONTEXT_PATCHES, p, d, device=self.device, dtype=ring.dtype)
+        self.spilled_ring = torch.zeros_like(ring)
+        self.spilled_context = torch.zeros_like(self.context)
+        self.graphs: Any = None  # BatchGraphs of ``step_fn`` (CUDA), or None: eager
+        self._cuda_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._read: dict[int, Any] = {}  # slot -> event after a finished sequence's last gather
+        self.num_chunks = 0  # chunks decoded since start (totals)
+
+    # -- per slot ---------------------------------------------------------------------------
+
+    def wait_slot(self, slot: int) -> None:
+        """Before a new sequence uses ``slot``: the LM's stream waits until the previous
+        sequence's last chunk has been gathered (a no-op on the CPU)."""
+        event = self._read.pop(slot, None)
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+
+    def spill(self, row: ChunkRow) -> None:
+        """Another sequence takes ``row``'s slot before its last chunk is read: copy the slot's
+        ring row and context aside (on the current stream, before the new sequence's first step);
+        ``row``'s chunks read the copies from now on."""
+        s = row.slot
+        self.spilled_ring[s].copy_(self.ring[s])
+        self.spilled_context[s].copy_(self.context[s])
+        row.spilled = True
+
+    def patch(self, row: ChunkRow, i: int) -> Tensor:
+        """Generated patch ``i`` of ``row``'s sequence [P, D], where its chunks read it (tests)."""
+        ring = self.spilled_ring if row.spilled else self.ring
+        return ring[row.slot, i % ring.shape[1]]
+
+    def set_context(self, slot: int, context: Tensor | None) -> None:
+        """A continuation voice's warm-up patches [K, P, D] for the slot (after ``wait_slot``)."""
+        if context is not None:
+            self.context[slot, : context.shape[0]].copy_(context.to(self.context.dtype), non_blocking=True)
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def step_fn(self, slot1: Tensor, ring_idx: Tensor, ctx_idx: Tensor, kind: Tensor) -> Tensor:
+        """The captured work: slot + 1 [N] (0: padding, the scratch slot), per chunk position the
+        ring index, the context index and the source [N, C] -> audio [N, C * P * hop] float32."""
+        scratch = self.stream.scratch_slot
+        slots = torch.where(slot1 > 0, slot1 - 1, torch.full_like(slot1, scratch))
+        rows = slots[:, None]
+        k = kind[:, :, None, None]
+        x = torch.zeros(kind.shape + self.ring.shape[2:], device=kind.device, dtype=self.ring.dtype)  # [N, C, P, D]
+        for code, src, idx in ((_RING, self.ring, ring_idx), (_CONTEXT, self.context, ctx_idx),
+                               (_RING_SPILLED, self.spilled_ring, ring_idx),
+                               (_CONTEXT_SPILLED, self.spilled_context, ctx_idx)):
+            x = torch.where(k == code, src[rows, idx], x)
+        z = x.reshape(x.shape[0], -1, self.feat_dim).transpose(1, 2)  # [N, D, C * P]
+        return self.stream.step(slots, z).float()
+
+    def run(self, rows: list[ChunkRow], *, final: bool) -> Collect:
+        """Decode every chunk due in ``rows`` (all that remain, padded, with ``final``); advances
+        each row's ``start``. ``collect()`` gives each row's audio (None: nothing due)."""
+        pieces: list[list[tuple[int, Any, int, int]]] = [[] for _ in rows]  # (round, handle, cut from, to)
+        with self._on_stream():
+            fresh = [r.slot for r in rows if r.start == 0 and self._due(r, final)]
+            if fresh:
+                self.stream.reset(torch.tensor(fresh, dtype=torch.int64).to(self.device, non_blocking=True))
+            while True:
+                due = [i for i, r in enumerate(rows) if self._due(r, final)]
+                if not due:
+                    break
+                out = self._decode([rows[i] for i in due])  # (a handle: waits and gives [N, samples])
+                for j, i in enumerate(due):
+                    r = rows[i]
+                    end = min(r.available, r.start + self.chunk)
+                    cut_from = max(r.num_context - r.start, 0) * self.patch_samples
+                    cut_to = (end - r.start) * self.patch_samples
+                    if cut_to > cut_from:
+                        pieces[i].append((j, out, cut_from, cut_to))
+                    r.start += self.chunk
+            if final and self._cuda_stream is not None:
+                event = torch.cuda.Event()
+                event.record(self._cuda_stream)
+                for r in rows:
+                    self._read[r.slot] = event
+
+        def collect() -> list[np.ndarray | None]:
+            result: list[np.ndarray | None] = []
+            for parts in pieces:
+                got = [out()[j, a:b] for j, out, a, b in parts]
+                result.append(np.concatenate(got) if got else None)
+            return result
+
+        return collect
+
+    def _due(self, r: ChunkRow, final: bool) -> bool:
+        return r.available - r.start >= (1 if final else self.chunk)
+
+    def _decode(self, rows: list[ChunkRow]) -> Any:
+        """One VAE call over ``rows``' next chunks; a handle whose call gives the audio [N, S] (numpy)."""
+        n, c, ring_len = len(rows), self.chunk, self.ring.shape[1]
+        v = np.array([r.start for r in rows])[:, None] + np.arange(c)[None]  # [N, C] virtual positions
+        k = np.array([r.num_context for r in rows])[:, None]
+        avail = np.array([r.available for r in rows])[:, None]
+        spilled = np.array([r.spilled for r in rows])[:, None]
+        kind = np.where(v < k, np.where(spilled, _CONTEXT_SPILLED, _CONTEXT),
+                        np.where(v < avail, np.where(spilled, _RING_SPILLED, _RING), _ZERO))
+        ctx_idx = np.clip(v, 0, CONTEXT_PATCHES - 1)
+        ring_idx = np.maximum(v - k, 0) % ring_len
+        dev = self.device
+
+        def dev_t(a: np.ndarray) -> Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev, non_blocking=True)
+
+        slot1 = dev_t(np.array([r.slot + 1 for r in rows]))
+        args = (slot1, dev_t(ring_idx), dev_t(ctx_idx), dev_t(kind))
+        self.num_chunks += n
+        if self.graphs is not None:
+            from engine.llm.host_copy import start_host_copy
+
+            waits = []
+            largest = self.graphs.max_batch_size
+            for i in range(0, n, largest):
+                (out,) = self.graphs.run(*(a[i:i + largest] for a in args))
+                waits.append(start_host_copy(out))
+            return _Joined(waits)
+        with torch.inference_mode():
+            out = self.step_fn(*args).cpu().numpy()  # [N, C * P * hop]
+        return lambda: out
+
+    @contextlib.contextmanager
+    def _on_stream(self) -> Iterator[None]:
+        if self._cuda_stream is None:
+            yield
+        else:
+            with torch.cuda.stream(self._cuda_stream):
+                yield
+
+    def make_graphs(self, buckets: list[int]) -> Any:
+        """Capture ``step_fn`` per batch bucket (CUDA)."""
+        from engine.llm.cuda_graphs import BatchGraphs
+
+        c, i64 = self.chunk, torch.int64
+        graphs = BatchGraphs(self.step_fn, [((), i64), ((c,), i64), ((c,), i64), ((c,), i64)], buckets=buckets,
+                             device=self.device)
+        graphs.capture(desc="voxcpm2 VAE graphs")
+        self.graphs = graphs
+        return graphs
+
+
+class _Joined:
+    """Host copies of several replays' outputs, waited for once and joined (numpy [N, S])."""
+
+    def __init__(self, waits: list[Any]) -> None:
+        self._waits = waits
+        self._out: np.ndarray | None = None
+
+    def __call__(self) -> np.ndarray:
+        if self._out is None:
+            self._out = np.concatenate([w().numpy() for w in self._waits])
+        return self._out
