@@ -26,7 +26,7 @@ import numpy as np
 
 from engine.admission import Admission, AdmissionConfig
 from engine.backend import Backend, JobOutput, OptionError
-from engine.messages import Audio, Done, Error, Message, Started, VoiceRef
+from engine.messages import Audio, Done, Error, Flushed, Message, Started, VoiceRef
 from engine.segmenter import Segment, Segmenter
 
 __all__ = ["CoreConfig", "EngineCore"]
@@ -120,6 +120,12 @@ class _Stream:
     queue_wait_s: float = 0.0
     held_text: str = ""
     held_flush: bool = False
+    # Flush acknowledgements (``Flushed``): segments made so far and spoken so far, and for
+    # each flush not yet acknowledged, (its ordinal, the segments it waits for).
+    num_segments: int = 0
+    num_segments_spoken: int = 0
+    num_flushes: int = 0
+    flush_marks: deque[tuple[int, int]] = field(default_factory=deque)
 
 
 class EngineCore:
@@ -195,17 +201,21 @@ class EngineCore:
             stream.t_first_text = self._clock()
         if self._input_streaming:
             return self._stream_text(stream, text)
-        stream.pending.extend(stream.segmenter.push(text))
+        self._add_segments(stream, stream.segmenter.push(text))
         return self._submit(stream)
 
     def flush(self, key: int) -> list[Message]:
         stream = self._streams.get(key)
         if stream is None or stream.is_ended:
             return []
-        if self._input_streaming:
-            return self._stream_text(stream, "", flush=True)
-        stream.pending.extend(stream.segmenter.flush())
-        return self._submit(stream)
+        stream.num_flushes += 1
+        if self._input_streaming:  # the backend does not say when a flush's audio is out
+            out = self._stream_text(stream, "", flush=True)
+            return out + [Flushed(key, stream.num_flushes)]
+        self._add_segments(stream, stream.segmenter.flush())
+        stream.flush_marks.append((stream.num_flushes, stream.num_segments))
+        out = self._submit(stream)
+        return out + self._flushed(stream) if self._streams.get(key) is stream else out
 
     def end(self, key: int) -> list[Message]:
         stream = self._streams.get(key)
@@ -216,7 +226,7 @@ class EngineCore:
             if stream.jobs:
                 self.backend.push_text(stream.jobs[0].job_id, "", final=True)  # type: ignore[attr-defined]
             return self._maybe_done(stream)
-        stream.pending.extend(stream.segmenter.end())
+        self._add_segments(stream, stream.segmenter.end())
         return self._submit(stream) + self._maybe_done(stream)
 
     def cancel(self, key: int) -> list[Message]:
@@ -437,6 +447,8 @@ class EngineCore:
         out: list[Message] = []
         while stream.jobs and stream.jobs[0].is_finished:
             stream.jobs.popleft()
+            stream.num_segments_spoken += 1
+            out.extend(self._flushed(stream))  # before the next segment's held audio
             if stream.jobs:
                 head = stream.jobs[0]
                 out.extend(self._audio(stream, head, pcm) for pcm in head.held)
@@ -445,6 +457,18 @@ class EngineCore:
                     self._schedule(stream, head)
         self._submit(stream)
         out.extend(self._maybe_done(stream))
+        return out
+
+    def _add_segments(self, stream: _Stream, segments: list[Segment]) -> None:
+        stream.pending.extend(segments)
+        stream.num_segments += len(segments)
+
+    def _flushed(self, stream: _Stream) -> list[Message]:
+        """``Flushed`` for each flush whose segments have all been spoken."""
+        out: list[Message] = []
+        marks = stream.flush_marks
+        while marks and marks[0][1] <= stream.num_segments_spoken:
+            out.append(Flushed(stream.key, marks.popleft()[0]))
         return out
 
     def _audio(self, stream: _Stream, job: _Job, pcm: np.ndarray) -> Audio:

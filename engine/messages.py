@@ -38,6 +38,7 @@ __all__ = [
     "Stats",
     "Batch",
     "Heartbeat",
+    "Flushed",
     "encode",
     "decode",
     "DecodeError",
@@ -61,6 +62,7 @@ class Kind(enum.IntEnum):
     STATS = 25
     BATCH = 26
     HEARTBEAT = 27
+    FLUSHED = 28
 
 
 class DecodeError(ValueError):
@@ -237,10 +239,21 @@ class Heartbeat(Message):
     num_steps: int
 
 
+@dataclass(frozen=True)
+class Flushed(Message):
+    """The audio of all the text a stream had before its ``num_flushes``-th ``Flush`` has been
+    sent (every ``Audio`` of it precedes this message). With a backend that takes text as it
+    arrives (``input_streaming``) it is sent once the flush has reached the backend instead."""
+
+    KIND: ClassVar[Kind] = Kind.FLUSHED
+    key: int
+    num_flushes: int
+
+
 _BY_KIND: dict[int, type[Message]] = {
     cls.KIND: cls
     for cls in (Open, Text, Flush, End, Cancel, Shutdown, Hello, Started, Audio, Done, Error, Stats,
-                Heartbeat)
+                Heartbeat, Flushed)
 }
 _FIELDS: dict[type[Message], tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _BY_KIND.values()

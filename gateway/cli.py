@@ -84,6 +84,7 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
         "(docs/scheduling.md); past it the stream waits or is refused with `capacity`.")
     sec = sp.add_argument_group("security (docs/security.md)")
     vo = sp.add_argument_group("registered voices (POST /v1/voices, models that can clone)")
+    co = sp.add_argument_group("vendor protocols (OpenAI, ElevenLabs, Cartesia, Deepgram: docs/compat.md)")
     st = sp.add_argument_group("streaming")
     dbg = sp.add_argument_group("logging and debugging")
     gpu = sp.add_argument_group(
@@ -226,6 +227,15 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     vo.add_argument("--max-voices", type=int, metavar="N", default=GatewayConfig.max_voices,
                    help="voices kept at most; registering more gets 409")
 
+    co.add_argument("--compat-voice-map", type=_csv, metavar="NAME=VOICE,...",
+                    default=GatewayConfig.compat_voice_map,
+                    help="vendor voice ids or model names mapped to served voices, e.g. "
+                         "alloy=heart,aura-2-thalia-en=heart (default: none)")
+    co.add_argument("--compat-unknown-voice", default=GatewayConfig.compat_unknown_voice,
+                    choices=["default", "refuse"],
+                    help="a vendor voice name that is neither mapped nor served: speak in the "
+                         "default voice (clients that check their own voice lists work), or refuse "
+                         "it with the protocol's error (default: %(default)s)")
     adm.add_argument("--admission", dest="admission_policy", default=AdmissionConfig.policy,
                      choices=list(ADMISSION_POLICIES),
                      help="past capacity, queue: a new stream waits for room (bounded by the two "

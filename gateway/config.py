@@ -60,6 +60,11 @@ class GatewayConfig:
     max_voice_name_chars: int = 64
     max_voice_transcript_chars: int = 2000
     max_voices: int = 100
+    # the vendor protocols (gateway.compat, docs/compat.md): "NAME=VOICE" entries mapping a
+    # vendor's voice id or model name to a served voice; any other unknown name is the served
+    # default voice ("default") or refused ("refuse")
+    compat_voice_map: tuple[str, ...] = ()
+    compat_unknown_voice: str = "default"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -104,6 +109,13 @@ class GatewayConfig:
             raise ValueError("voice durations must satisfy 0 < min_voice_duration_s <= "
                              f"max_voice_duration_s, got {self.min_voice_duration_s} and "
                              f"{self.max_voice_duration_s}")
+        for entry in self.compat_voice_map:
+            name, sep, voice = entry.partition("=")
+            if not sep or not name.strip() or not voice.strip():
+                raise ValueError(f"compat_voice_map entries are NAME=VOICE, got {entry!r}")
+        if self.compat_unknown_voice not in ("default", "refuse"):
+            raise ValueError("compat_unknown_voice must be 'default' or 'refuse', got "
+                             f"{self.compat_unknown_voice!r}")
         if not self.min_voice_rms_dbfs < 0:
             raise ValueError(f"min_voice_rms_dbfs must be < 0 (dB below full scale), got "
                              f"{self.min_voice_rms_dbfs}")

@@ -5,12 +5,13 @@
   (``localhost``, ``127.0.0.1``, ``[::1]``), the bind address, or one of ``--allowed-hosts``;
   bound elsewhere, only ``--allowed-hosts`` is enforced, when given. 403 ``host_not_allowed``.
 - **Origin** (cross-site WebSocket and form posts from a page the user opened): a request that
-  carries an ``Origin`` (browsers do) may open ``/v1/stream`` or change state (POST, PUT,
+  carries an ``Origin`` (browsers do) may open ``/v1/stream`` (or any WebSocket) or change state (POST, PUT,
   PATCH, DELETE) only if it is the server's own page (the Origin's host and port are the
   request's ``Host``; any scheme, for TLS proxies) or in
   ``--allowed-origins`` (``*``: any). Requests without one (agents, SDKs, curl) pass. 403
   ``origin_not_allowed``.
-- **API key** (``--api-key`` or ``VOXGATE_API_KEY``): when set, ``/v1/...`` and ``/metrics``
+- **API key** (``--api-key`` or ``VOXGATE_API_KEY``): when set, ``/v1/...``, ``/tts/...``
+  (Cartesia's WebSocket) and ``/metrics``
   (unless ``--metrics-public``) need it, from ``Authorization: Bearer <key>`` (or ``Token``),
   ``xi-api-key``, ``X-API-Key`` or ``?api_key=``; compared in constant time. 401 without a
   key, 403 with a wrong one. ``/health`` and the demo page's files stay open.
@@ -55,6 +56,8 @@ class SecurityPolicy:
     allow_loopback_hosts: bool = False  # also any loopback name or address
     metrics_public: bool = False
     stream_path: str = "/v1/stream"
+    # paths that need the key (the native API and the vendor protocols: /tts/ is Cartesia's)
+    protected_prefixes: tuple[str, ...] = ("/v1/", "/tts/")
 
     @classmethod
     def for_bind(cls, bind_host: str, *, api_key: str, allowed_origins: tuple[str, ...],
@@ -75,7 +78,8 @@ class SecurityPolicy:
     def needs_key(self, path: str) -> bool:
         if not self.api_key:
             return False
-        return path.startswith("/v1/") or (path == "/metrics" and not self.metrics_public)
+        return path.startswith(self.protected_prefixes) or (
+            path == "/metrics" and not self.metrics_public)
 
 
 def api_key_of(request: web.Request) -> str | None:
@@ -131,7 +135,8 @@ def security_middleware(policy: SecurityPolicy) -> Callable[..., Awaitable[web.S
             return error_response(403, "host_not_allowed", "this server does not answer to "
                                   "that Host name (--allowed-hosts)")
         path = request.path
-        if (path == policy.stream_path or request.method in _UNSAFE_METHODS) and \
+        is_upgrade = request.headers.get(hdrs.UPGRADE, "").lower() == "websocket"
+        if (path == policy.stream_path or is_upgrade or request.method in _UNSAFE_METHODS) and \
                 not _origin_allowed(policy, request):
             return error_response(403, "origin_not_allowed", "requests from the web page at "
                                   f"{request.headers[hdrs.ORIGIN]} are not allowed (--allowed-origins)")

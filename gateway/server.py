@@ -29,7 +29,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from engine import messages as em
 from engine.config import EngineConfig
-from gateway import http_routes
+from gateway import compat, http_routes
 from gateway.config import GatewayConfig
 from gateway.engine_pool import EnginePool
 from gateway.fd_limit import connections_allowed, raise_open_file_limit
@@ -125,6 +125,7 @@ class Gateway:
         if self._voice_routes is None:
             raise RuntimeError("build_app() runs in start(), once the voice store is open")
         self._voice_routes.add_to(app.router)
+        compat.add_to(app, self)  # OpenAI, ElevenLabs, Cartesia, Deepgram (docs/compat.md)
         app.router.add_get("/", http_routes.static_file)
         app.router.add_get("/{name}", http_routes.static_file)
         return app

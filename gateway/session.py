@@ -104,9 +104,13 @@ class Session:
         clock: Callable[[], float] = time.monotonic,
         debug_timestamps: bool = False,
         resolve_voice: Callable[[str], em.VoiceRef | None] | None = None,
+        report_flushes: bool = False,
     ) -> None:
         """``resolve_voice`` finds a registered voice that ``start`` names (not a built-in one):
-        a ``VoiceRef``, ``None`` if there is none, or ``LookupError`` naming the ambiguity."""
+        a ``VoiceRef``, ``None`` if there is none, or ``LookupError`` naming the ambiguity.
+        ``report_flushes``: the engine's flush acknowledgements reach the client as
+        ``{"type": "flushed", "stream", "flush"}`` maps (the compatibility adapters use them;
+        the native protocol does not send them)."""
         self._hello = hello
         self._limits = dict(limits)
         self._max_streams = int(limits["max_streams_per_connection"])
@@ -117,6 +121,7 @@ class Session:
         self._clock = clock
         self._debug_timestamps = debug_timestamps
         self._resolve_voice = resolve_voice
+        self.report_flushes = report_flushes
         self._shutdown_reason: str | None = None  # set: starts are refused (server_shutdown)
         self._streams: dict[str, _Stream] = {}
         self._by_key: dict[int, _Stream] = {}
@@ -195,16 +200,32 @@ class Session:
         if self._is_closed:
             return []
         try:
-            msg = p.parse_client_frame(frame)
-            return self._dispatch(msg)
+            return self._dispatch(p.parse_client_frame(frame))
         except ProtocolError as exc:
-            self._metrics.count_error(exc.code.value)
-            return [ToClient(p.error(exc.code, exc.message, stream=exc.stream,
-                                     retryable=exc.retryable))]
+            return self._refused(exc)
         except Exception:  # a bug of ours: this frame fails, the connection goes on
             log.exception("a client frame could not be handled")
             self._metrics.count_error(ErrorCode.INTERNAL.value)
             return [ToClient(p.error(ErrorCode.INTERNAL, "the server could not handle this frame"))]
+
+    def receive_message(self, msg: p.ClientMessage) -> list[Action]:
+        """``receive_frame`` for a message already parsed (by a compatibility adapter, which
+        builds it from another protocol's frame); never raises."""
+        if self._is_closed:
+            return []
+        try:
+            return self._dispatch(msg)
+        except ProtocolError as exc:
+            return self._refused(exc)
+        except Exception:  # a bug of ours: this message fails, the connection goes on
+            log.exception("a client message could not be handled")
+            self._metrics.count_error(ErrorCode.INTERNAL.value)
+            return [ToClient(p.error(ErrorCode.INTERNAL, "the server could not handle this frame"))]
+
+    def _refused(self, exc: ProtocolError) -> list[Action]:
+        self._metrics.count_error(exc.code.value)
+        return [ToClient(p.error(exc.code, exc.message, stream=exc.stream,
+                                 retryable=exc.retryable))]
 
     def _dispatch(self, msg: p.ClientMessage) -> list[Action]:
         if isinstance(msg, p.Start):
@@ -293,6 +314,10 @@ class Session:
             return []  # cancelled or failed already: late output is dropped here
         if type(msg) is em.Audio:
             return [ToClient(self._audio_msg(stream, msg))]
+        if isinstance(msg, em.Flushed):
+            if not self.report_flushes:
+                return []
+            return [ToClient({"type": "flushed", "stream": stream.id, "flush": msg.num_flushes})]
         if isinstance(msg, em.Started):
             return [ToClient(p.ready(stream.id, sample_rate=self._hello.sample_rate,
                                      fmt=stream.fmt, voice=msg.voice, options=msg.options))]

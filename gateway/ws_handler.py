@@ -31,7 +31,8 @@ from gateway.session import Session
 if TYPE_CHECKING:
     from gateway.server import Gateway
 
-__all__ = ["Connection", "handle_stream", "CLOSE_GRACE_S", "WRITE_BUFFER_HIGH_BYTES"]
+__all__ = ["Connection", "handle_stream", "serve_websocket", "CLOSE_GRACE_S",
+           "WRITE_BUFFER_HIGH_BYTES"]
 
 log = logging.getLogger("voxgate.gateway")
 
@@ -152,19 +153,47 @@ class Connection:
         if self.transport is not None:
             self.transport.abort()
 
+    def on_closed(self) -> None:
+        """The connection's handler has ended (a hook for adapters to free what they hold)."""
+
 
 async def handle_stream(gateway: Gateway, request: web.Request) -> web.StreamResponse:
     """The ``/v1/stream`` handler: upgrade, then run the connection until it closes."""
+    encoding = (p.Encoding.JSON if request.query.getall("encoding", []) == ["json"]
+                else p.Encoding.MSGPACK)
+
+    def make(ws: web.WebSocketResponse, session: Session) -> Connection:
+        return Connection(ws, session, encoding, gateway.config.max_outbox_bytes,
+                          on_close_requested=gateway.on_close_requested,
+                          on_overflow=gateway.on_slow_consumer)
+
+    def on_frame(conn: Connection, data: bytes | str) -> None:
+        gateway.apply(conn, conn.session.receive_frame(data))
+
+    return await serve_websocket(gateway, request, make_connection=make, on_frame=on_frame,
+                                 greet=True)
+
+
+async def serve_websocket(
+    gateway: Gateway, request: web.Request, *,
+    make_connection: Callable[[web.WebSocketResponse, Session], Connection],
+    on_frame: Callable[[Connection, bytes | str], None],
+    greet: bool = False, idle_timeout_s: float | None = None,
+    refuse: Callable[[web.Response], web.StreamResponse] | None = None,
+    not_websocket: Callable[[], web.StreamResponse] | None = None,
+) -> web.StreamResponse:
+    """Upgrade ``request`` and run one connection until it closes: the admission checks, the
+    reader loop (``on_frame`` for each client frame), the writer task and the idle watch.
+    The native protocol and the compatibility adapters (``gateway.compat``) share it.
+    ``refuse`` rewrites a refusal (503, 429) into another protocol's error form."""
     ws = web.WebSocketResponse(max_msg_size=gateway.config.max_frame_bytes, compress=False,
                                heartbeat=_PING_INTERVAL_S, timeout=CLOSE_GRACE_S)
     if not ws.can_prepare(request).ok:
-        return _not_websocket()
+        return not_websocket() if not_websocket is not None else _not_websocket()
     ip = request.remote or ""
     refusal = gateway.admit(ip)
     if refusal is not None:  # draining, the engine is starting, or too many connections
-        return refusal
-    encoding = (p.Encoding.JSON if request.query.getall("encoding", []) == ["json"]
-                else p.Encoding.MSGPACK)
+        return refuse(refusal) if refuse is not None else refusal
     try:
         await ws.prepare(request)
     except BaseException:
@@ -174,20 +203,19 @@ async def handle_stream(gateway: Gateway, request: web.Request) -> web.StreamRes
     transport = request.transport
     if transport is not None:
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
-    conn = Connection(ws, session, encoding, gateway.config.max_outbox_bytes,
-                      on_close_requested=gateway.on_close_requested,
-                      on_overflow=gateway.on_slow_consumer)
+    conn = make_connection(ws, session)
     conn.transport = transport
     conn.ip = ip
     gateway.add_connection(conn)
-    conn.push(session.greeting())
+    if greet:
+        conn.push(session.greeting())
     writer = asyncio.create_task(_writer(conn))
-    idle = asyncio.create_task(_idle_watch(conn, gateway.config.idle_timeout_s))
+    idle = asyncio.create_task(_idle_watch(conn, idle_timeout_s or gateway.config.idle_timeout_s))
     try:
         async for msg in ws:
             if msg.type is WSMsgType.BINARY or msg.type is WSMsgType.TEXT:
                 conn.last_activity = time.monotonic()
-                gateway.apply(conn, session.receive_frame(msg.data))
+                on_frame(conn, msg.data)
                 if conn.is_closing:
                     break
                 await gateway.engine.wait_writable()
@@ -204,6 +232,7 @@ async def handle_stream(gateway: Gateway, request: web.Request) -> web.StreamRes
         finally:
             if conn.cut_off is not None:
                 conn.cut_off.cancel()
+            conn.on_closed()
     return ws
 
 

@@ -238,3 +238,34 @@ def test_a_steps_audio_of_mixed_formats_is_encoded_chunk_by_chunk() -> None:
         else:  # the format's definition: round toward zero of clip(x, -1, 1) * 32767
             expected = np.clip(result.pcm.astype(np.float64), -1, 1) * 32767
             assert np.frombuffer(a.pcm, "<i2").tolist() == expected.astype(np.int64).tolist()
+
+
+def test_flushed_follows_the_flushed_texts_last_audio() -> None:
+    """Each flush is acknowledged (Flushed, numbered) after the audio of all text before it,
+    before the audio of text sent after it; a flush with nothing pending is acknowledged at once."""
+    core, _ = _core(chunks_per_job=3)
+    core.open(1, None, {})
+    assert core.flush(1) == [m.Flushed(1, 1)]  # nothing said yet
+    core.add_text(1, "First part here, and more")
+    out = core.flush(1)
+    assert not any(isinstance(x, m.Flushed) for x in out)
+    core.add_text(1, "Second part comes after the flush.")
+    out += core.end(1) + _run(core)
+    kinds = [type(x).__name__ for x in out]
+    i = kinds.index("Flushed")
+    assert out[i] == m.Flushed(1, 2) and kinds.count("Flushed") == 1
+    flushed_chars = len("First part here, and more")
+    assert out[:i] and all(isinstance(x, m.Audio) and x.span[1] <= flushed_chars for x in out[:i])
+    assert all(x.span[0] >= flushed_chars for x in out[i + 1:] if isinstance(x, m.Audio))
+    assert kinds[-1] == "Done" and "Audio" in kinds[i + 1:]
+
+
+def test_no_flushed_after_cancel() -> None:
+    """A cancelled stream's pending flush is never acknowledged."""
+    core, _ = _core(chunks_per_job=3)
+    core.open(1, None, {})
+    core.add_text(1, "Some words to speak now")
+    core.flush(1)
+    core.step()
+    out = core.cancel(1) + _run(core)
+    assert not any(isinstance(x, m.Flushed) for x in out)

@@ -35,6 +35,7 @@ EXAMPLES: list[m.Message] = [
     m.Batch([]),
     m.Heartbeat(0.0, 0),
     m.Heartbeat(12.5, 4096),
+    m.Flushed(7, 3),
 ]
 
 
