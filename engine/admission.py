@@ -1,16 +1,6 @@
 """Admission by measured capacity: how many streams the engine can keep real time, and what
-happens to the one past it. Pure Python: no I/O, no torch, no clock of its own beyond the one
-it is given (tests drive it with a fake clock and simulated step times); ``docs/scheduling.md``
-says the policy in plain words.
-
-A stream is *speaking* from its first job until it is gone. The engine's *capacity* is the
-largest number of speaking streams whose tokens (each needs the backend's
-``tokens_per_audio_second``) the engine makes in real time at the step times it measured
-(``engine.step_time``), keeping ``headroom`` of its time free: for N streams, decode steps of
-min(N, decode cap) rows, N x tokens_per_audio_second rows a second, plus their prompts. A new
-stream past capacity waits in a bounded queue (``policy="queue"``) or is refused with a
-retryable ``capacity`` error (``"refuse"``); ``"off"`` admits every stream (the figures are
-still measured).
+happens to the one past it (policy and estimate: docs/scheduling.md). Pure Python with no clock
+of its own, so tests drive it with a fake clock and simulated step times.
 """
 
 from __future__ import annotations

@@ -1,39 +1,6 @@
-"""The contract between the engine core and a speech generator ("backend").
-
-The engine core (``engine.core.EngineCore``) owns streams, their segmenters and the order in
-which segments are spoken. It hands each speakable segment to a backend as a *job* and routes
-what the backend emits back to the stream. A backend never sees streams or connections, only
-jobs: (job id, text, voice, options).
-
-Backends:
-- ``models.hibari.backend.HibariBackend``: the embedded CPU voice (default).
-- ``engine.llm.backend.LMBackend``: LLM-based TTS programs (Orpheus) with continuous batching.
-- ``engine.synthetic.SyntheticBackend``: a tone generator paced at real time, for tests and the
-  gateway-overhead benchmark.
-
-Contract:
-- ``add_job`` is called between steps; a job may join a running batch at the next ``step``.
-- ``abort_job`` is idempotent; after it, no output for that job id is ever returned again.
-- ``step`` does a bounded amount of work (one decode step, or one chunk of audio) and returns
-  what it produced. It must not block waiting for new jobs.
-- Audio is float32 mono in [-1, 1] at ``info.sample_rate``; a chunk is at most about 100 ms.
-- Optional ``set_deadline(job_id, deadline_s)``: the ``time.monotonic()`` by which the job's
-  next audio is needed (the engine core keeps it current: a stream's first audio soon, a playing
-  stream's when its client would run dry, a segment generated ahead later). A backend that
-  can choose what to run next serves the earliest deadline first; one without it is FIFO.
-- Optional ``prepare_voice(voice_ref) -> str``: make a registered voice (``engine.messages.
-  VoiceRef``: a WAV file, its rate, sha256 and transcript) usable and return the voice name to
-  pass to ``validate``; raise ``OptionError`` if the reference cannot be used. It is called
-  only while ``info.supports_cloning`` is true; without both, the backend cannot clone (the
-  stream fails with ``cloning_unsupported``).
-- Input streaming (``info.input_streaming``): the engine core gives each stream's turn one job
-  and feeds it ``push_text(job_id, text, flush=..., final=...)`` as text arrives; the backend
-  speaks it as the model takes it, and ends the job after ``final``.
-- Optional ``step_counts()`` (decode rows and prompt tokens launched since start) and
-  ``max_decode_rows`` (the most decode rows a step runs): a step-based backend's figures for
-  admission, with ``info.tokens_per_audio_second`` (``engine.admission``).
-- A job ends with exactly one ``JobOutput`` whose ``is_finished`` is true (possibly carrying
-  the last audio) or whose ``error`` is set. An error fails that job only.
+"""The contract between the engine core and a speech generator ("backend"): jobs in, audio and
+ends out. The rules each backend keeps, and the backends there are: docs/architecture.md,
+"The backend contract".
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""What the engine computes on, in one line, for the ``hello`` frame (and so for every
-``voxgate bench`` JSON): the GPU when this process has used CUDA, else the CPU.
-
-It never initialises CUDA itself: a CPU-only engine (hibari, synthetic) says "cpu", and a GPU
-engine names its GPU with the UUID ``nvidia-smi -L`` prints, so that figures from two loans of
-"the same" machine can be told apart.
+"""What the engine computes on, in one line, for the ``hello`` frame (and every ``voxgate bench``
+JSON): the GPU with its ``nvidia-smi -L`` UUID when this process has used CUDA, else the CPU.
+It never initialises CUDA itself.
 """
 
 from __future__ import annotations

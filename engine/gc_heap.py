@@ -1,17 +1,5 @@
-"""Keep the start-up heap out of Python's full garbage collections, and count the pauses.
-
-A generation-2 collection walks every tracked object, and a serving process holds hundreds of
-thousands that never die (modules, the model's ``nn.Module`` tree, the tokenizer, compiled
-graphs' Python side); the collection stops the process for as long as the walk takes, which in
-the engine is a step that does not launch and in the gateway a loop that does not send
-(the removed ``benchmark.gc_pause`` (``git show c44b2b0:benchmark/gc_pause.py``): 367 ms per full collection of a tiny-Orpheus engine heap on
-a 2-core CPU, nothing once frozen). ``gc.freeze()`` moves every object alive now into a
-permanent generation that collections skip (vLLM does the same in its engine core after
-start-up). Objects made later are collected as usual; what is frozen and later dropped is freed
-by reference counting as always, only a cycle among frozen objects would stay.
-
-``GcProbe`` times every collection of this process (``gc.callbacks``), so the engine reports
-how many full collections ran and how long all collections paused it (``totals``).
+"""Keep the start-up heap out of Python's full garbage collections (``gc.freeze()``), and count
+the collections' pauses (``GcProbe``); why: docs/architecture.md, "Engine".
 """
 
 from __future__ import annotations

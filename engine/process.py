@@ -1,19 +1,5 @@
-"""The engine process: a thin wrapper that connects ``EngineCore`` to the shared-memory queues.
-
-Started by the gateway with multiprocessing *spawn*. It loads the model, answers with a
-``Hello`` (or an ``Error`` with ``key=None`` if loading failed, then exits), and runs a loop:
-read every queued command, take one engine step if there is work, send the outputs (a step's
-outputs as one ``Batch`` record: one queue put for the engine, one get for the gateway), then
-let streams waiting for admission in (``EngineCore.poll``). When idle it sleeps on the queue's
-doorbell (no polling); it wakes at least every ``_PARENT_CHECK_S`` to exit if the gateway has gone. A step that takes over ``_SLOW_STEP_S``
-is logged (every stream waits on it: typically a first-use compile); one still running after
-``_HUNG_STEP_S`` gets every thread's stack dumped to stderr.
-
-Heartbeat: a thread of its own sends ``Heartbeat`` every ``HEARTBEAT_INTERVAL_S``, also while
-a long step blocks the loop, so the gateway's watchdog (``--engine-watchdog-s``) can tell a
-slow engine from a hung one: a process that is stopped (SIGSTOP stops every thread), or stuck
-in native code holding the GIL, sends nothing. The outbox queue is single-producer, so every
-put from either thread holds ``_put_lock``.
+"""The engine process: a thin wrapper that connects ``EngineCore`` to the shared-memory queues,
+with its loop and heartbeat thread (docs/architecture.md, "Engine" and "Engine supervision").
 """
 
 from __future__ import annotations

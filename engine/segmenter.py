@@ -1,29 +1,7 @@
 """Input streaming: incremental text (characters, LLM tokens, words) -> speakable segments.
 
-A stream's text arrives in pieces of any size. ``Segmenter`` buffers it and cuts it into
-segments a speech model can say in one go:
-
-- at sentence ends (``.`` ``!`` ``?`` ``…``, optionally followed by closing quotes or brackets)
-  and at line breaks;
-- at clause boundaries (``,`` ``;`` ``:`` ``—`` ``–`` and a lone ``-``) once the pending text
-  is at least ``min_segment_chars`` long;
-- the FIRST segment is short so that the first audio comes early: it ends at the first clause
-  or sentence boundary, or at the first word boundary once it is ``first_segment_min_chars``
-  long;
-- a segment that grows past ``max_segment_chars`` is cut at its last clause boundary, else at
-  its last word boundary.
-
-It never cuts inside a word or a number: every cut lies on whitespace, and a punctuation mark
-only counts once the whitespace after it has arrived ("1,000", "3.14", "10:30", "$5.99" have
-none). A period additionally waits for the next non-space character: a lowercase letter there
-("approx. five") means the period did not end a sentence. Abbreviations ("Mr.", "Dr.", "e.g.",
-"U.S.", initials such as "J.") never end a sentence.
-
-Every decision depends only on the text received so far, never on how it was chunked, so the
-segments of a stream that is only pushed and ended are the same for any chunking. ``flush``
-is the exception by design: it speaks everything buffered at that moment, even a partial word.
-
-Pure Python, no I/O. Not thread-safe (one segmenter per stream, driven by the engine loop).
+The rules (where it cuts, never inside a word or a number, independent of chunking):
+docs/architecture.md, "Segmentation".
 """
 
 from __future__ import annotations

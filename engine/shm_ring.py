@@ -1,29 +1,6 @@
 """Single-producer single-consumer byte-message queue in shared memory (one per direction).
 
-Layout: a header of u64 words (each side's hot words on their own cache line), then a byte
-ring of ``capacity_bytes``. A message is one variable-length record,
-``[u64 length][payload][pad to 8]``, copied in two pieces when it crosses the end of the ring,
-so any message up to ``max_message_bytes`` fits (there are no fixed slots). Indices are
-monotonic byte counts; ``write - read`` is the number of bytes in use.
-
-Commit rule: the producer writes the whole record, then stores the new write index. The
-consumer reads only below the write index it loaded, so a producer that dies mid-message
-leaves an uncommitted tail that is never seen, and a new producer overwrites it. This relies
-on x86-64 total store order (stores are not reordered with stores, nor loads with loads) and on
-each index being read and written whole. ``struct.pack_into`` does NOT do that (it zero-fills
-the field, then writes it), so header words go through a ``memoryview.cast("Q")``, whose item
-get/set is a single aligned 8-byte copy.
-
-Wake-up: a sleeper sets its ``*_waiting`` word, re-checks the ring, then sleeps on an eventfd
-("data" bell for the consumer, "space" bell for the producer). The other side rings only if it
-sees the flag after publishing, so the hot path makes no syscall. The flag/index pair is a
-Dekker handshake and needs a store->load fence on both sides; acquiring and releasing a
-``threading.Lock`` executes a locked instruction, which is a full fence on x86. Sleeps are also
-capped at ``_MAX_SLEEP_S`` as a backstop, so a broken assumption costs latency, never a hang.
-
-Peer death: each side records its pid in the header on first use. A sleeper also waits on a
-pidfd of the peer, so a killed peer wakes it at once: it gets the committed messages, then
-:class:`PeerDead`. Linux only (eventfd, pidfd).
+Layout, commit rule, wake-up and peer death: docs/architecture.md, "The shared-memory queue".
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""The engine's step time as a function of its work, measured online from the steps it runs
-(``engine.admission`` turns it into a capacity). Pure Python: no I/O, no clock of its own.
-
-- ``StepTimeModel``: a fit of ``t = a + b*rows + c*prompt_tokens`` (decode rows and prompt
-  tokens of a step) to the steps the engine actually runs. Samples are kept per band of row
-  counts (``bucket_rows`` wide), each band forgetting its oldest samples as new ones come (at
-  most ``bucket_samples`` of them count), and a band not visited for a while weighs less
-  (``half_life_s`` of engine busy time), so the fit follows a change of step times (a slower
-  GPU, longer contexts, a codec-heavy model) where the engine runs now, while the bands visited
-  earlier keep the slope measurable; and the line is scaled by the running ratio of measured to
-  fitted time over about the last ``scale_samples`` steps, so that a change shows within a
-  second where the engine runs. A step over ``stall_factor`` times its prediction (a compile,
-  a garbage collection) is left out. ``optimistic`` gives the fit's low edge: while
-  the rows seen span too little to tell the slope, it errs towards more streams.
-- ``StepSampler``: pairs each step's rows with the time it took, from the engine loop's calls
-  (with asynchronous steps, a call's time is the step launched one call before).
+"""The engine's step time as a function of its work (``StepTimeModel``, an online fit over decode
+rows and prompt tokens), measured from the steps it runs (``StepSampler``); ``engine.admission``
+turns it into a capacity (docs/scheduling.md, "The estimate"). Pure Python, no clock of its own.
 """
 
 from __future__ import annotations

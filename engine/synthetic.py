@@ -1,31 +1,6 @@
-"""A deterministic tone/noise generator implementing the Backend contract (``engine.backend``).
-
-For tests and the gateway-overhead benchmark: no model, negligible CPU, audio whose length is
-proportional to the text (``ms_per_char``), cut into chunks of ``chunk_ms``.
-
-Pacing:
-- ``realtime=False``: every ``step`` emits the next chunk of every running job (like one decode
-  step of a batched model), as fast as the loop calls it.
-- ``realtime=True``: a job's chunk ``k`` is released once ``clock() - t_added >= k * chunk_s``,
-  so audio leaves at real-time pace from the moment the job was added. ``step`` returns only
-  the chunks that are due and never sleeps; ``next_due_s`` tells the loop how long it may wait.
-  (Each job is paced on its own: a stream's look-ahead job generates concurrently with the one
-  being spoken, as a real model faster than real time would.)
-
-Cost: the gateway-overhead benchmark asks for 25,000 chunks/s, so per chunk this does little
-Python. A tone's frequency is a whole number of Hz, so its samples repeat every second: each
-frequency's one-second table (plus one chunk, so that no slice wraps) is computed once and a
-chunk is a read-only view into it. Paced jobs wait in a heap ordered by their next chunk's due
-time, so a step and ``next_due_s`` touch only the jobs that are due, not every job.
-
-Cloning (``clone_voices=True``, for tests of the voice store): ``prepare_voice`` accepts a
-registered voice (``engine.messages.VoiceRef``) whose WAV file exists and matches its sha256,
-and speaks it as a tone of its own pitch; ``info.supports_cloning`` says so.
-
-Failure injection: a job whose text matches ``fail_on`` (a marker substring, by default
-``"[[fail]]"``, or a predicate) fails when ``step`` reaches it: with ``fail_mode="raise"``
-``step`` raises ``RuntimeError`` (the job is dropped first, so the next step goes on); with
-``fail_mode="error"`` the job ends with a ``JobOutput`` carrying a ``model_error``.
+"""A deterministic tone/noise generator implementing the Backend contract, for tests and the
+gateway-overhead benchmark (pacing, cost, cloning, failure injection: docs/architecture.md,
+"The synthetic backend").
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""A torch.profiler window over the served engine's steps, for finding where a loaded step's
-time goes (what ``benchmark.gpu.engine_profile --kernels`` shows for a synthetic load).
-
-Off unless ``VOXGATE_TORCH_PROFILE_DIR`` is set in the server's environment (as vLLM's
-``VLLM_TORCH_PROFILER_DIR``). Then, once a step carries at least
-``VOXGATE_TORCH_PROFILE_MIN_ROWS`` decode rows (default 1), the next
-``VOXGATE_TORCH_PROFILE_STEPS`` steps (default 50) run under the profiler, host and CUDA
-activity, and the trace is written once, gzipped, as ``engine_trace.json.gz`` in that folder
-(Chrome trace format: chrome://tracing, Perfetto; ``benchmark.gpu.trace_summary`` reads it). The
-profiler slows the host while it records, so a benchmark level it falls in is not a clean
-measurement.
+"""A torch.profiler window over the served engine's steps, off unless
+``VOXGATE_TORCH_PROFILE_DIR`` is set (as vLLM's ``VLLM_TORCH_PROFILER_DIR``): the next
+``VOXGATE_TORCH_PROFILE_STEPS`` (default 50) steps after one with ``VOXGATE_TORCH_PROFILE_MIN_ROWS``
+(default 1) decode rows are traced to ``engine_trace.json.gz`` (benchmark/gpu/README.md).
 """
 
 from __future__ import annotations

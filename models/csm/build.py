@@ -1,9 +1,5 @@
-"""Loading the CSM program for the runtime (``--model csm``, ``sesame/csm-1b``, ``csm-tiny``).
-
-Program settings (``LoadContext.setting``; keywords of ``build_lm_backend``):
-- ``codec_dtype``: Mimi's dtype ("auto": bfloat16 on CUDA, float32 on the CPU; "float32", "bfloat16");
-- ``csm_context_frames``: rows of the context pool, the frames of registered voices held at
-  once (default 32,768: 43 minutes of audio, 8 MiB).
+"""Loading the CSM program for the runtime (``--model csm``, ``sesame/csm-1b``, ``csm-tiny``); its
+program settings (``codec_dtype``, ``csm_context_frames``): docs/models/csm.md, "Serving".
 """
 
 from __future__ import annotations

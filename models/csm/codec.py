@@ -1,19 +1,5 @@
 """CSM's Mimi: the project's codec (``models.mimi``) loaded from transformers' ``MimiModel`` keys,
-and its encoder run the way transformers runs it.
-
-The checkpoint's ``codec_model.*`` tensors are transformers' ``MimiModel`` in its flat layout
-(``encoder.layers.<i>``, ``encoder_transformer.layers.<i>``, ``downsample``, ``upsample``,
-``decoder_transformer.layers.<i>``, ``decoder.layers.<i>``, ``quantizer.semantic_/acoustic_
-residual_vector_quantizer``), converted from moshi's by transformers' script: key renames, the
-attention's fused input projection split into q/k/v, and q/k rows permuted from moshi's
-interleaved RoPE pairs to rotate-half. ``moshi_state`` undoes all of it, so ``models.mimi.Mimi``
-(moshi's names and numerics) loads the checkpoint.
-
-``encode_frames`` is transformers' ``MimiModel.encode`` on our modules: each causal convolution
-pads its input on the right to a whole number of strides (zeros, or the last sample for the
-downsampling's replicate mode), where moshi pads the waveform once to a whole number of frames.
-The two agree when the length is a whole number of frames; for other lengths this one gives the
-reference's codes.
+and its encoder run the way transformers runs it (docs/models/csm.md, "Codec").
 """
 
 from __future__ import annotations

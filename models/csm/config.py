@@ -1,35 +1,6 @@
 """CSM configuration: the checkpoint's ``config.json`` (transformers' ``CsmConfig`` layout) as
-validated dataclasses, the released size and a tiny one.
-
-A checkpoint folder (``sesame/csm-1b``, transformers layout) holds ``config.json``
-(``model_type: csm``: the backbone's fields at the top level, ``depth_decoder_config``,
-``codec_config`` (a transformers ``MimiConfig``), the special ids), ``model.safetensors``
-(``backbone_model.*``, ``depth_decoder.*``, ``embed_text_tokens``, ``lm_head``, ``codec_model.*``)
-and a Llama 3 tokenizer (``tokenizer.json``).
-
-``CSM_1B`` is what ``--load-format dummy`` builds for ``sesame/csm-1b``. Where each number
-comes from:
-
-- the backbone (Llama-3.2-1B: 16 layers x 2048, intermediate 8192, 32 heads, 8 KV heads,
-  head_dim 64, RMSNorm eps 1e-5, 2048 positions), the depth decoder (4 layers x 1024,
-  intermediate 8192, 8 heads, 2 KV heads, head_dim 128, 33 positions, fed the backbone's 2048-wide
-  state through a projection), 32 codebooks of 2,051 ids (2,048 codes, pad 2050, eos 0), a text
-  vocabulary of 128,256, the special ids (bos 128000, ``<|AUDIO|>`` 128002, ``<|audio_eos|>``
-  128003) and tied codebook embeddings: transformers 5.24's ``CsmConfig`` /
-  ``CsmDepthDecoderConfig`` defaults, which that class documents as ``sesame/csm-1b``'s, and agree
-  with the checkpoint's ``config.json`` as public ports quote it;
-- RoPE: theta 500,000 with llama3 scaling, written in the checkpoint in the equivalent form
-  transformers' conversion script (``convert_csm.py``) gives it: factor 32, low/high frequency
-  factors 0.125 / 0.5 over 1,024 original positions (backbone) and 0.001953125 / 0.0078125 over
-  16 (depth decoder); both equal Llama 3's 1 / 4 over 8,192;
-- the sampling defaults (temperature 0.9, top-k 50, for the backbone and the depth decoder alike,
-  125 frames): that conversion script's generation config, and Sesame's own generator's defaults;
-- the codec: Kyutai's Mimi (``models.mimi.config.MIMI``), all 32 codebooks.
-
-Cross-check: this geometry has 1,552,791,552 parameters besides the codec (the codebook table
-once), 6.21 GB in float32: the size public mirrors list for Sesame's original ``ckpt.pt``.
-
-``TINY`` keeps every id and the RoPE of the real model, with toy widths (tests, CPU runs).
+validated dataclasses, the released size and a tiny one (where each number comes from:
+docs/models/csm.md, "Config").
 """
 
 from __future__ import annotations

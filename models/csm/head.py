@@ -1,16 +1,6 @@
 """What the runtime runs inside the step for CSM: the forward (packed ids -> backbone hidden) and
-the token head (hidden -> a whole frame of 32 codebooks), sharing per-slot device state.
-
-- ``CsmSlots``: each slot's last frame [S, K] (row ``max_num_seqs``: padding rows), written by
-  the head, read by the next step's decode row (``LAST_FRAME``), and the context pool (the
-  frames of prompts' audio, ``models.csm.voices.FramePool``).
-- ``CsmForward``: ``forward(ids [T], positions [T], attn, token_rows [T]) -> hidden [T, H]``.
-- ``CsmHead``: codebook 0 from ``lm_head``, codebooks 1..K-1 from the depth decoder, each sampled
-  by the batch-invariant ``Sampler`` with its own salt (k for codebook k) and the row's own seed,
-  temperature, top-k and top-p (the reference uses one setting for both stages). Tokens are
-  ``[B, 1 + K]``: column 0 is ``STOP`` when the frame ends speech, else ``LAST_FRAME`` (the id the
-  runtime feeds back); columns 1.. are the codes. The stop rule is the reference's
-  (``CsmGenerationMixin._sample``): codebooks 0..K-2 all ``codebook_eos_token_id`` (0).
+the token head (hidden -> a whole frame of 32 codebooks), sharing per-slot device state
+(docs/models/csm.md, "How a segment runs").
 """
 
 from __future__ import annotations

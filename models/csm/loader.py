@@ -1,20 +1,5 @@
-"""Load CSM (backbone, depth decoder, Mimi, tokenizer) from a checkpoint, the hub, or nothing.
-
-A checkpoint folder in transformers' layout (``sesame/csm-1b``)::
-
-    config.json  model.safetensors (or shards + model.safetensors.index.json)
-    tokenizer.json (+ tokenizer_config.json)  generation_config.json
-
-``model.safetensors`` holds the model (``backbone_model.*``, ``depth_decoder.*``,
-``embed_text_tokens.weight``, ``lm_head.weight``) and the codec (``codec_model.*``, transformers'
-Mimi keys: ``models.csm.codec.moshi_state`` maps them). With tied codebook embeddings
-(``tie_codebooks_embeddings``, the released model) the table may be stored once, under either
-``depth_decoder.model.embed_tokens.weight`` or ``backbone_model.embed_tokens.embed_audio_tokens.weight``.
-
-``load_format="dummy"`` builds from a preset (``config.PRESETS``) or a folder's config.json with
-random weights and reads no weight file; Mimi is made audible on purpose
-(``models.mimi.loader.init_random_``). A hub id is fetched with
-``huggingface_hub.snapshot_download`` (``models.orpheus.loader.resolve_dir``).
+"""Load CSM (backbone, depth decoder, Mimi, tokenizer) from a checkpoint, the hub, or nothing
+(the folder's layout: docs/models/csm.md, "Checkpoint").
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """The CSM model: a Llama backbone over summed frame embeddings and a depth decoder that fills a
-frame's codebooks 1..31, gpt-fast style.
-
-Parameter names are the keys of transformers' ``CsmForConditionalGeneration`` checkpoint
-(``embed_text_tokens``, ``lm_head``, ``backbone_model.*``, ``depth_decoder.*``; the codec's
-``codec_model.*`` goes to ``models.csm.codec``), so a model built on the meta device loads with
-``load_state_dict(assign=True)``. The decoder layers are ``models.orpheus.llama``'s (the same
-Llama 3 layer, the same key names).
-
-One position per frame or text token (the reference's 33 columns: 32 codebooks plus text,
-each embedded and the present ones summed): a text position is ``embed_text_tokens(id)``; an
-audio position is the sum over codebooks k of ``embed_audio_tokens(code_k + k * 2051)`` (the
-reference's offsets); the reference never mixes the two in one position. The backbone's
-normed last state gives codebook 0 (``lm_head``); the depth decoder then runs over positions
-0..31: position 0 is that state, position k >= 1 is the shared audio table's embedding of
-codebook k-1's code (offset (k-1) * 2051), all through ``inputs_embeds_projector``; position k's
-output through ``codebooks_head.weight[k-1]`` gives codebook k.
-
-Ids: the runtime hands the model one int64 per position (``pack``): a text id, a frame of the
-context pool (``POOL_FRAME | row``: the prompt's audio, encoded once per voice; row 0 is the
-all-zero frame that stands for ``<|audio_eos|>``), or ``LAST_FRAME`` (the slot's previous
-frame: every decode row). ``STOP`` is only ever produced by the head.
+frame's codebooks 1..31, gpt-fast style, with the checkpoint's key names (positions and packed
+ids: docs/models/csm.md, "How a segment runs").
 """
 
 from __future__ import annotations

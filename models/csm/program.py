@@ -1,33 +1,6 @@
 """The CSM program: a segment's text as the last turn of a conversation, a frame of 32 codebooks
-per step (backbone + depth decoder inside the step), Mimi decoded once per frame per stream.
-
-What the runtime sees (``engine.llm.program``):
-- one job per segment (the engine core's segmenter), not input streaming: ``build_prompt``
-  lays out the conversation (``prompt.build_prompt``): the context turns, each with its audio,
-  then ``[speaker]text`` of the segment; a prompt that leaves no room in a row
-  (``max_model_len``) is refused there (``too_long``);
-- the voice is a speaker id (``"0"`` .. ``"9"``: the reference's ``[0]``, ``[1]``, ...) or a
-  registered voice (``prepare_voice``): its recording with its transcript becomes the first
-  context turn, spoken by speaker 0, and the segment is spoken by speaker 0 too (how CSM clones a
-  voice). The ``context`` option adds earlier turns, in order, after the voice's own turn: a
-  string of up to ``MAX_CONTEXT_TURNS`` comma-separated ``voice[:speaker]`` entries
-  (``"v-1a2b:0,v-3c4d:1"``), each a registered voice whose recording and transcript are the
-  turn's audio and text, spoken by that speaker id (default 0). Options are scalars on the wire
-  (``docs/protocol.md``), hence a string;
-- per-slot device state (``head.CsmSlots``): the slot's last frame, which the next decode row
-  embeds (``LAST_FRAME``); context frames come from the shared pool (``voices.FramePool``),
-  written once per registered voice;
-- the token head (``head.CsmHead``) samples the whole frame inside the step; ``STOP`` in column
-  0 ends the sequence (the reference's all-zero frame, which is not audio);
-- audio: each frame of each stream through ``MimiDecodeStream`` once, run by
-  ``engine.llm.slot_codec.SlotCodec`` (all streams of a step in one call, a CUDA graph per batch
-  bucket on the GPU, on the codec's own CUDA stream). Mimi is causal: a frame's 1,920 samples
-  go out at once and nothing is left at the end.
-
-Options: ``temperature`` (default 0.9), ``top_k`` (50), ``top_p`` (1.0): the reference's defaults,
-one setting for both stages; ``max_tokens`` (frames per segment, default 375 = 30 s; the
-reference's generation config stops at 125 = 10 s, short for a long sentence); ``seed``;
-``context`` (above).
+per step (backbone + depth decoder inside the step), Mimi decoded once per frame per stream
+(voices, context, options and how a segment runs: docs/models/csm.md).
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""CSM prompts: a conversation's turns as packed ids, and the text tokenizer.
-
-The reference's format (``sesame/csm-1b``'s chat template and processor): for each turn
-``<|begin_of_text|>`` + the tokens of ``"[speaker]text"`` + ``<|end_of_text|>``, and for a turn
-with audio one position per Mimi frame (``<|AUDIO|>`` in the text ids, the frame's 32 codes
-embedded in its place) and ``<|audio_eos|>`` (embedded as the all-zero frame). Earlier turns
-carry their audio (the context, which is how CSM keeps a voice); the last turn, the one to speak,
-is text only. ``"[speaker]text"`` is tokenized as one string: Llama 3's pre-tokenizer joins the
-``]`` to the first word.
-
-Packed ids (``models.csm.model``): text ids as they are, a context frame as ``pack_pool(row)``
-(its codes live in the context pool, ``models.csm.voices``), ``<|audio_eos|>`` as pool row 0.
+"""CSM prompts: a conversation's turns as packed ids (the reference's format), and the text
+tokenizer (docs/models/csm.md, "Voices, speakers and context").
 """
 
 from __future__ import annotations

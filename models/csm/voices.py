@@ -1,16 +1,5 @@
-"""Context audio for CSM: registered voices encoded once by Mimi, their frames kept in a pool.
-
-A prompt's audio positions do not fit in one int64 each (32 codes of 11 bits), so their codes
-live in ``FramePool``: one device tensor ``[rows, 32]`` whose row 0 is the all-zero frame
-(``<|audio_eos|>``), and each packed prompt id names a row (``models.csm.model.pack_pool``).
-Rows are handed out one by one (no fragmentation: a voice's rows need not be contiguous).
-
-``VoiceCache`` holds the registered voices (``prepare_voice``: a WAV file, its sha256 and the
-words spoken in it): each is read, resampled to 24 kHz, encoded once (``codec.encode_frames``,
-as the reference encodes context audio) and its frames written to the pool. A voice is in use
-while a live sequence's state holds it (held weakly: a state dropped anywhere frees it); when the
-pool is full, voices in use by nobody are evicted, least recently used first, and a voice whose
-sha256 changes is encoded again.
+"""Context audio for CSM: registered voices encoded once by Mimi, their frames kept in a pool with
+least-recently-used eviction (docs/models/csm.md, "Voices, speakers and context").
 """
 
 from __future__ import annotations

@@ -1,18 +1,5 @@
-"""The Mimi codec: whole-sequence ``encode`` (24 kHz waveform -> codes) and ``decode``.
-
-Parameter names are the keys of moshi's checkpoint (``tokenizer-e351c8d8-checkpoint125.safetensors``:
-``encoder.model.*``, ``decoder.model.*``, ``encoder_transformer.*``, ``decoder_transformer.*``,
-``quantizer.*``, ``downsample.*``, ``upsample.*``), so a model built on the meta device loads
-with ``load_state_dict(assign=True)``. The pipeline, as moshi's ``MimiModel`` runs it::
-
-    encode: wav -> SEANet encoder (25 Hz) -> transformer -> learnt stride-2 conv (12.5 Hz,
-            replicate padding) -> split RVQ nearest-vector search -> codes [B, K, T]
-    decode: codes -> split RVQ tables, summed -> learnt stride-2 transposed conv (channel-wise,
-            25 Hz) -> transformer -> SEANet decoder -> wav [B, 1, T * 1920]
-
-``num_codebooks`` (moshi's ``set_num_codebooks``) is how many codebooks ``encode`` returns;
-``decode`` uses as many as its codes have (the first K of the 32: fewer codebooks is a coarser
-but valid decode, which is how Kyutai's server trades quality for speed).
+"""The Mimi codec: whole-sequence ``encode`` (24 kHz waveform -> codes) and ``decode``, with
+moshi's checkpoint key names (pipeline: docs/models/kyutai_tts.md, "The Mimi codec").
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""Mimi codec configuration: validated dataclasses in the layout of moshi's ``mimi_config``.
-
-A Mimi checkpoint (``tokenizer-e351c8d8-checkpoint125.safetensors``) carries no config; moshi
-builds it from ``moshi.models.loaders._mimi_config`` (or a ``mimi_config`` json with the same
-keys: ``sample_rate``, ``channels``, ``frame_rate``, ``seanet``, ``quantizer``, ``transformer``).
-``MIMI`` below holds those numbers (moshi 0.2.13's ``_mimi_config``, the codec of Moshi, Kyutai
-TTS and CSM): SEANet with ratios [8, 6, 5, 4] (960 samples per encoder step, 25 Hz), a learnt
-stride-2 resampling to 12.5 Hz, an 8-layer x 512 transformer on each side with a causal window of
-250 steps (10 s at 25 Hz), 32 codebooks of 2,048 entries (one semantic + 31 acoustic).
-
-Only what those checkpoints use is supported (ELU, no weight norm, true skips, constant padding,
-LayerNorm + GELU transformers with RoPE); anything else is refused with ``ValueError``.
+"""Mimi codec configuration: validated dataclasses in the layout of moshi's ``mimi_config``;
+``MIMI`` is moshi 0.2.13's (docs/models/kyutai_tts.md, "The Mimi codec").
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""Load a Mimi codec from moshi's safetensors checkpoint, or build one with random weights.
-
-The checkpoint (``tokenizer-e351c8d8-checkpoint125.safetensors`` in ``kyutai/moshiko-*``,
-``kyutai/tts-*`` and ``sesame/csm-1b``'s Mimi) holds 318 float32 tensors with moshi's key names
-and no config: the config is ``MIMI`` unless one is given (moshi's ``mimi_config`` json layout).
-Older checkpoints name an attention's input projection ``in_proj_weight`` and its output
-``out_proj.weight`` (moshi's load hook renames them); both spellings load here.
-
-``load_format="dummy"`` reads no file: random weights that make audible output on purpose
-(PyTorch's own init for convolutions, linears and norms, random codebook vectors; all-zero
-codebooks would decode every code to silence).
+"""Load a Mimi codec from moshi's safetensors checkpoint, or build one with random weights
+(``load_format="dummy"``); docs/models/kyutai_tts.md, "The Mimi codec".
 """
 
 from __future__ import annotations

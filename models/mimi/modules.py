@@ -1,13 +1,5 @@
-"""Mimi's building blocks, with the parameter names of moshi's checkpoints.
-
-Everything is causal: convolutions pad on the left only (``context`` past samples per output;
-zeros, or the first sample repeated for ``pad_mode="replicate"``), a transposed convolution's
-last ``kernel - stride`` outputs are trimmed (they wait for the next input), and attention looks
-back over a window of ``context`` steps. The whole-sequence forwards here are what moshi runs
-outside ``streaming()``; ``models.mimi.stream`` runs the same modules one frame at a time.
-
-Attention (``attend``) is moshi's: RoPE with interleaved (real, imaginary) pairs on absolute
-positions, a boolean mask ``0 <= q_pos - k_pos < context``, ``scaled_dot_product_attention``.
+"""Mimi's building blocks (causal convolutions, transposed convolutions, windowed RoPE attention),
+with the parameter names of moshi's checkpoints (docs/models/kyutai_tts.md, "The Mimi codec").
 """
 
 from __future__ import annotations

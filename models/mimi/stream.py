@@ -1,27 +1,5 @@
-"""``MimiDecodeStream``: Mimi's decoder one frame at a time, with per-slot state tensors.
-
-Each ``step`` decodes one frame per row exactly once: ``codes [N, K] -> pcm [N, 1920]``. What a
-slot carries from one frame to the next, all in tensors of ``max_slots + 1`` rows (the last row,
-``scratch_slot``, takes padding rows) indexed by slot, so ``step`` has static shapes for a given
-N and can be captured in a CUDA graph:
-
-- every causal convolution: its last ``context`` input samples;
-- every transposed convolution: the ``kernel - stride`` overlapping outputs still owed to the
-  next input (moshi's ``partial``, kept without the bias, which the next step adds once);
-- the decoder transformer: a ring of the last ``context`` keys and values per layer and the
-  slot's step count (its RoPE position).
-
-Delay: none. The decoder is causal (left padding only, transposed-convolution overlaps trimmed
-on the right, attention to the past), so frame t's 1,920 samples are final once frame t is
-decoded (``delay_samples == 0``) and nothing is left to flush at the end of a stream (moshi's
-whole decode drops the same overlaps).
-
-What equals what (moshi 0.2.13): ``step`` equals moshi's ``mimi.streaming()`` decode frame by
-frame. That equals moshi's whole-sequence ``decode`` only over the first ``context`` encoder
-steps (``context / 2`` frames: 10 s for Mimi). After that they differ in the reference itself:
-moshi's ring holds exactly ``context`` entries and writes a frame's 2 new steps before
-attending, so the first query of each pair loses the oldest key of its window, which the whole
-decode's mask keeps. Serving streams, so this class follows the streaming reference.
+"""``MimiDecodeStream``: Mimi's decoder one frame at a time, with per-slot state tensors (static
+shapes, no delay); what it keeps and what it equals: docs/models/kyutai_tts.md, "The Mimi codec".
 """
 
 from __future__ import annotations

@@ -1,36 +1,6 @@
 """Patches to 48 kHz audio for the VoxCPM2 program: the streaming VAE decoder, a chunk of
-``chunk_patches`` patches per slot at a time, each chunk decoded once.
-
-Where a chunk's patches come from: the patch head writes patch ``i`` of the sequence in slot
-``s`` to ``ring[s, i % R]`` (``PatchHead.ring``, on the device); a continuation voice's last
-prompt patches, which warm the decoder and whose audio is cut, sit in ``context[s]``. A
-sequence's *virtual stream* is its K context patches, then its generated patches; a chunk is C
-consecutive positions of it (``ChunkRow``). ``run`` gathers every due row's chunk from those
-buffers and decodes them in one ``VAEStream.step`` (a CUDA graph per batch bucket on the GPU):
-a row appears once per call, and a row that needs several chunks (a continuation voice's first
-call, a chunk size below K) takes them in rounds, in order. The final chunk is zero-padded and
-cut (the decoder is causal, so padding changes no earlier sample).
-
-Why not ``engine.llm.slot_codec.SlotCodec`` (the codec runner of Qwen3-TTS and Kyutai TTS): that
-decodes one frame of host-known integer codes per row every step; here a row's input is float
-latents that never leave the device (gathered from the ring and the context, or their spilled
-copies), a row is due only every C patches, may take several chunks in rounds, and a finished
-row's last read must be ordered before its slot's reuse.
-
-Ordering on the GPU (the chunk work runs on the decoder's own CUDA stream, overlapping the next
-LM step; the collect waits for it):
-
-- a chunk is gathered once its patches' step has finished (their tokens reached the host) and
-  before the ring entries are written again: the next writes to them are ``R`` patches later,
-  and the host collects (waits for) each call's work before it launches more than two further
-  steps, so ``R >= C + 3`` suffices (the program uses more);
-- a finished sequence's last chunk is read before another sequence takes its slot. Without
-  asynchronous steps the runtime launches the step that puts a new sequence in a freed slot
-  *before* it hands the program the old one's stop (``launch_finish``), so ``bind_slot`` calls
-  ``spill`` first: the slot's ring row and context are copied aside (on the LM's stream, before
-  the new sequence's first step) and the old sequence's last chunk reads the copy. With them,
-  ``launch_finish`` comes first, and ``run(..., final=True)`` records an event after its
-  gathers that ``wait_slot`` (also from ``bind_slot``) makes the LM's stream wait for.
+``chunk_patches`` patches per slot at a time, each chunk decoded once (where chunks come from and
+how reads are ordered against slot reuse: docs/models/voxcpm2.md, "Chunked decoding").
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
-"""VoxCPM2 configuration: validated dataclasses parsed from a checkpoint's ``config.json``.
-
-A checkpoint folder holds one ``config.json`` (``architecture: voxcpm2``) with sections
-``lm_config`` (the MiniCPM4 backbone), ``encoder_config`` (the local patch encoder),
-``dit_config`` (the local flow-matching transformer and its ``cfm_config``) and
-``audio_vae_config``, plus top-level keys (patch size, latent width, the residual LM's layer
-count and RoPE switch, the scalar-quantisation bottleneck). The residual LM and both local
-transformers have no full section of their own: the reference deep-copies ``lm_config`` and
-overrides a few fields, which ``MiniCPMConfig.derived`` does here.
-
-``PRESETS["voxcpm2"]`` holds the released checkpoint's numbers for ``--load-format dummy``.
-Where they come from: two independent public descriptions of ``openbmb/VoxCPM2``'s
-``config.json`` that agree with each other (a weight-layout analysis listing the whole file and
-its tensor shapes, and a serving project's checkpoint contract test): backbone 28 x 2048,
-intermediate 6144, 16 heads, 2 KV heads, ``kv_channels`` 128, vocabulary 73,448, LongRoPE over
-32,768 positions with ``original_max_position_embeddings`` 32,768 (so the short factors and a
-scaling factor of 1 apply), ``use_mup`` false, residual LM 8 layers without RoPE, encoder and
-DiT 12 x 1024 (ffn 4096, 16 heads, ``kv_channels`` 128), bottleneck 512 x scale 9, patch 4 x 64,
-AudioVAE encoder 128 / rates [2, 5, 8, 8], decoder 2048 / rates [8, 6, 5, 2, 2, 2], depthwise,
-sample-rate buckets [20000, 30000, 40000], 16 kHz in and 48 kHz out. The LongRoPE factor list is
-stored as published (``_LONGROPE_FACTORS``). ``tiny`` is a toy of the same layout for tests.
+"""VoxCPM2 configuration: validated dataclasses parsed from a checkpoint's ``config.json``, the
+released checkpoint's numbers and a tiny preset (sections and sources: docs/models/voxcpm2.md,
+"Loading").
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
-"""Flow matching for one patch: the Euler schedule, classifier-free guidance, batch-invariant noise.
-
-The reference (``UnifiedCFM``) integrates from t = 1 (noise) to t = 0 over ``n`` steps of a
-sway-warped schedule ``t' = t + (cos(pi t / 2) - 1 + t)`` on ``linspace(1, 0, n + 1)``; the first
-``max(1, int(0.04 (n + 1)))`` steps use a zero velocity (CFG-zero*: with one step the output is
-the noise itself); every other step evaluates the estimator on a doubled batch (the
-conditional rows, then the same rows with ``mu = 0``), rescales the unconditional velocity by
-the projection ``s* = <v_c, v_u> / (|v_u|^2 + 1e-8)`` and mixes ``v = s* v_u + cfg (v_c - s* v_u)``.
-The time of each step follows the reference's own float arithmetic (``t -= dt``, then the next
-``dt`` from the schedule), which ``schedule`` reproduces on the host.
-
-Per row, here: each row has its own step count and guidance scale. ``euler_solve`` runs a fixed
-number of iterations (static shapes: the largest step count served) and masks the updates of
-rows whose schedule is shorter, so a row's result does not depend on what shares its batch.
-
-Noise: ``patch_noise`` is a standard normal [B, D, P] that is a pure function of (seed, patch
-index, element) per row: Box-Muller over two counter-based uniform streams of the runtime's
-sampler (``engine.llm.sampler.uniform_noise``), element ``d * P + p`` as in the reference's
-``randn(b, D, P)`` layout.
+"""Flow matching for one patch: the Euler schedule, classifier-free guidance, batch-invariant noise,
+per row so that a row's result does not depend on its batch (docs/models/voxcpm2.md, "Flow
+matching").
 """
 
 from __future__ import annotations

@@ -1,29 +1,5 @@
-"""``PatchHead``: the runtime's token head for VoxCPM2 — a patch of latents per step and a stop flag.
-
-Inside the captured step, for each row's last hidden state [2H] (backbone | residual):
-
-1. ``mu`` = the two streams projected to the DiT width; the condition is the slot's previous
-   patch (``SlotFeatures.last``: zeros before the first patch, or a continuation prompt's last
-   patch);
-2. noise [D, P] from (seed, patch index, element) (``flow.patch_noise``; ``RowInputs.steps`` is
-   the patch index), scaled by the row's ``temperature`` (1: the reference's standard normal;
-   0: no noise), integrated by ``flow.euler_solve`` with the slot's own step count and
-   guidance scale;
-3. the stop head on the backbone stream; stop is ignored while the patch index is <= the slot's
-   ``min_len`` (the reference's ``i > min_len``: at least ``min_len + 2`` patches); the patch
-   with index ``max_len - 1`` (the slot's cap, the reference's ``max_len``) stops in any case;
-4. the patch is written to ``SlotFeatures.last[slot]`` (the next decode row's input and the next
-   condition) and to the slot's ring ``ring[slot, index % R]`` (what the VAE stream decodes).
-
-What it returns as tokens, int64 [B, 2]: column 0 is the id the runtime feeds back and checks
-for stop: ``model.LAST_PATCH`` to go on, ``model.STOP`` when this patch is the last one (the
-patch of a stop step is real audio and is in the ring: the reference keeps it too); column 1 is
-the patch index. Once a slot has stopped, its state is frozen (later steps already in flight for
-it write nothing and return STOP again) until ``reset`` for a new sequence.
-
-Per-slot settings (``configure``): the Euler schedule (padded to ``max_steps`` updates), the
-guidance scale, ``min_len``, ``max_len`` and the first condition. ``reset(rows)`` (the runtime, at a new
-sequence's first step, after the program configured the slot) clears only the stop flag.
+"""``PatchHead``: the runtime's token head for VoxCPM2, run inside the captured step: a patch of
+latents per row and a stop flag (docs/models/voxcpm2.md, "The token head").
 """
 
 from __future__ import annotations

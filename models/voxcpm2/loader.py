@@ -1,20 +1,5 @@
-"""Load VoxCPM2 (language side, AudioVAE, tokenizer) from the released layout or at random.
-
-A checkpoint folder::
-
-    config.json  model.safetensors (or pytorch_model.bin)  audiovae.safetensors (or audiovae.pth)
-    tokenizer.json  (tokenizer_config.json, special_tokens_map.json)
-
-Dtypes are independent: the language side in ``dtype``, the VAE decoder in ``vae_decoder_dtype``
-(float32 by default, as the reference runs it), the VAE encoder always in float32 (its latents
-condition the whole generation: casting it moves where an utterance stops). The weight norm of
-the VAE's convolutions is folded once here. ``lora`` (a path) folds an adapter into the weights
-once (``lora.fold_lora``).
-
-``load_format="dummy"`` builds a preset (``config.PRESETS``) or a folder's config.json with
-random weights and reads no weight file: the language side normal(0, 0.02) with unit norms, the
-VAE with PyTorch's default conv init (a checkpoint-style small init makes a deep conv decoder
-near-silent), unit Snake alphas and neutral sample-rate conditions.
+"""Load VoxCPM2 (language side, AudioVAE, tokenizer) from the released layout or at random, with
+independent dtypes and an optional LoRA folded in (docs/models/voxcpm2.md, "Loading").
 """
 
 from __future__ import annotations

@@ -1,17 +1,5 @@
-"""Fold a VoxCPM2 LoRA adapter into the weights once, at load.
-
-The reference's adapter format (what its fine-tuning script saves): a directory holding
-``lora_weights.safetensors`` (or ``lora_weights.ckpt``, a torch file ``{"state_dict": ...}``),
-or the file itself. Keys are the model's parameter paths with ``.lora_A`` [r, in] and
-``.lora_B`` [out, r] in place of ``.weight`` (``base_lm.layers.0.self_attn.q_proj.lora_A``; a
-``._orig_mod.`` left by torch.compile is dropped). The reference adds
-``x A^T B^T * alpha / r`` to each adapted linear's output; folded, ``W += (alpha / r) B A``.
-
-The rank is read from the shapes. ``alpha`` is not in the file (the reference takes it from
-its LoRA config, default 16, the same default as its command line): pass it, or put
-``{"alpha": ..}`` (or ``lora_alpha``) in a ``lora_config.json`` beside the weights. A key that
-names no linear layer of the model, or a half pair, is an error (the reference skips them
-silently, which hides a mismatched adapter).
+"""Fold a VoxCPM2 LoRA adapter (the reference's format) into the weights once, at load
+(docs/models/voxcpm2.md, "Loading").
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """MiniCPM4 decoder stacks: the backbone and residual LM over the runtime's paged attention, and
-the small bidirectional stacks (local encoder, DiT) over one patch with dense attention.
-
-Parameter names are the checkpoint's (``layers.0.self_attn.q_proj.weight``, ``norm.weight``,
-``embed_tokens.weight``). What differs from a Llama layer: with ``use_mup`` each sub-layer's
-output is scaled by ``scale_depth / sqrt(num_layers)`` before the residual add (and token
-embeddings by ``scale_emb``); the head width comes from ``kv_channels``; RoPE is MiniCPM's
-LongRoPE: one cos/sin table over ``max_position_embeddings`` positions, its frequencies divided
-by the long factors when the table is longer than ``original_max_position_embeddings`` (else the
-short ones) and both scaled by ``sqrt(1 + log(max / original) / log(original))``. The table is
-built once in float32 (``rope_table``) and rows are gathered by position, as the reference does;
-q and k are rotated in float32 and cast back.
+the small bidirectional stacks (local encoder, DiT) over one patch with dense attention
+(what differs from Llama: docs/models/voxcpm2.md, "MiniCPM4 layers").
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """The VoxCPM2 language side: MiniCPM4 backbone, scalar-quantisation bottleneck, residual acoustic
-LM, local patch encoder, local DiT (the flow-matching estimator), projections and stop head.
-
-Parameter names are the keys of the checkpoint's ``model.safetensors`` (``base_lm.*``,
-``residual_lm.*``, ``feat_encoder.*``, ``feat_decoder.estimator.*``, ``fsq_layer.*``,
-``enc_to_lm_proj``, ``lm_to_dit_proj``, ``res_to_dit_proj``, ``fusion_concat_proj``,
-``stop_proj``, ``stop_head``), so the model loads with ``load_state_dict(assign=True)`` onto a
-model built on the meta device.
-
-One engine step per patch. Each position's input is either a text token (its embedding times
-``scale_emb`` under mup) or a patch of latents [P, D] (the local encoder's summary of it,
-projected). The backbone runs over the positions; at patch positions its output goes through
-the bottleneck (``fsq_layer``: tanh, round to 1/scale, project back); the residual LM then runs
-over ``fusion_concat_proj([backbone output, patch embedding or 0])``. A step returns both
-streams side by side, ``hidden [T, 2H] = [lm | residual]``: the token head (``head.PatchHead``)
-turns the last row of each sequence into the next patch and the stop flag.
-
-Ids: a prompt or decode position is one int64 (``pack_*``): a text id (< 2**24), a patch of
-the slot's prompt-feature buffer (``PROMPT_PATCH | j``) or the slot's last generated patch
-(``LAST_PATCH``, every decode row). ``STOP`` is only ever produced by the head.
+LM, local patch encoder, local DiT (the flow-matching estimator), projections and stop head
+(one step per patch, packed ids: docs/models/voxcpm2.md, "The model in one step").
 """
 
 from __future__ import annotations

@@ -1,36 +1,6 @@
 """The VoxCPM2 program: a segment's whole text in the prompt, one patch of latents per step from
-the flow-matching head, the streaming AudioVAE in chunks of patches, 48 kHz out.
-
-What the runtime sees (``engine.llm.program``):
-- one job per segment (the engine core's segmenter), not input streaming: ``build_prompt`` lays
-  out the voice's prompt (zero-shot, reference, continuation or both: ``prompt.build_prompt``)
-  around the segment's text; a prompt that, with the patches its text may take, needs more
-  positions than a row holds (``max_model_len``) is refused there (``too_long``);
-- per-slot state (``bind_slot``): the head's settings for the slot (Euler steps, guidance,
-  ``min_len``, the patch cap, the first condition), the voice's prompt patches
-  (``SlotFeatures.prompt``) and the decoder's warm-up patches; a slot's previous sequence whose
-  stop the program has not been handed yet (without asynchronous steps the runtime launches
-  the step that reuses the slot first) has its patches set aside first (``ChunkDecoder.spill``);
-- the token head (``head.PatchHead``) samples the patch inside the step and returns
-  ``[LAST_PATCH | STOP, patch index]``; the runtime feeds ``LAST_PATCH`` back (the forward reads
-  the slot's last patch) and ends the sequence on ``STOP``. The stop patch is audio too: it is
-  not in ``launch_postprocess`` (the runtime passes only rows that go on) but counted by
-  ``launch_finish``, which decodes what is left;
-- audio: ``audio.ChunkDecoder``, every ``chunk_patches`` patches of a sequence one chunk through
-  the streaming VAE (all due rows of a step in one call, on its own CUDA stream).
-
-Per-request options (``validate``): ``inference_timesteps`` (Euler steps, [1, max_flow_steps],
-default 10), ``cfg_value`` (guidance, [0, 10], default 2.0), ``min_len`` (patches during which
-stop is ignored, default 2), ``max_tokens`` (the most patches, default 4096: the reference's
-``max_len``; each segment is also capped at ``6 * text tokens + 10`` as the reference does),
-``temperature`` (scales the flow's starting noise: 1 is the reference's standard normal, 0 no
-noise), ``seed`` (None: random). A patch is 160 ms of audio.
-
-The runtime creates a sequence's state (``new_state``) and its prompt (``build_prompt``) in two
-calls, the second without the state; the program links them: ``build_prompt`` completes the
-state made by the ``new_state`` call just before it (``LMBackend.add_job`` makes both, in that
-order, for one job at a time), and a ``build_prompt`` call with no state pending (the warm-up's
-prompt-length probes) only returns ids.
+the flow-matching head, the streaming AudioVAE in chunks of patches, 48 kHz out (options and how
+a sequence runs: docs/models/voxcpm2.md).
 """
 
 from __future__ import annotations

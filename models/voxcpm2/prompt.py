@@ -1,24 +1,5 @@
-"""VoxCPM2 prompts: the text tokenizer and the prompt positions of each voice mode.
-
-The tokenizer is the checkpoint's ``tokenizer.json`` (a Llama-style SentencePiece BPE) with the
-reference's one twist: a token made of two or more CJK ideographs that is itself in the
-vocabulary is replaced by its single characters (after dropping the ``▁`` word marker), so
-Chinese is spoken one character per position. Text is tokenized without special tokens.
-
-Prompt positions (``Prompt.ids``, one packed int64 each, see ``model.pack_prompt_patch``):
-
-- zero-shot: ``text + [audio_start]``;
-- reference voice (cloning from audio alone): ``[ref_start, R reference patches, ref_end] +
-  text + [audio_start]``;
-- continuation (reference audio *with its transcript*, spoken on): ``tokens(prompt_text +
-  text) + [audio_start, C prompt patches]``; the first patch is conditioned on the last prompt
-  patch, and the VAE stream is warmed with the last ``min(3, C)`` prompt patches (decoded and
-  discarded, as the reference trims them from its output);
-- both: the reference block, then the continuation.
-
-Patches are indices into the slot's prompt-feature buffer (reference patches first, then the
-continuation's). ``max_patches(text)`` is the reference's generation cap for the target text:
-``int(6 * len(tokens(text)) + 10)``, clamped by the caller's own maximum.
+"""VoxCPM2 prompts: the text tokenizer and the prompt positions of each voice mode
+(docs/models/voxcpm2.md, "Prompts and voices").
 """
 
 from __future__ import annotations

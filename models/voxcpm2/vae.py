@@ -1,25 +1,6 @@
-"""The AudioVAE (V2): a causal convolutional VAE, 16 kHz audio in, 25 Hz latents of 64, 48 kHz
-audio out, and ``VAEStream``, a stateful streaming decoder with per-slot state.
-
-Parameter names are the keys of ``audiovae.safetensors`` / ``audiovae.pth`` with the weight
-norm folded (the checkpoint stores ``weight_g`` / ``weight_v``; the loader computes
-``weight = g * v / |v|`` once with torch's own ``_weight_norm``). The pipeline, as the reference
-builds it:
-
-    encoder: causal conv k7 -> 4 x (3 residual units, Snake, strided causal conv k=2s) -> fc_mu (k3)
-    decoder: [depthwise k7 + 1x1] -> per rate: (sample-rate scale/bias, Snake, causal transposed
-             conv k=2s s=s, 3 residual units of dilated causal convs) -> Snake, conv k7 -> tanh
-
-Every part is causal: a causal convolution pads only on the left, and a transposed convolution
-of kernel 2s and stride s (its last s outputs trimmed) mixes an input with the one before it
-only. So latent frame t's samples depend on frames <= t alone: a prefix decodes to a prefix of
-the whole decode, the streaming decoder needs no look-ahead (``VAEStream.delay_samples == 0``),
-and a final partial chunk can be padded with zero frames and cut.
-
-``VAEStream`` keeps, per slot, exactly what the next chunk needs: the last ``(k - 1) * d`` inputs
-of every causal convolution and the last input of every transposed one, in tensors allocated for
-``max_slots + 1`` slots (the last one a scratch slot for padding rows) and indexed by slot, so a
-step has static shapes for a given batch size and chunk length.
+"""The AudioVAE (V2): a causal convolutional VAE (16 kHz in, 25 Hz latents of 64, 48 kHz out), and
+``VAEStream``, a streaming decoder with per-slot state (docs/models/voxcpm2.md, "Streaming
+audio").
 """
 
 from __future__ import annotations

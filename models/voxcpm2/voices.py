@@ -1,20 +1,6 @@
-"""Cloned voices for VoxCPM2: reference audio read, resampled to the VAE encoder's rate (16 kHz)
-and encoded once, in float32, into the prompt patches a sequence's prompt refers to.
-
-A voice has up to two parts, as the reference's prompt cache does (``prompt.build_prompt``):
-
-- reference patches (``ref``): the audio alone, in the ``[ref_start, patches, ref_end]`` block
-  (the reference's ``reference_wav_path``), right-padded to whole patches;
-- continuation patches (``prompt``) with the words spoken in them (``prompt_text``): the prompt
-  text goes before each segment's text and the patches after ``audio_start``, so the model
-  speaks on from them (the reference's ``prompt_wav_path`` + ``prompt_text``), left-padded. The
-  first generated patch is conditioned on the last prompt patch and the streaming VAE is warmed
-  with the last ``min(3, C)`` prompt patches, whose audio is cut (``context``).
-
-A registered voice of the voice store (``VoxCPM2Program.prepare_voice``: a WAV file and maybe
-its transcript) is a reference voice without a transcript and both parts from the same audio
-with one (the reference's ``ref_continuation`` mode). Audio at another rate than the encoder's
-is resampled with soxr at its default (high) quality, as the reference's ``librosa.load`` does.
+"""Cloned voices for VoxCPM2: reference audio read, resampled to 16 kHz and encoded once, in
+float32, into the prompt patches a sequence's prompt refers to (docs/models/voxcpm2.md,
+"Voices" and "Prompts and voices").
 """
 
 from __future__ import annotations
