@@ -1,11 +1,6 @@
 """Decode an uploaded voice sample (WAV, FLAC, MP3, OGG) into mono float32, and check it.
-
-FFmpeg (through PyAV) demuxes and decodes; channels are averaged into one (the level of a
-sound on every channel stays as it is, where FFmpeg's downmix would raise it by 3 dB); ``soxr`` resamples, and only a file above
-``MAX_SAMPLE_RATE_HZ``: every other rate is kept as it is (a model resamples to its own rate
-when it encodes the voice). Decoding stops as soon as the audio passes the duration limit, so a
-small file that would decode to hours costs no more than the limit. Blocking: run it off the
-event loop.
+Decoding stops once the audio passes the duration limit; it blocks, so run it off the event
+loop (docs/architecture.md, "Gateway").
 """
 
 from __future__ import annotations

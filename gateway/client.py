@@ -1,13 +1,6 @@
 """A small async Python client for the voxgate protocol (used by tests, the benchmark, agents); one
-connection carries several streams, each read on its own.
-
-    async with VoxgateClient.connect("ws://127.0.0.1:8000/v1/stream") as client:
-        stream = await client.start(voice="heart")
-        await stream.send_text("Hello there. ")
-        await stream.end()
-        async for pcm in stream.audio():     # numpy float32 chunks
-            ...
-        print(stream.done)                   # the "done" map (timings), or stream.error"""
+connection carries several streams, each read on its own. docs/protocol.md has an example.
+"""
 
 from __future__ import annotations
 

@@ -1,31 +1,5 @@
-"""Starts, watches and restarts the engine process; moves messages to and from it.
-
-The engine runs in one child process (multiprocessing *spawn*). Start-up is a handshake: the
-child answers ``Hello`` once the model is loaded and warm, or an ``Error`` naming why it could
-not load; no answer within ``engine_start_timeout_s`` is a failure too. When the child dies,
-the streams open in it fail (``on_lost`` gets their keys; clients get a retryable
-``engine_restarted``), ``/health`` says ``restarting``, and a new engine is started after a
-back-off. More than ``max_engine_restarts`` deaths within ``engine_restart_window_s`` leave the
-status ``failed``: ``on_lost`` is called once more with ``is_failed`` true and ``wait_failed()``
-returns. One supervisor watches one engine; ``gateway.engine_pool`` owns one per engine and
-decides what a failure means for the server (it exits once no engine can serve).
-
-Each engine process is started with the environment given (``env``: ``CUDA_VISIBLE_DEVICES`` for
-the GPU it is given, ``VOXGATE_ENGINE_INDEX``), set around the spawn so that the child has it
-from its first instruction.
-
-Watchdog: the engine sends a ``Heartbeat`` every second from a thread of its own, and output
-as it steps. With streams open and nothing at all from it for ``engine_watchdog_s`` (and
-nothing unread in its queue: a gateway that fell behind is not a hung engine), the engine is
-taken for hung (stopped, or stuck holding its GIL): it is killed, which then goes as a death.
-
-Sample accounting: audio that arrives for a stream the gateway has already cancelled is dropped
-here and counted (``voxgate_audio_samples_dropped_total{reason="cancelled"}``).
-
-Sending never blocks the event loop: ``send_nowait`` puts on the shared-memory queue, or, when
-it is full, keeps the message in a local backlog (order kept) that a task drains as room
-appears. Readers of client frames ``await wait_writable()`` so that a full engine queue slows
-the clients that fill it (back-pressure) instead of growing the backlog without bound.
+"""Starts, watches and restarts one engine process (``EngineSupervisor``) and moves messages to
+and from it over the shared-memory queues; docs/architecture.md, "Engine supervision".
 """
 
 from __future__ import annotations

@@ -1,20 +1,5 @@
-"""Several engine processes behind one gateway: one ``EngineSupervisor`` each, data parallel.
-
-``voxgate serve --gpus 0,1`` starts one engine per GPU (its process sees only that GPU:
-``CUDA_VISIBLE_DEVICES``), ``--gpus 0 --engines 2`` two engines sharing GPU 0 (each with half
-of ``--gpu-memory-utilization``: ``EngineConfig.gpu_memory_share``), ``--engines N`` alone N
-CPU engines; with neither there is one engine, as before (``--gpus 0`` is that one engine on
-GPU 0). Each engine has its own
-shared-memory queues and its own supervisor (handshake, watchdog, restarts with their own
-``--max-engine-restarts`` budget), so one engine's death fails only the streams open in it,
-and it restarts alone while the others serve.
-
-The pool looks to the gateway like one engine: ``send_nowait`` places a new stream (``Open``)
-on the engine with the most headroom (``gateway.placement``) and sends every later message of
-that stream to the engine that holds it; ``hello`` is the engines' common handshake;
-``is_ready`` is true while any engine serves. ``on_lost(keys)`` reports the streams of an engine
-that died; ``is_failed`` is true (and ``wait_failed`` returns, for the server to exit non-zero)
-only once every engine has failed for good: while one engine serves, the server serves.
+"""Several engine processes behind one gateway (``EnginePool``: one ``EngineSupervisor`` each, data
+parallel) that look to the server like one engine; docs/deploy.md has the flags and the rules.
 """
 
 from __future__ import annotations

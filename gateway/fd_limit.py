@@ -1,10 +1,6 @@
-"""The open-file limit: every connection holds a descriptor, so it bounds the connections.
-
-With the common soft limit of 1,024, accepts fail silently near 1,000 connections, and
-``/health`` stops answering with them. At start the gateway raises its soft limit to the hard
-limit, and lowers ``max_connections`` to what the limit leaves after a reserve for everything
-else (the listening socket, the engine's queues and pipes, the voice store, HTTP requests such
-as health probes, logs).
+"""The open-file limit: every connection holds a descriptor, so it bounds the connections. At
+start the gateway raises its soft limit to the hard one and lowers ``max_connections`` to what
+it leaves after a reserve (docs/security.md).
 """
 
 from __future__ import annotations

@@ -1,20 +1,5 @@
-"""Which engine a new stream goes to: the one with the most headroom. Pure Python, no I/O.
-
-``EnginePool`` (``gateway.engine_pool``) describes each engine as an ``EngineLoad`` when a
-stream opens and calls ``choose_engine``. The policy (docs/deploy.md, "Placement"):
-
-- Only an engine that is serving (``is_ready``) takes a stream: never one that is starting,
-  restarting, failed or stopped.
-- When every candidate reports a capacity (its admission report, ``engine.admission``: the
-  measured estimate, or ``--admission-initial-capacity`` before it), the stream goes to the one
-  with the most headroom: capacity minus demand now.
-- Otherwise (some engine has no limit known: not measured yet, no initial capacity) it goes to
-  the one with the fewest streams open.
-- Ties go to the fewest streams open, then the lowest index.
-
-*Demand now* is the engine's last report (streams speaking and queued for admission) corrected
-by the streams opened and closed on it since that report: reports come once a second, and a
-burst of new streams placed on stale figures would all land on one engine.
+"""Which engine a new stream goes to (``choose_engine``): the serving one with the most headroom.
+Pure Python, no I/O; the policy is in docs/deploy.md, "Placement".
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """The client <-> gateway wire protocol (v1): the only module that builds or parses its frames.
-
-A frame is a map with a ``type``. Clients send binary msgpack frames or JSON text frames; the
-server answers in msgpack unless the connection asked for ``?encoding=json`` (then PCM travels
-base64-encoded in ``pcm``). See docs/protocol.md for the whole protocol with examples.
+See docs/protocol.md for the whole protocol with examples.
 """
 
 from __future__ import annotations

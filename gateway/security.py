@@ -1,20 +1,5 @@
 """Who may talk to the gateway: Host, Origin and API-key checks, as one aiohttp middleware.
-
-- **Host** (DNS rebinding: a hostile page whose name resolves to 127.0.0.1): when the server is
-  bound to a loopback address, every request's ``Host`` must name a loopback address
-  (``localhost``, ``127.0.0.1``, ``[::1]``), the bind address, or one of ``--allowed-hosts``;
-  bound elsewhere, only ``--allowed-hosts`` is enforced, when given. 403 ``host_not_allowed``.
-- **Origin** (cross-site WebSocket and form posts from a page the user opened): a request that
-  carries an ``Origin`` (browsers do) may open ``/v1/stream`` (or any WebSocket) or change state (POST, PUT,
-  PATCH, DELETE) only if it is the server's own page (the Origin's host and port are the
-  request's ``Host``; any scheme, for TLS proxies) or in
-  ``--allowed-origins`` (``*``: any). Requests without one (agents, SDKs, curl) pass. 403
-  ``origin_not_allowed``.
-- **API key** (``--api-key`` or ``VOXGATE_API_KEY``): when set, ``/v1/...``, ``/tts/...``
-  (Cartesia's WebSocket) and ``/metrics``
-  (unless ``--metrics-public``) need it, from ``Authorization: Bearer <key>`` (or ``Token``),
-  ``xi-api-key``, ``X-API-Key`` or ``?api_key=``; compared in constant time. 401 without a
-  key, 403 with a wrong one. ``/health`` and the demo page's files stay open.
+The rules, flags and status codes are in docs/security.md, "Defences".
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """The gateway: one aiohttp server (HTTP and WebSocket on one port) over its engine processes.
-
-``Gateway`` owns the lifecycle (engines, listening socket), the routing of engine output to
-connections, and the carrying out of a session's actions. The engines are an ``EnginePool``
-(``gateway.engine_pool``): one engine, or one per GPU (``--gpus``), which looks like one engine
-here; engine output is routed by stream key whichever engine sent it. The WebSocket adapter is
-``gateway.ws_handler``; the plain HTTP endpoints are ``gateway.http_routes``. aiohttp parses
-HTTP, answers malformed requests with a 4xx, and upgrades ``/v1/stream`` to a WebSocket.
-
-Engine output is routed synchronously by stream key from the engine queue's reader callback;
-nothing here blocks the event loop.
+``Gateway`` owns the lifecycle, routes engine output to connections and carries out the
+sessions' actions (docs/architecture.md, "Gateway").
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""One client connection's protocol state machine. No I/O: frames and engine messages in, actions out.
-
-The WebSocket adapter (``gateway.ws_handler``) feeds ``receive_frame`` with client frames and
-``on_engine`` with engine messages for this connection's streams, and carries out the actions
-returned: ``ToClient`` (send a map), ``ToEngine`` (put a message on the engine queue),
-``Close`` (close the connection with an RFC 6455 code).
-
-No input makes a method raise: a frame that cannot be accepted is answered with an ``error``
-of a documented code (docs/protocol.md), and what the actions carry always encodes (client
-maps in msgpack and JSON, engine messages with ``engine.messages.encode``).
+"""One client connection's protocol state machine. No I/O: frames and engine messages in, actions
+out (``ToClient``, ``ToEngine``, ``Close``); no input makes a method raise (docs/architecture.md,
+"Gateway").
 """
 
 from __future__ import annotations

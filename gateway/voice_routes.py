@@ -1,13 +1,5 @@
-"""``/v1/voices``: the model's voices, and registering voices to clone.
-
-``POST /v1/voices`` takes ``multipart/form-data``: ``name``, ``file`` (WAV, FLAC, MP3 or OGG)
-and an optional ``transcript``. Every limit is checked before the next step costs more: the
-model's ability to clone and ``Content-Length`` before the body is read, the byte count while
-it is read, name and transcript before decoding, duration while decoding, level after. A
-refusal is a 4xx ``{"error": {"code", "message", "retryable"}}`` naming the limit, and leaves
-nothing on disk (``gateway.voice_store``). Decoding and the store's writes run in a small
-thread pool; at most ``_MAX_UPLOADS`` uploads are read at once (more get 429), so memory stays
-below that many times ``max_voice_upload_bytes``.
+"""``/v1/voices``: the model's voices, and registering voices to clone (docs/protocol.md); each
+limit is checked before the next step costs more, and a refusal leaves nothing on disk.
 """
 
 from __future__ import annotations

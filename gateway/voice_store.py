@@ -1,15 +1,5 @@
-"""Registered voices on disk: one 16-bit mono WAV per voice and an SQLite index.
-
-Layout under the data directory: ``voices/index.sqlite3`` and ``voices/<id>.wav``. Nothing is
-created until the first voice is registered. A voice is written to a temporary file in the same
-folder, flushed to disk, renamed into place, then its row is committed; any failure removes
-what was written. ``open`` sweeps what a crash could leave: temporary files, WAV files with no
-row, rows with no file.
-
-The index is read once into memory, so that ``get``, ``list`` and ``resolve`` (used when a
-stream starts) never touch the disk. Writers replace that map with a new one (never change it
-in place), so that readers on the event loop never see it change while they iterate. ``add`` and ``delete`` block (file writes, SQLite): the
-HTTP layer runs them off the event loop; a lock makes them one at a time.
+"""Registered voices on disk: one 16-bit mono WAV per voice and an SQLite index, read once into
+memory (docs/architecture.md, "Gateway").
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""``/v1/stream``: the native protocol's WebSocket adapter (aiohttp) around ``Session``.
-
-Each connection gets a ``Session`` (the protocol state machine, no I/O) and a ``Connection``:
-a bounded outbox drained by a writer task. When a client stops reading and its outbox passes
-``max_outbox_bytes``, the connection is closed with 1008 so that it slows nobody else down.
-
-Hot path: a frame for a connection whose outbox is empty, with no send in flight and a socket
-that is not applying back-pressure (the protocol's writing is not paused), is written at once
-from the engine reader's callback, without waking the writer task (at 25,000 chunks/s the task
-switch and the awaits cost more than the write itself). Everything else (back-pressure, a
-backlog, closing) goes through the outbox and the writer, in order: a frame is written directly
-only when nothing is queued before it. The direct write uses aiohttp's own frame writer
-(``WebSocketWriter._write_websocket_frame``, the synchronous part of ``send_frame`` for an
-uncompressed frame); where that is missing (another aiohttp), every frame goes through the
-writer task, and ``tests/gateway/test_ws_handler.py`` says so.
+"""``/v1/stream``: the native protocol's WebSocket adapter (aiohttp) around ``Session``, with a
+bounded per-connection outbox, its writer task and the direct-write hot path
+(docs/architecture.md, "Gateway").
 """
 
 from __future__ import annotations

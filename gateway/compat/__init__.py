@@ -1,9 +1,7 @@
-"""The APIs voice agents already speak, on the gateway's port: OpenAI's ``/v1/audio/speech``,
-ElevenLabs' and Cartesia's WebSockets and Deepgram's ``/v1/speak``, each an adapter over the
-native ``Session`` (docs/compat.md).
-
-``add_to(app, gateway)`` registers their routes, an error middleware that answers refusals on
-each vendor's paths in that vendor's form, and the encoder threads (shut down with the app).
+"""The APIs voice agents already speak (OpenAI, ElevenLabs, Cartesia, Deepgram), each an adapter
+over the native ``Session`` (docs/compat.md). ``add_to(app, gateway)`` registers their
+routes, an error middleware that answers refusals in each vendor's form, and the encoder
+threads (shut down with the app).
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Audio in the formats the vendor protocols ask for: resampling with soxr, encoding with PyAV.
-
-The engine speaks 24 kHz mono PCM. A stream's ``AudioEncoder`` turns each chunk of it into the
-client's format as it arrives (``encode``) and finishes the stream (``finish``: the resampler's
-and the encoder's tails, a container's trailer). Nothing here is hand-written DSP: soxr
-resamples, FFmpeg (through PyAV) encodes G.711, MP3, Opus, AAC, FLAC and WAV.
-
-Cost: every encoder works on one chunk at a time. PCM, G.711 and FLAC take tens of
-microseconds per 100 ms chunk and run inline; MP3, Opus and AAC take about a millisecond or
-more, so ``gateway.compat.base.StreamOut`` runs them on a small thread pool (FFmpeg releases
-the GIL while it encodes), in order per stream.
+"""Audio in the formats the vendor protocols ask for: a stream's ``AudioEncoder`` resamples
+the engine's 24 kHz PCM with soxr and encodes it with PyAV, chunk by chunk (docs/compat.md,
+"Formats").
 """
 
 from __future__ import annotations

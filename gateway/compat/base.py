@@ -1,13 +1,6 @@
-"""What the compatibility adapters share: a connection that speaks another protocol, one
-output pipe per stream (encoding in order, on a thread for costly codecs), voice names.
-
-An adapter turns a vendor's client frames into the native protocol's messages
-(``gateway.protocol.Start``, ``TextIn``, ``Flush``, ``End``, ``Cancel``) and hands them to the
-connection's ``Session`` (``Session.receive_message``); the gateway carries out the actions as
-for a native connection (engine routing, limits, per-IP counts, shutdown). What the session
-sends back (native ``ready``/``audio``/``flushed``/``done``/``error`` maps) reaches the
-adapter's ``on_native``, which answers in the vendor's frames. There is no second engine path
-and no second copy of the limits: ``Session`` enforces them and its errors are translated.
+"""What the compatibility adapters share: a connection that speaks another protocol over its
+own ``Session``, one output pipe per stream (encoding in order, on a thread for costly
+codecs), voice names (docs/compat.md).
 """
 
 from __future__ import annotations

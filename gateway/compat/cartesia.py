@@ -1,25 +1,5 @@
-"""Cartesia's text to speech: the ``/tts/websocket`` contexts, ``POST /tts/bytes`` and
-``POST /tts/sse``, over a ``Session``.
-
-WebSocket: each generation request names a ``context_id`` (one native stream per context, any
-number per socket up to ``max_streams_per_connection``) with ``model_id``, ``transcript``,
-``voice`` (``{"mode": "id", "id"}``, ``{"id"}`` or a string), ``output_format`` (``{"container":
-"raw", "encoding": pcm_s16le | pcm_f32le | pcm_mulaw | pcm_alaw, "sample_rate"}``),
-``continue`` (false or absent: the context's last input), ``flush``, ``add_timestamps``,
-``speed`` / ``generation_config.speed``; ``{"context_id", "cancel": true}`` cancels one.
-Transcripts are joined as sent (a client sends the spaces between them, as Cartesia asks).
-The server sends ``chunk`` (base64 audio), ``timestamps`` (``word_timestamps``: ``words``,
-``start``, ``end`` in seconds from the context's first audio), ``flush_done`` (with
-``flush_id``, counted from 1 per context, after the flushed text's last audio), ``done`` after
-the last audio and ``error`` (``status_code``, ``title``, ``message``, ``error_code``), each
-with its ``context_id``; nothing at all for a context after its ``cancel``.
-
-REST: the same fields in a JSON body; ``/tts/bytes`` answers the audio (``raw``, ``wav``,
-``mp3`` with ``bit_rate``), ``/tts/sse`` the ``chunk``/``timestamps``/``done`` events as
-``data:`` lines. Errors are ``{"title", "message", "error_code", "status_code", "request_id"}``.
-
-Word timings come from ``gateway.compat.timing``: the span each chunk speaks, spread over its
-samples (docs/compat.md says how close that is).
+"""Cartesia's text to speech over a ``Session``: the ``/tts/websocket`` contexts,
+``POST /tts/bytes`` and ``POST /tts/sse``; docs/compat.md has the protocol.
 """
 
 from __future__ import annotations

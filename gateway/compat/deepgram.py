@@ -1,26 +1,5 @@
-"""Deepgram's text to speech: ``/v1/speak`` as a WebSocket (GET with an upgrade) and as REST
-(POST), over a ``Session``.
-
-WebSocket: query ``model``, ``encoding`` (``linear16`` default, ``mulaw``, ``alaw``),
-``sample_rate`` (linear16: 8000, 16000, 24000 default, 32000, 48000; G.711: 8000 default,
-16000), ``speed``; the rest are accepted. The server greets with ``Metadata``. Client frames:
-``{"type": "Speak", "text"}``, ``Flush``, ``Clear``, ``Close``. Audio goes out in binary frames.
-The connection speaks one native stream at a time: ``Speak`` starts it when none is open;
-``Flush`` is the native flush, answered by ``{"type": "Flushed", "sequence_id"}`` after the
-flushed text's last audio (ids count the connection's flushes from 0); ``Clear`` cancels the
-stream (barge-in: its unsent audio is dropped) and answers ``Cleared`` with the flushes
-counted so far, after which nothing of the cleared text arrives; ``Close`` ends the stream,
-sends its audio and closes with 1000. Once every flush is acknowledged and no text came after
-the last one, the stream is ended quietly and the next ``Speak`` opens another (a long
-conversation does not pile up in one stream's text limit). A frame that cannot be taken is
-answered with ``{"type": "Warning", "description", "code"}`` and skipped; a stream's failure
-(engine, limits) is a ``Warning`` too and the next ``Speak`` starts afresh.
-
-REST: ``POST /v1/speak`` with ``{"text"}``, query ``model``, ``encoding`` (also ``mp3``
-default, ``opus``, ``flac``, ``aac``), ``sample_rate``, ``container`` (``wav`` default for
-linear16 and G.711, ``none``; ``ogg`` for opus). Errors are Deepgram's
-``{"err_code", "err_msg", "request_id"}`` with 400/401/403/429/5xx; a handshake refused for
-its query gets the same body with 400.
+"""Deepgram's text to speech over a ``Session``: ``/v1/speak`` as a WebSocket (GET with an
+upgrade) and as REST (POST); docs/compat.md has the protocol.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """ElevenLabs' text to speech over a ``Session``: the WebSockets
-``/v1/text-to-speech/{voice_id}/stream-input`` (one context) and ``/multi-stream-input``
-(contexts by ``context_id``), and the REST routes ``POST /v1/text-to-speech/{voice_id}`` and
-``.../stream``.
-
-Query: ``model_id``, ``output_format`` (``pcm_8000`` … ``pcm_48000``, ``ulaw_8000``,
-``alaw_8000``, ``mp3_22050_32``, ``mp3_44100_32`` … ``_192``, ``opus_48000_32`` … ``_192``;
-``mp3_44100_128`` by default), ``inactivity_timeout`` (1-180 s, 20), ``sync_alignment``,
-``auto_mode`` and the rest accepted (the segmenter decides when to speak either way). Client
-frames: ``text`` (the first frame of a context, ``" "`` by custom, carries ``voice_settings``:
-its ``speed`` is the native option), ``flush``, ``context_id``, ``close_context``,
-``close_socket``; ``{"text": ""}`` ends the input on ``stream-input`` and is a keep-alive on
-``multi-stream-input``. Server frames: ``{"audio" (base64), "isFinal", "alignment",
-"normalizedAlignment"}`` (with ``contextId`` on multi-stream-input), alignment being
-``{"chars", "charStartTimesMs", "charDurationsMs"}`` relative to the frame's audio, spaces
-between segments included (``gateway.compat.timing``).
-
-``isFinal: true`` comes exactly once per context, after all its audio: at the end of input, or
-on ``close_context`` when the context's last input was a flush. ``close_context`` after text
-that was not flushed is barge-in: the context stops at once and nothing more is sent for it. A
-plain flush speaks what is buffered and sends nothing of its own. ``close_socket`` finishes
-every context (each gets its ``isFinal``) and closes with 1000; so does ``stream-input`` after
-its ``isFinal``. Errors are ``{"message", "error" (a code), "code"}`` frames (with
-``contextId`` for a context's); REST errors ``{"detail": {"status", "message"}}``.
+``/v1/text-to-speech/{voice_id}/stream-input`` and ``/multi-stream-input`` and the REST routes
+``POST /v1/text-to-speech/{voice_id}`` and ``.../stream``; docs/compat.md has the protocol.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
 """One HTTP request, one stream: the driver the vendors' speech endpoints share (OpenAI's
-``/v1/audio/speech``, Deepgram's and ElevenLabs' REST routes).
-
-The request is a connection of its own to the gateway (admission, per-IP counts, shutdown,
-slow-consumer handling) whose session gets ``start``, the text and ``end`` at once. The body
-streams as the engine speaks; the status is chosen when the first audio (or an error) arrives,
-so that a refusal (unknown voice, capacity, engine restarting) is a proper 4xx/5xx in the
-vendor's form (``Speech.error``). An error after audio has started ends the body early.
+``/v1/audio/speech``, Deepgram's and ElevenLabs' REST routes); docs/compat.md.
 """
 
 from __future__ import annotations

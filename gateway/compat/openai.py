@@ -1,12 +1,5 @@
-"""OpenAI's ``POST /v1/audio/speech`` over a ``Session``: one request, one stream.
-
-The body is ``{"model", "input", "voice" (a name or {"id"}), "instructions", "response_format"
-(mp3 default, opus, aac, flac, wav, pcm: s16le 24 kHz mono), "speed", "stream_format" (audio,
-or sse: ``speech.audio.delta`` / ``speech.audio.done`` events)}``. The response streams as the
-engine speaks; its status is chosen when the first audio (or an error) arrives, so that a
-refusal (unknown voice, capacity, engine restarting) is a proper 4xx/5xx with OpenAI's
-``{"error": {"message", "type", "param", "code"}}``. Errors after audio has started end the
-body early (an SSE stream gets an ``error`` event first).
+"""OpenAI's ``POST /v1/audio/speech`` over a ``Session``: one request, one stream
+(docs/compat.md).
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""Character and word timings from what the engine knows: the span of text each chunk speaks.
-
-The engine tells, for every audio chunk, the ``[start, end)`` range of the stream's text its
-segment speaks; it does not tell where inside the segment each character falls. ``Aligner``
-spreads a segment's characters over its audio as the chunks arrive, at a speaking rate measured
-on the stream's segments so far (a default rate until a few have been spoken): each chunk is
-given the characters whose estimated start falls inside it. The text between two segments (the
-spaces the segmenter left out) is given to the next segment's first chunk, so that the
-characters of all the timings, in order, are the stream's text. Characters still untimed when a
-segment's audio ends (the rate was overestimated) go at the start of the next chunk; those left
-at the end of the stream are returned by ``finish``.
-
-Times are in samples from the start of the stream's audio; ``Word`` groups them by whitespace.
+"""Character and word timings (``Aligner``, ``Word``) from the span of text each chunk speaks,
+spread over its samples at a measured speaking rate (docs/compat.md, "Timings and flushes").
+Times are in samples from the start of the stream's audio.
 """
 
 from __future__ import annotations
