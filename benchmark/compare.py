@@ -1,13 +1,8 @@
-"""``voxgate bench --json`` runs side by side, level by level: the figures that say whether two
-server layouts (``--gpus 0`` against no flag, ``--gpus 0,1`` against ``--gpus 0``) serve alike.
+"""``voxgate bench --json`` runs side by side, level by level (on time, TTFA, goodput, refused,
+capacity, ratios to the first run): whether two server layouts serve alike (docs/deploy.md).
 
     python -m benchmark.compare NAME=bench.json[.gz] NAME=bench.json[.gz] ...
-
-For each level the runs share: streams, on time (share of streams with no underrun), TTFA p50 and
-p90 (ms), goodput (seconds of on-time audio per second) and refused streams; then each run's
-capacity (the highest level meeting the bench's target), and the ratios of goodput and capacity
-to the first run. Figures only: whether a difference is noise needs repeated runs (the first run
-again, after the others)."""
+"""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""The engine's logic: streams in, audio out. Plain Python, no I/O, drivable from a test.
-
-``EngineCore`` owns streams. Each stream has a segmenter that turns incremental text into
-speakable segments; each segment becomes a *job* for the backend (the speech generator).
-Segments of one stream are spoken in order: the head segment's audio goes out as it is made,
-while up to ``lookahead_jobs`` later segments may already be generating, their audio held back
-until the segment before them has finished.
-
-A stream is admitted at its first job against the capacity measured from the backend's steps
-(``engine.admission``, fed by ``note_step``): past it the stream waits, its segments held, or
-is refused with a retryable ``capacity`` error; ``poll`` lets waiting streams in.
-
-The process wrapper (``engine.process``) feeds ``open``/``add_text``/``flush``/``end``/``cancel``
-from the queue and sends what ``step``, ``poll`` and those calls return.
+"""The engine's logic, streams in and audio out: segments become backend jobs spoken in order, streams
+are admitted by measured capacity (docs/architecture.md, "Engine"; docs/scheduling.md). Plain
+Python, no I/O, drivable from a test.
 """
 
 from __future__ import annotations

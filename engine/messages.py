@@ -1,14 +1,6 @@
-"""Every message between the gateway and the engine process, and their bytes.
-
-This is the only module that builds or parses gateway <-> engine bytes. A message is a frozen
-dataclass; on the wire it is a msgpack array ``[kind, field1, field2, ...]`` with ``kind`` an
-``int`` from :class:`Kind`. No pickle, no call-by-name.
-
-Batching: the engine sends the messages of one step as one ``Batch`` (one queue record, one
-put and one get for all of them) instead of one record per audio chunk.
-
-Streams are named by ``key``: an int the gateway allocates, unique across all connections (a
-client's stream id is only unique within its connection).
+"""Every message between the gateway and the engine process and their bytes: the only module that
+builds or parses them (frozen dataclasses as msgpack arrays ``[kind, ...]``, a step's messages
+in one ``Batch``; docs/architecture.md). Streams are named by an engine-wide int ``key``.
 """
 
 from __future__ import annotations
