@@ -12,6 +12,7 @@ import torch
 
 from engine.backend import OptionError
 from tests.models.csm.csm_fixtures import GEN_JOBS
+from tests.models.program_harness import add_job as _add, audio_of as _audio, drain as _drain, record_rows as _record
 
 SAMPLED = {"temperature": 0.9, "top_k": 50, "top_p": 0.95, "max_tokens": 8}
 
@@ -36,48 +37,6 @@ def served(ckpt_root, voice_refs) -> dict:
     for ref in voice_refs.values():
         out["main"].program.prepare_voice(ref)
     return out
-
-
-def _record(backend: Any) -> dict[int, list[list[int]]]:
-    """A fresh dict: job tag -> the frames (33 columns each) the program is given from now on."""
-    program = backend.program
-    if not hasattr(program, "_test_frames"):
-        real, real_new = program.launch_postprocess, program.new_state
-        tags: dict[int, int] = {}
-
-        def launch(states, tokens):  # noqa: ANN001, ANN202
-            for st, row in zip(states, tokens):
-                program._test_frames.setdefault(tags[id(st)], []).append(list(row))
-            return real(states, tokens)
-
-        def new_state(voice, options):  # noqa: ANN001, ANN202
-            st = real_new(voice, options)
-            tags[id(st)] = options["tag"]
-            return st
-
-        program.launch_postprocess, program.new_state = launch, new_state
-    program._test_frames = {}
-    return program._test_frames
-
-
-def _add(backend: Any, job: int, text: str, options: dict[str, Any], voice: str | None = None) -> None:
-    v, opts = backend.validate(voice, dict(options))
-    opts["tag"] = job
-    backend.add_job(job, text, v, opts)
-
-
-def _drain(backend: Any, outs: list | None = None, max_steps: int = 3000) -> list:
-    outs = [] if outs is None else outs
-    for _ in range(max_steps):
-        if not backend.has_work():
-            return outs
-        outs.extend(backend.step())
-    raise AssertionError("backend did not finish")
-
-
-def _audio(outs: list, job: int) -> np.ndarray:
-    parts = [o.pcm for o in outs if o.job_id == job and o.pcm is not None and o.pcm.size]
-    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 
 def _run(backend: Any, text: str, options: dict[str, Any], *, job: int = 1, voice: str | None = None):
