@@ -5,7 +5,6 @@ per step (backbone + depth decoder inside the step), Mimi decoded once per frame
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import torch
 
 from engine.backend import BackendInfo, JobError, OptionError
+from engine.llm.options import number_option
 from engine.llm.program import Collect
 from engine.llm.scheduler import RequestError
 from engine.llm.slot_codec import SlotCodec
@@ -172,15 +172,7 @@ class CsmProgram:
             return value
         if name == "context":
             return self._context(value)
-        lo, hi = OPTION_RANGES[name]
-        is_int = name in ("top_k", "max_tokens")
-        ok = isinstance(value, int) if is_int else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok or not math.isfinite(value) or not lo <= value <= hi:
-            raise OptionError("invalid_option", f"{name} must be {'an integer' if is_int else 'a number'} in "
-                              f"[{lo}, {hi}], got {value!r}")
-        if name == "top_p" and value <= 0:
-            raise OptionError("invalid_option", f"top_p must be in (0, 1], got {value!r}")
-        return int(value) if is_int else float(value)
+        return number_option(name, value, *OPTION_RANGES[name], integer=name in ("top_k", "max_tokens"))
 
     def _context(self, value: Any) -> str | None:
         """The context option, checked and normalised (``"v-a:0,v-b:1"``; None: no context)."""

@@ -7,7 +7,6 @@ How a turn runs (entries, pauses, delays, stop, audio): docs/models/kyutai_tts.m
 
 from __future__ import annotations
 
-import math
 import random
 import weakref
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from engine.backend import BackendInfo, JobError, OptionError
+from engine.llm.options import number_option
 from engine.llm.program import Collect
 from engine.llm.scheduler import RequestError
 from engine.llm.sequence import SamplingParams
@@ -181,15 +181,7 @@ class KyutaiProgram:
             if v is not None and v not in values:
                 raise OptionError("invalid_option", f"cfg must be one of {', '.join(values)} (or null), got {value!r}")
             return v
-        lo, hi = OPTION_RANGES[name]
-        is_int = name == "max_tokens"
-        ok = isinstance(value, int) if is_int else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok or not math.isfinite(value) or not lo <= value <= hi:
-            raise OptionError("invalid_option", f"{name} must be {'an integer' if is_int else 'a number'} in "
-                              f"[{lo}, {hi}], got {value!r}")
-        if name == "top_p" and value <= 0:
-            raise OptionError("invalid_option", f"top_p must be in (0, 1], got {value!r}")
-        return int(value) if is_int else float(value)
+        return number_option(name, value, *OPTION_RANGES[name], integer=name == "max_tokens")
 
     def sampling_params(self, options: dict[str, Any]) -> SamplingParams:
         seed = options.get("seed")

@@ -7,7 +7,6 @@ How the runtime drives it (a turn as one sequence, ``next_input``, ``Qwen3Head``
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 import random
 import unicodedata
@@ -19,6 +18,7 @@ import torch
 from torch import Tensor
 
 from engine.backend import BackendInfo, OptionError
+from engine.llm.options import number_option
 from engine.llm.program import Collect
 from engine.llm.sampler import Sampler
 from engine.llm.sequence import SamplingParams
@@ -282,15 +282,7 @@ class Qwen3Program:
             if not isinstance(value, str) or len(value) > 1000:
                 raise OptionError("invalid_option", "instruct must be a string of at most 1000 characters")
             return value
-        lo, hi = OPTION_RANGES[name]
-        is_int = name in ("top_k", "max_tokens")
-        ok = isinstance(value, int) if is_int else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok or not math.isfinite(value) or not lo <= value <= hi:
-            raise OptionError("invalid_option", f"{name} must be {'an integer' if is_int else 'a number'} in "
-                              f"[{lo}, {hi}], got {value!r}")
-        if name == "top_p" and value <= 0:
-            raise OptionError("invalid_option", f"top_p must be in (0, 1], got {value!r}")
-        return int(value) if is_int else float(value)
+        return number_option(name, value, *OPTION_RANGES[name], integer=name in ("top_k", "max_tokens"))
 
     def sampling_params(self, options: dict[str, Any]) -> SamplingParams:
         seed = options.get("seed")
