@@ -8,6 +8,7 @@ replay of the same bucket.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -189,7 +190,10 @@ class DecodeGraphs:
     (e.g. forward, logits and sampling). ``extra_specs`` declare per-row extra inputs
     (seeds, temperatures, ...) by trailing shape and dtype; padding rows get zeros.
     ``scratch_page`` is a KV page no sequence ever owns; ``max_pages_per_seq`` bounds the page
-    indices each row may bring.
+    indices each row may bring. ``variants``: the head's cheaper step variants (``TokenHead``,
+    "variants"): variant ``i + 1`` is captured for the buckets up to ``variants[i]`` rows, as
+    ``step_fn(..., variant=i + 1)``; ``run(..., variant=v)`` replays it where captured, else
+    variant 0 (every variant gives the same tokens, so the choice only saves time).
     """
 
     def __init__(
@@ -203,6 +207,7 @@ class DecodeGraphs:
         buckets: Sequence[int] = DEFAULT_DECODE_BUCKETS,
         extra_specs: Sequence[TensorSpec] = (),
         tensor_cores: bool = False,
+        variants: Sequence[int] = (),
     ) -> None:
         if not buckets:
             raise ValueError("no buckets")
@@ -219,11 +224,27 @@ class DecodeGraphs:
         self.extra_specs = list(extra_specs)
         self.tensor_cores = tensor_cores  # GraphDecodeAttention's kernel
         self.device = kv_caches[0].device
-        self._graphs: dict[int, _DecodeGraph] = {}
+        self.variants = tuple(int(v) for v in variants)
+        self._keys = set(self.keys())
+        self._graphs: dict[tuple[int, int], _DecodeGraph] = {}  # (variant, bucket) -> graph
+        self.replays_by_variant: dict[int, int] = {}  # replays since start, per variant run
 
     @property
     def max_batch_size(self) -> int:
         return self.buckets[-1]
+
+    def keys(self) -> list[tuple[int, int]]:
+        """(variant, bucket) of every graph to capture: variant 0 at every bucket, each cheaper
+        variant at the buckets up to its row limit."""
+        keys = [(0, b) for b in self.buckets]
+        keys += [(v, b) for v, most in enumerate(self.variants, 1) for b in self.buckets if b <= most]
+        return keys
+
+    def resolve(self, n: int, variant: int) -> int:
+        """The variant a step of ``n`` rows asked to run as ``variant`` replays: itself where
+        captured at its bucket, else 0."""
+        b = bucket_for(n, self.buckets)
+        return variant if (variant, b) in self._keys else 0
 
     def decode_attentions(self) -> list[Any]:
         """The captured graphs' ``GraphDecodeAttention`` objects (their plans run per step)."""
@@ -239,12 +260,13 @@ class DecodeGraphs:
         )
 
     def capture(self, *, progress: bool = True) -> None:
-        """Capture one graph per bucket, largest first, sharing one memory pool."""
+        """Capture one graph per (variant, bucket), largest first, sharing one memory pool."""
         from engine.llm.flashinfer_attention import GraphDecodeAttention
 
         pool = torch.cuda.graph_pool_handle()
         workspace = torch.zeros(128 * 1024 * 1024, dtype=torch.uint8, device=self.device)
-        for b in _progress(sorted(self.buckets, reverse=True), "decode graphs", progress):
+        keys = sorted(self.keys(), key=lambda k: (-k[1], k[0]))
+        for v, b in _progress(keys, "decode graphs", progress):
             attn = GraphDecodeAttention(
                 self.kv_caches, num_q_heads=self.num_q_heads, batch_size=b,
                 max_num_pages=b * self.max_pages_per_seq, workspace=workspace, tensor_cores=self.tensor_cores,
@@ -253,17 +275,22 @@ class DecodeGraphs:
             pos = torch.zeros(b, dtype=torch.int64, device=self.device)
             extras = [torch.zeros((b, *s), dtype=dt, device=self.device) for s, dt in self.extra_specs]
             attn.begin_step(self._scratch_metadata(b))
-            g, outs = capture_step(self.step_fn, (ids, pos, attn, *extras), pool=pool, device=self.device)
-            self._graphs[b] = _DecodeGraph(g, attn, ids, pos, extras, outs)
+            fn = self.step_fn if v == 0 else functools.partial(self.step_fn, variant=v)
+            g, outs = capture_step(fn, (ids, pos, attn, *extras), pool=pool, device=self.device)
+            self._graphs[(v, b)] = _DecodeGraph(g, attn, ids, pos, extras, outs)
         torch.cuda.synchronize(self.device)
 
-    def run(self, input_ids: torch.Tensor, meta: Any, *extras: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Replay one decode step for ``n`` rows (``input_ids[n]``, decode-only ``meta``)."""
+    def run(self, input_ids: torch.Tensor, meta: Any, *extras: torch.Tensor, variant: int = 0
+            ) -> tuple[torch.Tensor, ...]:
+        """Replay one decode step for ``n`` rows (``input_ids[n]``, decode-only ``meta``), as
+        ``variant`` where that was captured at the step's bucket, else as variant 0."""
         n = int(input_ids.shape[0])
         b = bucket_for(n, self.buckets)
-        if b is None or b not in self._graphs or not self.can_run(meta):
+        if b is None or (0, b) not in self._graphs or not self.can_run(meta):
             raise ValueError(f"no captured graph for this step (batch {n}, buckets {self.buckets})")
-        gr = self._graphs[b]
+        variant = self.resolve(n, variant)
+        self.replays_by_variant[variant] = self.replays_by_variant.get(variant, 0) + 1
+        gr = self._graphs[(variant, b)]
         padded = meta if int(meta.kv_last_page_len.numel()) == b else pad_decode_metadata(  # (padded already)
             meta, b, scratch_page=self.scratch_page, page_size=self.page_size)
         gr.attn.begin_step(padded)
@@ -403,6 +430,7 @@ class CudaGraphModelRunner(ModelRunner):
             extra_specs=[((), f32), ((), f32), ((), f32), ((), i64), ((), i64), ((), i64), ((), i64), ((), torch.bool),
                          ((), i64)],
             tensor_cores=tensor_cores,
+            variants=getattr(self.head, "variants", ()),
         )
         from engine.llm.prefill_graphs import DEFAULT_PREFILL_BUCKETS, DEFAULT_PREFILL_ROW_BUCKETS, PrefillGraphs
 
@@ -458,11 +486,11 @@ class CudaGraphModelRunner(ModelRunner):
         for attn in attns:
             attn.async_plan = on
 
-    def _graph_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, *extras: torch.Tensor
+    def _graph_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, *extras: torch.Tensor, variant: int = 0
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         r = self._graph_rows(*extras)
         hidden = self._run_forward(self.forward_fn, ids, pos, attn, lambda: r.rows)  # [B, hidden]
-        return self.head.sample(hidden, r)
+        return self.head.sample(hidden, r, variant=variant) if variant else self.head.sample(hidden, r)
 
     def _prefill_step(self, ids: torch.Tensor, pos: torch.Tensor, attn: Any, last: torch.Tensor,
                       *extras: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -546,10 +574,18 @@ class CudaGraphModelRunner(ModelRunner):
                 ids, positions, seg, slots, last, extras = self._prompt_inputs(sub)
                 tokens, _ = graphs.run(ids, positions, seg, slots, last, *extras)
             else:
-                tokens, _ = graphs.run(*self._decode_args(*inputs, feed=feed))
+                tokens, _ = graphs.run(*self._decode_args(*inputs, feed=feed), variant=self._variant(inputs, sub.num_seqs))
                 tokens = tokens[: sub.num_seqs]
             outs.append(tokens)
         return outs[0] if len(outs) == 1 else torch.cat(outs)  # a copy: the next replay may overwrite
+
+    def _variant(self, inputs: tuple, n: int) -> int:
+        """The head's step variant for decode rows whose packed host inputs are ``inputs``
+        (``DecodeInputBuilder.build``: column 2 of its ints holds each row's steps), 0 if it
+        has none."""
+        if not self.graphs.variants:
+            return 0
+        return int(self.head.variant(inputs[1][:n, 2]))
 
     def _prompt_inputs(self, pre: Any) -> tuple:
         """Graph inputs of fresh whole prompts: packed (``pack_prefill``) ids, positions,

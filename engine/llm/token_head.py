@@ -36,6 +36,12 @@ class RowInputs:
 
 
 class TokenHead(Protocol):
+    """Optional, for a head with cheaper ways to sample some steps (docs/adding_a_model.md,
+    "Step variants"): ``variants`` (a tuple: variant ``i + 1`` is captured in the decode graphs
+    up to ``variants[i]`` rows), ``variant(steps)`` (host side: the variant for decode rows that
+    have generated ``steps`` (int64 [B]) so far, 0 for the full step) and ``sample(..., variant=v)``.
+    A variant must give exactly the tokens of variant 0 for the rows it is chosen for."""
+
     num_columns: int  # tokens sampled per row (1, or the codebooks of a frame)
 
     def reset(self, rows: torch.Tensor) -> None:

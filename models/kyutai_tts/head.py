@@ -33,7 +33,18 @@ class KyutaiHead:
         self.tail = cfg.delay_steps + cfg.tts.final_padding
         dev = slots.frame_in.device
         self.silent_until = (cfg.delay_steps + torch.tensor(cfg.lm.delays[1:1 + self.n_q], device=dev))[None]  # [1, n_q]
+        # Steps before this one make no audio at all (every codebook is still delayed), so their
+        # depth transformer's codes are all discarded: variant 1 skips it (the text stream alone).
+        self.first_audio_step = int(self.silent_until.min())
         self.sampler = Sampler()
+
+    # Variant 1, text only, for the first steps of a turn, captured up to this many rows: it
+    # shortens the first audio of a stream that starts alone or nearly (docs/models/kyutai_tts.md).
+    variants = (16,)
+
+    def variant(self, steps: Tensor) -> int:
+        """1 (text only) when no row is at a step that makes audio yet, else 0."""
+        return int(steps.numel() > 0 and int(steps.max()) < self.first_audio_step)
 
     def reset(self, rows: Tensor) -> None:
         self.machine.reset(rows)
@@ -45,8 +56,10 @@ class KyutaiHead:
         return self.sampler(logits, temperature=r.temperature, top_p=r.top_p, repetition_penalty=ones, seeds=r.seeds,
                             steps=r.steps, all_greedy=r.all_greedy, any_top_p=r.any_top_p, top_k=k, salt=salt)
 
-    def sample(self, hidden: Tensor, r: RowInputs) -> tuple[Tensor, Tensor]:
-        """hidden [B, dim] -> (tokens int64 [B, 2 + n_q], text logits [B, text_card])."""
+    def sample(self, hidden: Tensor, r: RowInputs, variant: int = 0) -> tuple[Tensor, Tensor]:
+        """hidden [B, dim] -> (tokens int64 [B, 2 + n_q], text logits [B, text_card]);
+        ``variant`` 1 (only for rows before ``first_audio_step``) leaves the codebooks silent
+        without running the depth transformer: the same tokens, a shorter step."""
         logits = self.lm.text_logits(hidden)  # [B, text_card]
         if self.padding_bonus:
             logits[:, PAD] += self.padding_bonus
@@ -57,7 +70,10 @@ class KyutaiHead:
         def sample_audio(audio_logits: Tensor, salt: int) -> Tensor:
             return self._sample(audio_logits, r, self.top_k_audio, salt)
 
-        codes = decode_frame(self.lm, hidden, text_out, sample_audio, self.n_q)  # [B, n_q]
+        if variant == 1:
+            codes = torch.full((hidden.shape[0], self.n_q), -1, dtype=torch.int64, device=hidden.device)
+        else:
+            codes = decode_frame(self.lm, hidden, text_out, sample_audio, self.n_q)  # [B, n_q]
         codes = torch.where(r.steps[:, None] < self.silent_until, -1, codes)
         frame = torch.cat((text_out[:, None], codes), dim=1)  # [B, 1 + n_q]
         fi = self.slots.frame_in

@@ -12,16 +12,18 @@ __all__ = ["emulate_replays"]
 
 def emulate_replays(runner: Any, *, num_tokens: int = 32, record: list[str] | None = None) -> None:
     """Replace the runner's decode and prefill replays (one prefill bucket of ``num_tokens``)
-    by their step functions; ``record`` gets "decode" / "prefill" per replay."""
+    by their step functions; ``record`` gets "decode" / "prefill" per replay ("decode:V" for a
+    head's step variant V > 0, resolved at the step's bucket as ``DecodeGraphs.run`` does)."""
     from engine.llm.attention import TorchPagedAttention
     from engine.llm.prefill_graphs import GraphPrefillAttention, pad_prefill_slots
 
-    def decode_run(ids, meta, *extras):  # noqa: ANN001, ANN202  (the step function, eagerly)
+    def decode_run(ids, meta, *extras, variant=0):  # noqa: ANN001, ANN202  (the step function, eagerly)
+        variant = runner.graphs.resolve(int(ids.shape[0]), variant)
         if record is not None:
-            record.append("decode")
+            record.append(f"decode:{variant}" if variant else "decode")
         attn = TorchPagedAttention(runner.spec, runner.kv_caches)
         attn.begin_step(meta)
-        return runner._graph_step(ids, meta.positions, attn, *extras)
+        return runner._graph_step(ids, meta.positions, attn, *extras, variant=variant)
 
     def prefill_run(ids, positions, seg, slots, last, *extras):  # noqa: ANN001, ANN202
         if record is not None:

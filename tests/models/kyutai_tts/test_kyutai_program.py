@@ -257,6 +257,52 @@ def test_turns_reusing_a_slot_on_the_cuda_graph_path_give_the_eager_tokens(async
     assert runs[0] == runs[1]
 
 
+@pytest.mark.parametrize("async_steps", [False, True], ids=["sync", "async-steps"])
+def test_the_text_only_variant_runs_the_silent_steps_and_changes_no_token(async_steps: bool) -> None:
+    """On the graph path, the steps before the first audio frame (every codebook still delayed)
+    replay the head's text-only variant (no depth transformer); from the first audio step on,
+    and for a batch where any row makes audio, the full step. The tokens equal the eager runner's,
+    alone and with a second stream joining while the first makes audio."""
+    from engine.llm.attention import torch_paged_attention_factory
+    from engine.llm.cuda_graphs import CudaGraphModelRunner
+    from tests.engine.llm.graph_emulation import emulate_replays
+
+    record: list[str] = []
+    runners: list = []
+
+    def factory(model, shape, **kw):  # noqa: ANN001, ANN003, ANN202
+        runner = CudaGraphModelRunner(model, shape, capture=False, prefill_buckets=(32,), max_model_len=512,
+                                      attention_backend_factory=torch_paged_attention_factory, **kw)
+        emulate_replays(runner, num_tokens=32, record=record)
+        runners.append(runner)
+        return runner
+
+    runs = []
+    for backend in (_backend(kyutai_n_q=4), _backend(kyutai_n_q=4, runner_factory=factory, async_steps=async_steps)):
+        rows = _record(backend)
+        outs: list = []
+        _add(backend, 1, "Alone at first, then with company.", dict(SAMPLED, seed=41, max_tokens=40))
+        backend.push_text(1, "", final=True)
+        for _ in range(25):
+            outs.extend(backend.step())
+        _add(backend, 2, "The second one joins.", dict(SAMPLED, seed=42, max_tokens=30))
+        backend.push_text(2, "", final=True)
+        _drain(backend, outs)
+        assert not [o.error for o in outs if o.error is not None]
+        runs.append(rows)
+    assert runs[0] == runs[1]
+    head = runners[0].head
+    silent = head.first_audio_step
+    assert silent >= 2 and head.variants == (16,)
+    decodes = [r for r in record if r.startswith("decode")]
+    # the first stream alone: its steps 1 .. silent - 1 (step 0 came from its prompt) text only
+    first = decodes.index("decode")
+    assert first in (silent - 1, silent) and set(decodes[:first]) == {"decode:1"}
+    # steps where the second stream is silent but the first makes audio run the full step
+    assert decodes[first:first + 30].count("decode:1") == 0
+    assert runners[0].graphs.variants == (16,)
+
+
 def test_the_registry_serves_kyutai_tts(tts_ckpt) -> None:
     """--model kyutai-tts, kyutai-tts-tiny, kyutai/tts-* hub ids and a local checkpoint folder
     (config.json's model_type "tts") resolve to this program."""
