@@ -33,18 +33,26 @@ class KyutaiHead:
         self.tail = cfg.delay_steps + cfg.tts.final_padding
         dev = slots.frame_in.device
         self.silent_until = (cfg.delay_steps + torch.tensor(cfg.lm.delays[1:1 + self.n_q], device=dev))[None]  # [1, n_q]
-        # Steps before this one make no audio at all (every codebook is still delayed), so their
-        # depth transformer's codes are all discarded: variant 1 skips it (the text stream alone).
+        # Steps before ``first_audio_step`` make no codes at all (every codebook is still delayed):
+        # variant 1 skips the depth transformer (the text stream alone). Steps before
+        # ``first_acoustic_step`` make codebook 0 only: variant 2 runs the depth transformer for it
+        # alone. The codes they leave out are discarded by the full step too.
         self.first_audio_step = int(self.silent_until.min())
+        self.first_acoustic_step = int(self.silent_until[:, 1:].min()) if self.n_q > 1 else 1 << 62
         self.sampler = Sampler()
 
-    # Variant 1, text only, for the first steps of a turn, captured up to this many rows: it
-    # shortens the first audio of a stream that starts alone or nearly (docs/models/kyutai_tts.md).
-    variants = (16,)
+    # Variants 1 (text only) and 2 (codebook 0 only), for the first steps of a turn, captured up
+    # to this many rows: they shorten the first audio of a stream that starts alone or nearly
+    # (docs/models/kyutai_tts.md, "Time to first audio").
+    variants = (16, 16)
 
     def variant(self, steps: Tensor) -> int:
-        """1 (text only) when no row is at a step that makes audio yet, else 0."""
-        return int(steps.numel() > 0 and int(steps.max()) < self.first_audio_step)
+        """The step variant for decode rows at ``steps``: 1 while no row makes a code yet, 2
+        while no row makes more than codebook 0, else 0 (the whole frame)."""
+        if steps.numel() == 0:
+            return 0
+        last = int(steps.max())
+        return 1 if last < self.first_audio_step else 2 if last < self.first_acoustic_step else 0
 
     def reset(self, rows: Tensor) -> None:
         self.machine.reset(rows)
@@ -58,8 +66,9 @@ class KyutaiHead:
 
     def sample(self, hidden: Tensor, r: RowInputs, variant: int = 0) -> tuple[Tensor, Tensor]:
         """hidden [B, dim] -> (tokens int64 [B, 2 + n_q], text logits [B, text_card]);
-        ``variant`` 1 (only for rows before ``first_audio_step``) leaves the codebooks silent
-        without running the depth transformer: the same tokens, a shorter step."""
+        ``variant`` 1 (rows before ``first_audio_step``) leaves every codebook silent without the
+        depth transformer, 2 (before ``first_acoustic_step``) runs it for codebook 0 only: the
+        same tokens as the whole frame, a shorter step."""
         logits = self.lm.text_logits(hidden)  # [B, text_card]
         if self.padding_bonus:
             logits[:, PAD] += self.padding_bonus
@@ -70,10 +79,12 @@ class KyutaiHead:
         def sample_audio(audio_logits: Tensor, salt: int) -> Tensor:
             return self._sample(audio_logits, r, self.top_k_audio, salt)
 
-        if variant == 1:
-            codes = torch.full((hidden.shape[0], self.n_q), -1, dtype=torch.int64, device=hidden.device)
-        else:
+        if variant == 0:
             codes = decode_frame(self.lm, hidden, text_out, sample_audio, self.n_q)  # [B, n_q]
+        else:  # the codebooks a variant leaves out are silent at its steps
+            codes = torch.full((hidden.shape[0], self.n_q), -1, dtype=torch.int64, device=hidden.device)
+            if variant == 2:
+                codes[:, :1] = decode_frame(self.lm, hidden, text_out, sample_audio, 1)
         codes = torch.where(r.steps[:, None] < self.silent_until, -1, codes)
         frame = torch.cat((text_out[:, None], codes), dim=1)  # [B, 1 + n_q]
         fi = self.slots.frame_in

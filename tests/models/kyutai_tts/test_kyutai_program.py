@@ -260,8 +260,8 @@ def test_turns_reusing_a_slot_on_the_cuda_graph_path_give_the_eager_tokens(async
 @pytest.mark.parametrize("async_steps", [False, True], ids=["sync", "async-steps"])
 def test_the_text_only_variant_runs_the_silent_steps_and_changes_no_token(async_steps: bool) -> None:
     """On the graph path, the steps before the first audio frame (every codebook still delayed)
-    replay the head's text-only variant (no depth transformer); from the first audio step on,
-    and for a batch where any row makes audio, the full step. The tokens equal the eager runner's,
+    replay the head's text-only variant (no depth transformer), those that make codebook 0 alone
+    the codebook-0 variant; after them, and for a batch where any row makes more, the full step. The tokens equal the eager runner's,
     alone and with a second stream joining while the first makes audio."""
     from engine.llm.attention import torch_paged_attention_factory
     from engine.llm.cuda_graphs import CudaGraphModelRunner
@@ -292,15 +292,17 @@ def test_the_text_only_variant_runs_the_silent_steps_and_changes_no_token(async_
         runs.append(rows)
     assert runs[0] == runs[1]
     head = runners[0].head
-    silent = head.first_audio_step
-    assert silent >= 2 and head.variants == (16,)
+    silent, acoustic = head.first_audio_step, head.first_acoustic_step
+    assert 2 <= silent < acoustic and runners[0].graphs.variants == head.variants == (16, 16)
     decodes = [r for r in record if r.startswith("decode")]
-    # the first stream alone: its steps 1 .. silent - 1 (step 0 came from its prompt) text only
-    first = decodes.index("decode")
+    # the first stream alone: its steps 1 .. silent - 1 (step 0 came from its prompt) text only,
+    # then codebook 0 only up to the first acoustic step, then whole frames
+    first = decodes.index("decode:2")
     assert first in (silent - 1, silent) and set(decodes[:first]) == {"decode:1"}
+    assert decodes[first:first + acoustic - silent] == ["decode:2"] * (acoustic - silent)
+    assert decodes[first + acoustic - silent] == "decode"
     # steps where the second stream is silent but the first makes audio run the full step
-    assert decodes[first:first + 30].count("decode:1") == 0
-    assert runners[0].graphs.variants == (16,)
+    assert decodes[first + acoustic - silent:][:30] == ["decode"] * 30
 
 
 def test_the_registry_serves_kyutai_tts(tts_ckpt) -> None:
