@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 
 from engine.admission import AdmissionConfig
@@ -26,6 +28,10 @@ class EngineConfig:
     # A LoRA adapter (a file or a folder in the reference's format) folded into the weights once
     # at load: one adapted model per engine (VoxCPM2: models/voxcpm2/lora.py).
     lora: str | None = None
+    # Where the model's codec runs when it is not the LM's device ("cuda:1": the LM on cuda:0, the
+    # codec on the second GPU; "cpu"). None: the LM's device. Only a program that can place its
+    # codec elsewhere takes it (Orpheus); others refuse it at start-up (docs/deploy.md).
+    codec_device: str | None = None
     gpu_memory_utilization: float = 0.85
     # Engines sharing this GPU (voxgate serve --gpus 0 --engines 2): each sizes its KV cache to
     # its own gpu_memory_utilization / gpu_memory_share of the GPU, counting only its own
@@ -126,6 +132,11 @@ class EngineConfig:
         if fp8 and self.dtype not in ("auto", "bfloat16"):
             raise ValueError(f"{' and '.join(fp8)} require{'s' * (len(fp8) == 1)} dtype bfloat16 (or auto), "
                              f"got {self.dtype!r}")
+        if self.codec_device is not None:
+            if not re.fullmatch(r"cpu|cuda(:\d+)?", self.codec_device):
+                raise ValueError(f"codec_device must be cpu, cuda or cuda:N, got {self.codec_device!r}")
+            if self.device == "cpu" and self.codec_device != "cpu":
+                raise ValueError(f"--codec-device {self.codec_device} needs the LM on a GPU (device is cpu)")
         if not 0.05 <= self.gpu_memory_utilization <= 0.99:
             raise ValueError("gpu_memory_utilization must be in [0.05, 0.99]")
         if not 1 <= self.gpu_memory_share <= 64:

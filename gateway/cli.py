@@ -271,6 +271,10 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                      default=EngineConfig.gpu_memory_utilization,
                      help="fraction of the GPU's memory for weights, KV cache and graphs; "
                           "engines sharing a GPU (--gpus 0 --engines 2) split it evenly")
+    gpu.add_argument("--codec-device", default=EngineConfig.codec_device, metavar="DEVICE",
+                     help="run the model's codec on another device than the LM (cuda:1: the LM on "
+                          "the first GPU, the codec on the second; cpu); only models that support "
+                          "it (orpheus) (default: the LM's device)")
     gpu.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs, metavar="N",
                      help="segments generating at once (KV cache and batch slots); a stream "
                           "holds two, the one spoken and the one generated ahead")

@@ -12,6 +12,8 @@
 #   shared-gpu  gpus0 (--gpus 0), gpus0x2 (--gpus 0 --engines 2: two engines on GPU 0,
 #               each with half of --gpu-memory-utilization)                         1 GPU
 #   two-gpu     gpus0 (--gpus 0), gpus01 (--gpus 0,1: an engine on each)            2 GPUs
+#   codec-gpu   default (no flag: LM and codec on GPU 0), codec1 (--codec-device cuda:1:
+#               the codec on the second GPU; Orpheus)                               2 GPUs
 #   custom      CASES="name:serve flags;name:serve flags;..." (names: letters, digits, _ -)
 # LEVELS default: 1,128,256 (one-gpu, shared-gpu), 256,448,640 (two-gpu): concurrent streams.
 # Whatever h200_serving.sh reads passes through to every case (MODEL, SERVE_ARGS, DURATION_S,
@@ -24,13 +26,14 @@
 # call, not timed yet.
 set -uo pipefail
 out=${1:?usage: benchmark/gpu/data_parallel.sh OUT_DIR PLAN [LEVELS] [MAX_TOKENS]}
-plan=${2:?PLAN: one-gpu, shared-gpu, two-gpu or custom}
+plan=${2:?PLAN: one-gpu, shared-gpu, two-gpu, codec-gpu or custom}
 case "$plan" in
   one-gpu)    cases="default:;gpus0:--gpus 0"; levels=${3:-1,128,256} ;;
   shared-gpu) cases="gpus0:--gpus 0;gpus0x2:--gpus 0 --engines 2"; levels=${3:-1,128,256} ;;
   two-gpu)    cases="gpus0:--gpus 0;gpus01:--gpus 0,1"; levels=${3:-256,448,640} ;;
+  codec-gpu)  cases="default:;codec1:--codec-device cuda:1"; levels=${3:-1,256,448} ;;
   custom)     cases=${CASES:?custom needs CASES="name:flags;name:flags"}; levels=${3:-1,128,256} ;;
-  *) echo "PLAN must be one-gpu, shared-gpu, two-gpu or custom, got $plan"; exit 2 ;;
+  *) echo "PLAN must be one-gpu, shared-gpu, two-gpu, codec-gpu or custom, got $plan"; exit 2 ;;
 esac
 max_tokens=${4:-}
 serving=${SERVING_SCRIPT:-benchmark/gpu/h200_serving.sh}  # tests put a stand-in here

@@ -59,6 +59,23 @@ def auto_decode_cap(cap: int, device: str, fp8_weights: bool, defaults: ServingD
     return defaults.decode_cap_fp8 if fp8_weights else defaults.decode_cap
 
 
+def _same_device(a: str, b: str) -> bool:
+    """"cuda" is the current GPU, "cuda:0" under one visible device: the same place."""
+    def norm(d: str) -> str:
+        return "cuda:0" if d == "cuda" else d
+    return norm(a) == norm(b)
+
+
+def check_codec_device(asked: str | None, lm_device: str, placed: str | None, model: str) -> None:
+    """Refuse a ``codec_device`` the program did not honour (ValueError), unless it is the LM's
+    own device (then there is nothing to move)."""
+    if asked is None or _same_device(asked, lm_device):
+        return
+    if placed is None or not _same_device(placed, asked):
+        raise ValueError(f"--codec-device {asked}: model {model} runs its codec on the LM's device "
+                         f"({lm_device}) only; models that can move it: orpheus")
+
+
 def build_lm_backend(
     load: ProgramLoader,
     model_path_or_id: str,
@@ -175,6 +192,7 @@ def build_lm_backend(
         max_num_seqs=max_num_seqs, max_model_len=max_model_len, quantise_fp8=quantise_fp8,
         use_graphs=use_graphs, setting=setting,
     ))
+    check_codec_device(setting("codec_device", None), device, loaded.codec_device, str(model_path_or_id))
     program, shape, defaults = loaded.program, loaded.kv_shape, loaded.defaults
     log.info("loaded in %.1f s; building the KV cache%s", time.monotonic() - t0,
              " and capturing CUDA graphs" if use_graphs and runner_factory is None else "")

@@ -155,3 +155,6 @@ class ProgramModel:
     uses_token_rows: bool = False
     supports_mixed_graphs: bool = True
     defaults: ServingDefaults = field(default_factory=ServingDefaults)
+    # The device the program put its codec on, when it honours the ``codec_device`` setting
+    # (None: it does not, the codec is on the LM's device; the runtime then refuses the setting).
+    codec_device: str | None = None

@@ -52,13 +52,12 @@ def load(ctx: LoadContext) -> ProgramModel:
     with CUDA graphs; the stateful codec's channels-last step through ``torch.compile``),
     ``ramp_step_samples`` (the fast-start ramp's lookahead growth per frame,
     ``models.orpheus.codec.StreamingDecoder``; 0 = ``AUTO_RAMP_STEPS_CUDA`` on CUDA, the second
-    for segments that start under load, 1024 on the CPU)."""
-    import torch
-
+    for segments that start under load, 1024 on the CPU), ``codec_device`` (SNAC, its window
+    graphs and its stateful codec on another device than the LM, e.g. "cuda:1"; the codec
+    takes its frames from the host, so nothing else moves)."""
     from engine.llm.fp8 import quantise_decoder_linears_
-    from models.orpheus.codec import SnacDecoder
     from models.orpheus.fused_forward import FusedLlamaForward
-    from models.orpheus.loader import SNAC_HUB_ID, load_orpheus, load_snac
+    from models.orpheus.loader import SNAC_HUB_ID, load_orpheus
     from models.orpheus.program import OrpheusProgram
 
     device = ctx.device
@@ -68,13 +67,54 @@ def load(ctx: LoadContext) -> ProgramModel:
     if ctx.quantise_fp8:
         quantise_decoder_linears_(model)  # before the fused forward is built
     codec_path = ctx.setting("codec_path", None) or SNAC_HUB_ID
+    codec_device = codec_device_for(ctx.setting("codec_device", None), device)
+    with _on(codec_device):
+        codec, decode_fn, stream_codec, window_frames = _load_codec(ctx, codec_path, codec_device)
+    program = OrpheusProgram(tokenizer, codec, model_name=ctx.model_id, decode_fn=decode_fn,
+                             stream_codec=stream_codec, window_frames=window_frames,
+                             **_ramp_steps(ctx.setting("ramp_step_samples", 0), device))
+    graph_forward = FusedLlamaForward.for_model(model) if ctx.use_graphs else None
+    return ProgramModel(program=program, model=model, kv_shape=llama_config, graph_forward=graph_forward,
+                        defaults=ORPHEUS_DEFAULTS, codec_device=codec_device)
+
+
+def codec_device_for(asked: str | None, device: str) -> str:
+    """The codec's device: ``asked`` (checked: a GPU torch sees), else the LM's."""
+    import torch
+
+    if asked is None:
+        return device
+    dev = torch.device(asked)
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--codec-device {asked}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
+    return asked
+
+
+def _on(device: str) -> Any:
+    """The codec's device as the current one while its graphs are captured (a no-op on the CPU)."""
+    import contextlib
+
+    import torch
+
+    return torch.cuda.device(torch.device(device)) if device.startswith("cuda") else contextlib.nullcontext()
+
+
+def _load_codec(ctx: LoadContext, codec_path: str, device: str) -> tuple[Any, Any, Any, int | None]:
+    """SNAC on ``device``: (decoder, window decode function or None, stateful codec or None,
+    window frames)."""
+    import torch
+
+    from models.orpheus.codec import SnacDecoder
+    from models.orpheus.loader import load_snac
+
     codec = SnacDecoder(load_snac(codec_path, device=device, load_format=ctx.load_format)).to(device)
+    graphs = ctx.use_graphs and device.startswith("cuda")
     decode_fn = None
     use_stateful = ctx.setting("stateful_codec", True)
     # With the stateful codec the window decoder only serves the fast-start ramp (frames 1-4,
     # all of them from the stream's start), so 4-frame windows suffice: a third less work.
     window_frames = RAMP_WINDOW_FRAMES if use_stateful else None
-    if ctx.use_graphs:
+    if graphs:
         from models.orpheus.codec_graphs import make_graph_decode_fn
 
         decode_fn = make_graph_decode_fn(codec, window_frames=window_frames)  # all streams' windows, one replay
@@ -87,7 +127,7 @@ def load(ctx: LoadContext) -> ProgramModel:
         if codec_dtype_name not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"codec_dtype must be auto, float32 or bfloat16, got {codec_dtype_name!r}")
         if codec_dtype_name == "auto":
-            codec_dtype_name = "bfloat16" if device == "cuda" else "float32"
+            codec_dtype_name = "bfloat16" if device.startswith("cuda") else "float32"
         # torch.compile'd channels-last step on CUDA graphs: 1.14 ms for 64 rows in bf16 on the
         # H200 vs 4.22 ms for the plain NCW layers (benchmark.gpu.codec_stream --compare); ~40 s of
         # compilation at start-up.
@@ -96,12 +136,7 @@ def load(ctx: LoadContext) -> ProgramModel:
             StreamingSnac(codec, max_streams=ctx.max_num_seqs, device=device, dtype=getattr(torch, codec_dtype_name),
                           channels_last=compiled, compile=compiled),
             capture=decode_fn is not None)
-    program = OrpheusProgram(tokenizer, codec, model_name=ctx.model_id, decode_fn=decode_fn,
-                             stream_codec=stream_codec, window_frames=window_frames,
-                             **_ramp_steps(ctx.setting("ramp_step_samples", 0), device))
-    graph_forward = FusedLlamaForward.for_model(model) if ctx.use_graphs else None
-    return ProgramModel(program=program, model=model, kv_shape=llama_config, graph_forward=graph_forward,
-                        defaults=ORPHEUS_DEFAULTS)
+    return codec, decode_fn, stream_codec, window_frames
 
 
 def build_orpheus_backend(model_path_or_id: str, **kwargs: Any) -> LMBackend:

@@ -43,6 +43,7 @@ def test_script_is_valid_bash() -> None:
     ("one-gpu", {"default": ((), 1, 1), "gpus0": (("0",), 1, 1)}),
     ("shared-gpu", {"gpus0": (("0",), 1, 1), "gpus0x2": (("0",), 2, 2)}),
     ("two-gpu", {"gpus0": (("0",), 1, 1), "gpus01": (("0", "1"), 2, 1)}),
+    ("codec-gpu", {"default": ((), 1, 1), "codec1": ((), 1, 1)}),
 ])
 def test_each_case_is_a_server_with_the_layout_it_names(
         plan: str, layouts: dict[str, tuple]) -> None:
@@ -99,7 +100,7 @@ def test_an_unknown_plan_is_refused(tmp_path: Path) -> None:
     """A misspelt PLAN exits 2 naming the plans, before any server starts."""
     done = subprocess.run(["bash", str(SCRIPT), str(tmp_path), "two-gpus"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "PLAN must be one-gpu, shared-gpu, two-gpu or custom" in done.stdout
+    assert done.returncode == 2 and "PLAN must be one-gpu, shared-gpu, two-gpu, codec-gpu or custom" in done.stdout
 
 
 def test_the_plans_docs_deploy_names_are_the_script_s() -> None:

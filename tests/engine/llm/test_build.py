@@ -157,3 +157,62 @@ def test_auto_decode_cap_by_device_and_weights() -> None:
     assert auto_decode_cap(-1, "cuda", True, ORPHEUS_DEFAULTS) == 448
     assert auto_decode_cap(-1, "cpu", False, ORPHEUS_DEFAULTS) == 0
     assert auto_decode_cap(0, "cuda", True) == 0 and auto_decode_cap(200, "cuda", True) == 200
+
+
+def test_the_codec_device_setting_places_orpheus_codec_and_is_refused_where_not_honoured(llm_tiny_dir, small_snac_dir):
+    """--codec-device: Orpheus builds its codec where asked (here the CPU, as the LM: a no-op
+    that must still serve); a program that keeps its codec on the LM's device refuses another
+    device at start-up; a GPU that torch does not see is refused by Orpheus itself."""
+    from engine.llm.build import check_codec_device
+    from models.orpheus.build import build_orpheus_backend, codec_device_for
+
+    backend = build_orpheus_backend(str(llm_tiny_dir), device="cpu", codec_path=str(small_snac_dir), max_num_seqs=2,
+                                    max_model_len=128, codec_device="cpu")
+    assert backend.program.codec.noise_table_0.device.type == "cpu"
+    voice, opts = backend.validate("leo", {"max_tokens": 14, "seed": 1})
+    backend.add_job(1, "hello", voice, opts)
+    assert not any(o.error for o in drain(backend))
+    backend.close()
+
+    check_codec_device(None, "cuda", None, "m")  # not asked
+    check_codec_device("cuda:0", "cuda", None, "m")  # the LM's own device: nothing to move
+    check_codec_device("cuda:1", "cuda", "cuda:1", "orpheus")  # honoured
+    with pytest.raises(ValueError, match=r"--codec-device cuda:1: model kyutai-tts runs its codec on the LM's device"):
+        check_codec_device("cuda:1", "cuda", None, "kyutai-tts")
+    if torch.cuda.device_count() < 8:
+        with pytest.raises(ValueError, match=r"--codec-device cuda:7: torch sees \d+ CUDA GPU"):
+            codec_device_for("cuda:7", "cuda")
+
+
+def test_cli_codec_device_reaches_the_engine_config_and_bad_values_are_refused():
+    from engine.config import EngineConfig
+    from gateway import cli
+
+    args = cli.build_parser().parse_args(["serve", "--model", "synthetic", "--codec-device", "cuda:1"])
+    assert cli.configs_from_args(args)[1].codec_device == "cuda:1"
+    assert EngineConfig(model="synthetic").codec_device is None
+    with pytest.raises(ValueError, match="codec_device must be cpu, cuda or cuda:N"):
+        EngineConfig(model="synthetic", codec_device="gpu1")
+    with pytest.raises(ValueError, match="needs the LM on a GPU"):
+        EngineConfig(model="synthetic", device="cpu", codec_device="cuda:1")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_orpheus_codec_on_a_second_gpu_gives_the_audio_of_the_codec_beside_the_lm(llm_tiny_dir, small_snac_dir):
+    """The LM on cuda:0, the codec on cuda:1: the same greedy tokens give the same audio as with
+    the codec on cuda:0 (bf16 codec: within its rounding)."""
+    from models.orpheus.build import build_orpheus_backend
+
+    audio = []
+    for codec_device in (None, "cuda:1"):
+        backend = build_orpheus_backend(str(llm_tiny_dir), device="cuda", codec_path=str(small_snac_dir),
+                                        max_num_seqs=4, max_model_len=256, codec_device=codec_device)
+        voice, opts = backend.validate("leo", {"max_tokens": 70, "seed": 3, "temperature": 0})
+        backend.add_job(1, "the codec may run elsewhere", voice, opts)
+        outs = drain(backend)
+        assert not any(o.error for o in outs)
+        audio.append(np.concatenate([o.pcm for o in outs if o.pcm is not None]))
+        backend.close()
+    assert audio[0].shape == audio[1].shape and audio[0].size > 0
+    np.testing.assert_allclose(audio[1], audio[0], atol=2e-2)
