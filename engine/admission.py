@@ -112,9 +112,10 @@ class Admission:
         # The rows a step fills with jobs that are not yet due (the scheduler's decode fill
         # within its horizon; 0: every job decodes every step, up to the cap).
         self.fill_rows_per_step = 0
-        # Prefill: prompt tokens and speaking-stream seconds, decayed with the model's clock;
-        # the jobs of the speaking streams (the segments generated ahead count) likewise.
+        # Prefill: prompt tokens and decode rows, decayed with the model's clock; speaking-stream
+        # seconds and the seconds of their jobs (the segments generated ahead count) likewise.
         self._prompt_tokens = 0.0
+        self._rows = 0.0
         self._stream_s = 0.0
         self._job_s = 0.0
         self._capacity: int | None = None
@@ -150,11 +151,19 @@ class Admission:
         return self._capacity
 
     def prefill_share(self) -> float:
-        """Engine time per second that one speaking stream's prompts take (seconds/second)."""
+        """Engine time per second that one stream's prompts take while it speaks in real time
+        (seconds/second): the prompt tokens per decode row measured (a segment's prompt per the
+        rows it makes) times the stream's ``tokens_per_audio_second`` rows a second.
+
+        Per row, not per second spoken: a stream sends its first prompts as it starts, so
+        early in a ramp (every stream young) tokens per second spoken read several times what
+        the streams need over their time, and streams that run ahead of real time (a lightly
+        loaded engine) read more than they need at capacity."""
         coef = self.model.coefficients
-        if coef is None or self._stream_s <= 0:
+        r = self.tokens_per_audio_second
+        if coef is None or r is None or self._rows <= 0:
             return 0.0
-        return coef[2] * self._prompt_tokens / self._stream_s
+        return coef[2] * r * self._prompt_tokens / self._rows
 
     def jobs_per_stream(self) -> float:
         """Jobs a speaking stream holds in the backend (measured, at least 1): its spoken
@@ -321,6 +330,7 @@ class Admission:
             return
         keep = 0.5 ** (seconds / self.model.half_life_s)
         self._prompt_tokens = self._prompt_tokens * keep + prompt_tokens
+        self._rows = self._rows * keep + rows
         self._stream_s = self._stream_s * keep + self.demand * seconds
         self._job_s = self._job_s * keep + (self.demand if jobs is None else jobs) * seconds
         if self.model.num_samples // self.model.refit_every != fitted:

@@ -125,6 +125,51 @@ def test_prompts_take_their_share_of_the_engine() -> None:
     assert adm.capacity() < _true_capacity() * 0.99
 
 
+def _ramp(seconds: float, *, streams: int = 64, per_s: float = 6.4) -> list[tuple[float, float]]:
+    """VoxCPM2-like streams starting at ``per_s`` a second: 4 segments of 63 rows, two at a
+    time (the spoken one and the one ahead), a prompt of 13 tokens each as it starts (2 ms a
+    token); every job decodes each step. Returns (time, prefill share) after each step."""
+    clock = FakeClock()
+    adm = Admission(AdmissionConfig(policy="off"), tokens_per_audio_second=6.25, clock=clock)
+    t0, started, out = clock.t, 0, []
+    live: dict[int, list[int]] = {}  # stream -> [segments not yet started, rows left per job...]
+    while clock.t - t0 < seconds:
+        while started < streams and started <= (clock.t - t0) * per_s:
+            live[started] = [4]
+            adm.request(started)
+            started += 1
+        prompt = 0
+        for jobs in live.values():
+            while len(jobs) < 3 and jobs[0] > 0:
+                jobs[0] -= 1
+                jobs.append(63)
+                prompt += 13
+        rows = sum(len(jobs) - 1 for jobs in live.values())
+        step = _voxcpm2_step_s(rows) + 0.002 * prompt
+        clock.t += step
+        for key in list(live):
+            jobs = live[key]
+            jobs[1:] = [n - 1 for n in jobs[1:] if n > 1]
+            if len(jobs) == 1 and jobs[0] == 0:
+                del live[key]
+                adm.release(key)
+        adm.observe_step(rows, prompt, step, max_rows=1024, fill_rows=0, jobs=rows)
+        out.append((clock.t - t0, adm.prefill_share()))
+    return out
+
+
+def test_a_ramp_of_young_streams_does_not_inflate_the_prompts_share() -> None:
+    """The prompts' share is taken per row a stream makes in real time (2 ms x 13 tokens per 63
+    rows x 6.25 rows a second: 2.6 ms a second), so 3 s into a ramp of starting streams, each
+    with its first two prompts sent, it reads under 3 times that (tokens per second spoken
+    read 11 times), and once the streams have spoken, within 15%."""
+    steady = 0.002 * 13 / 63 * 6.25
+    shares = _ramp(40.0)
+    early = next(share for t, share in shares if t >= 3.0)
+    assert early < 3 * steady
+    assert shares[-1][1] == pytest.approx(steady, rel=0.15)
+
+
 def test_the_capacity_follows_a_slower_device() -> None:
     """Step times 30% longer from some point on: the capacity moves to the new figure."""
     adm = _measured()
