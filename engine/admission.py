@@ -109,9 +109,15 @@ class Admission:
         self._queued_keys: set[int] = set()
         self._mean_duration_s: float | None = None  # EWMA of streams' time speaking
         self.max_rows_per_step = 0  # the backend's decode cap (0: none)
-        # Prefill: prompt tokens and speaking-stream seconds, decayed with the model's clock.
+        # The rows a step fills with jobs that are not yet due (the scheduler's decode fill
+        # within its horizon; 0: every job decodes every step, up to the cap).
+        self.fill_rows_per_step = 0
+        # Prefill: prompt tokens and decode rows, decayed with the model's clock; speaking-stream
+        # seconds and the seconds of their jobs (the segments generated ahead count) likewise.
         self._prompt_tokens = 0.0
+        self._rows = 0.0
         self._stream_s = 0.0
+        self._job_s = 0.0
         self._capacity: int | None = None
         self._capacity_stale = True
         self._waits: deque[float] = deque(maxlen=_MAX_REPORTED_WAITS)
@@ -145,21 +151,52 @@ class Admission:
         return self._capacity
 
     def prefill_share(self) -> float:
-        """Engine time per second that one speaking stream's prompts take (seconds/second)."""
+        """Engine time per second that one stream's prompts take while it speaks in real time
+        (seconds/second): the prompt tokens per decode row measured (a segment's prompt per the
+        rows it makes) times the stream's ``tokens_per_audio_second`` rows a second.
+
+        Per row, not per second spoken: a stream sends its first prompts as it starts, so
+        early in a ramp (every stream young) tokens per second spoken read several times what
+        the streams need over their time, and streams that run ahead of real time (a lightly
+        loaded engine) read more than they need at capacity."""
         coef = self.model.coefficients
-        if coef is None or self._stream_s <= 0:
+        r = self.tokens_per_audio_second
+        if coef is None or r is None or self._rows <= 0:
             return 0.0
-        return coef[2] * self._prompt_tokens / self._stream_s
+        return coef[2] * r * self._prompt_tokens / self._rows
+
+    def jobs_per_stream(self) -> float:
+        """Jobs a speaking stream holds in the backend (measured, at least 1): its spoken
+        segment and the ones generated ahead of it."""
+        if self._stream_s <= 0:
+            return 1.0
+        return max(1.0, self._job_s / self._stream_s)
+
+    def rows_per_step(self, num_streams: int) -> float:
+        """Decode rows a step runs while ``num_streams`` speak: every job of theirs while the
+        scheduler fills its steps with jobs not yet due (``fill_rows_per_step``; without a
+        horizon, all of them), at least one row per stream, at most the decode cap."""
+        rows = num_streams * self.jobs_per_stream()
+        if self.fill_rows_per_step:
+            rows = max(float(num_streams), min(rows, self.fill_rows_per_step))
+        if self.max_rows_per_step:
+            rows = min(rows, self.max_rows_per_step)
+        return rows
 
     def utilisation(self, num_streams: int) -> float:
         """The share of the engine's time that ``num_streams`` speaking streams take: their
-        decode steps (rows per step up to the decode cap) and their prompts."""
+        spoken segments' decode rows and their prompts.
+
+        A step of B rows (``rows_per_step``) takes t(B); a stream's row advances once per step
+        it is in, so with B >= N every stream gets a row each step and takes r x t(B) of the
+        time (rows of segments generated ahead make the step longer, not the stream faster),
+        and with B < N (a decode cap) the N streams share the B rows: N x r x t(B) / B."""
         r = self.tokens_per_audio_second
         if r is None or num_streams <= 0:
             return 0.0
-        rows = min(num_streams, self.max_rows_per_step) if self.max_rows_per_step else num_streams
+        rows = self.rows_per_step(num_streams)
         t = max(self.model.optimistic(rows), 0.0)
-        return num_streams * r * t / rows + num_streams * self.prefill_share()
+        return r * t * max(1.0, num_streams / rows) + num_streams * self.prefill_share()
 
     def _estimate(self) -> int:
         budget = 1.0 - self.config.headroom
@@ -275,11 +312,16 @@ class Admission:
     # -- measurements ----------------------------------------------------------------------
 
     def observe_step(self, rows: int, prompt_tokens: int, seconds: float, *,
-                     max_rows: int | None = None) -> None:
-        """One engine step (decode rows, prompt tokens, wall seconds) and the backend's decode
-        cap (0: none) for the estimate."""
+                     max_rows: int | None = None, fill_rows: int | None = None,
+                     jobs: int | None = None) -> None:
+        """One engine step (decode rows, prompt tokens, wall seconds), the backend's decode cap
+        (0: none) and decode fill (0: every job decodes), and the jobs the speaking streams
+        hold now (None: one each), for the estimate."""
         if max_rows is not None and max_rows != self.max_rows_per_step:
             self.max_rows_per_step = max_rows
+            self._capacity_stale = True
+        if fill_rows is not None and fill_rows != self.fill_rows_per_step:
+            self.fill_rows_per_step = fill_rows
             self._capacity_stale = True
         if self.tokens_per_audio_second is None:
             return
@@ -288,7 +330,9 @@ class Admission:
             return
         keep = 0.5 ** (seconds / self.model.half_life_s)
         self._prompt_tokens = self._prompt_tokens * keep + prompt_tokens
+        self._rows = self._rows * keep + rows
         self._stream_s = self._stream_s * keep + self.demand * seconds
+        self._job_s = self._job_s * keep + (self.demand if jobs is None else jobs) * seconds
         if self.model.num_samples // self.model.refit_every != fitted:
             self._capacity_stale = True
 
@@ -318,5 +362,6 @@ class Admission:
         }
         if coef is not None:
             out.update(step_base_ms=1e3 * coef[0], step_row_us=1e6 * coef[1],
-                       step_prompt_token_us=1e6 * coef[2], prefill_share=self.prefill_share())
+                       step_prompt_token_us=1e6 * coef[2], prefill_share=self.prefill_share(),
+                       jobs_per_stream=self.jobs_per_stream())
         return out

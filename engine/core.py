@@ -251,10 +251,14 @@ class EngineCore:
         """Seconds until ``poll`` has a waiting stream to refuse (None: nobody waits)."""
         return self.admission.next_timeout_s()
 
-    def note_step(self, rows: int, prompt_tokens: int, seconds: float, *, max_rows: int = 0) -> None:
+    def note_step(self, rows: int, prompt_tokens: int, seconds: float, *, max_rows: int = 0,
+                  fill_rows: int = 0) -> None:
         """One backend step the engine ran back to back with the one before: its decode rows,
-        prompt tokens and wall seconds, and the backend's decode cap (the capacity estimate)."""
-        self.admission.observe_step(rows, prompt_tokens, seconds, max_rows=max_rows)
+        prompt tokens and wall seconds, and the backend's decode cap and fill (the capacity
+        estimate, which also counts the jobs the streams hold: segments generated ahead decode
+        beside the spoken ones)."""
+        self.admission.observe_step(rows, prompt_tokens, seconds, max_rows=max_rows, fill_rows=fill_rows,
+                                    jobs=len(self._job_owner))
 
     def _request_admission(self, stream: _Stream) -> list[Message]:
         """At a stream's first job: admitted (``is_admitted``), waiting, or refused (gone)."""

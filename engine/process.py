@@ -198,7 +198,9 @@ class EngineLoop:
             after = self._step_counts()  # type: ignore[misc]
             sample = self._sampler.on_step(t0, after[0] - counts[0], after[1] - counts[1])
             if sample is not None:
-                self.core.note_step(*sample, max_rows=self.core.backend.max_decode_rows)  # type: ignore[attr-defined]
+                backend = self.core.backend
+                self.core.note_step(*sample, max_rows=backend.max_decode_rows,  # type: ignore[attr-defined]
+                                    fill_rows=getattr(backend, "decode_fill_rows", 0))
         self._send(out)
 
     def _decode_rows(self) -> int:

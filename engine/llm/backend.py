@@ -178,6 +178,15 @@ class LMBackend:
         """The most decode rows one step runs: the decode cap, else the batch slots."""
         return self.scheduler.config.max_num_decode_seqs or self.scheduler.config.max_num_seqs
 
+    @property
+    def decode_fill_rows(self) -> int:
+        """The decode rows a step fills with jobs not yet due (the scheduler's fill within its
+        cap) while it has a decode horizon; 0 without one (every job decodes, up to the cap)."""
+        cfg = self.scheduler.config
+        if cfg.decode_horizon_s <= 0.0:
+            return 0
+        return max(1, min(cfg.decode_fill_seqs, cfg.max_num_decode_seqs or cfg.max_num_seqs))
+
     def _count(self, batch: ScheduledBatch) -> None:
         t = self._totals
         t["lm_steps"] += 1

@@ -65,6 +65,52 @@ def test_a_decode_cap_limits_capacity_by_its_steps_time() -> None:
     assert adm.capacity() == pytest.approx(expected, rel=0.02)
 
 
+def _voxcpm2_step_s(rows: float) -> float:
+    """VoxCPM2's step on an H200 (b023620, per-second means): 34.5 ms + 0.58 ms a row."""
+    return 0.0345 + 0.00058 * rows
+
+
+def test_segments_generated_ahead_count_at_the_rows_they_add_to_each_step() -> None:
+    """Streams that hold two jobs each (the spoken segment and the one generated ahead), every
+    job decoding each step: a step runs 2N rows and a stream's row still advances once a step,
+    so the capacity is the N with 6.25 x t(2N) <= 0.9 (94 VoxCPM2 streams), not t(N) (188)."""
+    adm = Admission(AdmissionConfig(), tokens_per_audio_second=6.25, clock=FakeClock())
+    for key in range(60):
+        adm.request(key)
+    for i in range(3000):
+        rows = 1 + (i * 37) % 300
+        adm.observe_step(rows, 0, _voxcpm2_step_s(rows), max_rows=1024, fill_rows=0, jobs=120)
+    assert adm.jobs_per_stream() == pytest.approx(2.0)
+    expected = (0.9 / 6.25 - 0.0345) / 0.00058 / 2
+    assert adm.capacity() == pytest.approx(expected, rel=0.03)
+    assert adm.rows_per_step(adm.capacity()) == pytest.approx(2 * adm.capacity())  # type: ignore[arg-type]
+
+
+def test_a_decode_fill_keeps_rows_ahead_within_it() -> None:
+    """With a decode horizon the scheduler decodes jobs not yet due only up to its fill (256
+    rows), and every due stream past that: two jobs a stream then leave the capacity at the
+    one-row-a-stream figure when a step of 256 rows keeps real time (Orpheus); without a
+    horizon every job decodes, up to the cap of 384, and the capacity is what keeps 2N rows
+    real time."""
+    def measured(fill_rows: int) -> Admission:
+        adm = Admission(AdmissionConfig(), tokens_per_audio_second=ORPHEUS_TOKENS_PER_S, clock=FakeClock())
+        for key in range(100):
+            adm.request(key)
+        for i in range(3000):
+            rows = 1 + (i * 37) % 450
+            adm.observe_step(rows, 0, _step_s(rows), max_rows=384, fill_rows=fill_rows, jobs=200)
+        return adm
+
+    one_row_each = _measured()
+    one_row_each.observe_step(300, 0, _step_s(300), max_rows=384)
+    with_fill = measured(256)
+    assert with_fill.rows_per_step(100) == 200 and with_fill.rows_per_step(200) == 256
+    assert with_fill.rows_per_step(300) == 300 and with_fill.rows_per_step(500) == 384
+    assert with_fill.capacity() == pytest.approx(one_row_each.capacity(), abs=2)
+    assert with_fill.capacity() == pytest.approx(_true_capacity(), rel=0.02)
+    assert measured(0).capacity() == pytest.approx(_true_capacity() / 2, rel=0.02)
+
+
 def test_prompts_take_their_share_of_the_engine() -> None:
     """Steps with prompt tokens cost more (4 us a token); the prompts of the streams speaking
     lower the capacity below the decode-only figure."""
@@ -77,6 +123,51 @@ def test_prompts_take_their_share_of_the_engine() -> None:
         adm.observe_step(rows, prompt, _step_s(rows) + 4e-6 * prompt, max_rows=0)
     assert adm.prefill_share() > 0
     assert adm.capacity() < _true_capacity() * 0.99
+
+
+def _ramp(seconds: float, *, streams: int = 64, per_s: float = 6.4) -> list[tuple[float, float]]:
+    """VoxCPM2-like streams starting at ``per_s`` a second: 4 segments of 63 rows, two at a
+    time (the spoken one and the one ahead), a prompt of 13 tokens each as it starts (2 ms a
+    token); every job decodes each step. Returns (time, prefill share) after each step."""
+    clock = FakeClock()
+    adm = Admission(AdmissionConfig(policy="off"), tokens_per_audio_second=6.25, clock=clock)
+    t0, started, out = clock.t, 0, []
+    live: dict[int, list[int]] = {}  # stream -> [segments not yet started, rows left per job...]
+    while clock.t - t0 < seconds:
+        while started < streams and started <= (clock.t - t0) * per_s:
+            live[started] = [4]
+            adm.request(started)
+            started += 1
+        prompt = 0
+        for jobs in live.values():
+            while len(jobs) < 3 and jobs[0] > 0:
+                jobs[0] -= 1
+                jobs.append(63)
+                prompt += 13
+        rows = sum(len(jobs) - 1 for jobs in live.values())
+        step = _voxcpm2_step_s(rows) + 0.002 * prompt
+        clock.t += step
+        for key in list(live):
+            jobs = live[key]
+            jobs[1:] = [n - 1 for n in jobs[1:] if n > 1]
+            if len(jobs) == 1 and jobs[0] == 0:
+                del live[key]
+                adm.release(key)
+        adm.observe_step(rows, prompt, step, max_rows=1024, fill_rows=0, jobs=rows)
+        out.append((clock.t - t0, adm.prefill_share()))
+    return out
+
+
+def test_a_ramp_of_young_streams_does_not_inflate_the_prompts_share() -> None:
+    """The prompts' share is taken per row a stream makes in real time (2 ms x 13 tokens per 63
+    rows x 6.25 rows a second: 2.6 ms a second), so 3 s into a ramp of starting streams, each
+    with its first two prompts sent, it reads under 3 times that (tokens per second spoken
+    read 11 times), and once the streams have spoken, within 15%."""
+    steady = 0.002 * 13 / 63 * 6.25
+    shares = _ramp(40.0)
+    early = next(share for t, share in shares if t >= 3.0)
+    assert early < 3 * steady
+    assert shares[-1][1] == pytest.approx(steady, rel=0.15)
 
 
 def test_the_capacity_follows_a_slower_device() -> None:

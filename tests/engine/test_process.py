@@ -165,6 +165,7 @@ class CountingBackend(FakeBackend):
 
     async_steps = False
     max_decode_rows = 256
+    decode_fill_rows = 128
 
     def __init__(self) -> None:
         super().__init__(chunks_per_job=50)
@@ -181,20 +182,20 @@ class CountingBackend(FakeBackend):
 
 def test_back_to_back_steps_become_admission_samples_and_stats_carry_the_figures(monkeypatch) -> None:
     """Each step's rows are paired with the time to the next back-to-back step and given to the
-    core with the decode cap; a wait between steps breaks the pairing; Stats carry the
+    core with the decode cap and fill; a wait between steps breaks the pairing; Stats carry the
     admission figures."""
     backend = CountingBackend()
     loop, inbox, outbox = _loop(backend)
-    samples: list[tuple[int, int, float, int]] = []
-    monkeypatch.setattr(loop.core, "note_step",
-                        lambda rows, prompts, seconds, *, max_rows: samples.append((rows, prompts, seconds, max_rows)))
+    samples: list[tuple[int, int, float, int, int]] = []
+    monkeypatch.setattr(loop.core, "note_step", lambda rows, prompts, seconds, *, max_rows, fill_rows:
+                        samples.append((rows, prompts, seconds, max_rows, fill_rows)))
     with inbox, outbox:
         _open_streams(loop, range(1, 4))
         _received(outbox)
         for _ in range(3):
             loop._step()
-        assert [(r, p, cap) for r, p, _, cap in samples] == [(6, 0, 256), (6, 0, 256)]  # 2 jobs a stream
-        assert all(s > 0 for _, _, s, _ in samples)
+        assert [(r, p, cap, fill) for r, p, _, cap, fill in samples] == [(6, 0, 256, 128)] * 2  # 2 jobs a stream
+        assert all(s > 0 for _, _, s, _, _ in samples)
         loop._sampler.reset()  # the loop slept
         loop._step()
         assert len(samples) == 2

@@ -154,6 +154,21 @@ def test_totals_count_rows_tokens_and_deferred_decodes(llm_model):
     assert t["lm_steps"] >= t["decode_rows"]
 
 
+def test_admission_hears_the_decode_cap_and_the_fill_of_rows_not_yet_due(llm_model):
+    """``max_decode_rows``: the decode cap, else the batch slots; ``decode_fill_rows``: with a
+    decode horizon the rows a step fills with jobs not yet due (within the cap), without one 0
+    (every job decodes each step)."""
+    def figures(**sched_kw):
+        backend = make_backend(llm_model, sched_kw=dict(max_num_seqs=8, **sched_kw))
+        return backend.max_decode_rows, backend.decode_fill_rows
+
+    assert figures() == (8, 0)
+    assert figures(max_num_decode_seqs=4) == (4, 0)
+    assert figures(decode_horizon_s=1.0, decode_fill_seqs=6) == (8, 6)
+    assert figures(decode_horizon_s=1.0, decode_fill_seqs=6, max_num_decode_seqs=4) == (4, 4)
+    assert figures(decode_horizon_s=1.0, decode_fill_seqs=0) == (8, 1)  # the scheduler keeps one row
+
+
 def test_the_program_hears_how_soon_each_jobs_audio_is_due(llm_model):
     """``set_deadline`` passes the deadline on to the program as seconds from the scheduler's
     clock (the engine core's); unknown and finished jobs are ignored."""
