@@ -148,7 +148,8 @@ _options = st.one_of(
     hostile_values)
 _FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "start": {"voice": _either(st.sampled_from(["tone", "noise", "nope"])),
-              "format": _either(st.sampled_from(p.FORMATS)), "options": _options},
+              "format": _either(st.sampled_from(p.FORMATS)), "options": _options,
+              "sample_rate": _either(st.sampled_from(p.OUTPUT_SAMPLE_RATES))},
     "text": {"text": _either(st.text(max_size=60))},
     "flush": {}, "end": {}, "cancel": {},
 }

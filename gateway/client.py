@@ -35,10 +35,13 @@ class ClientStream:
     connection's one reader task, so a stream whose audio is not consumed never stops another
     stream's messages (memory grows instead: read every stream you start)."""
 
-    def __init__(self, client: VoxgateClient, stream_id: str, fmt: str) -> None:
+    def __init__(self, client: VoxgateClient, stream_id: str, fmt: str,
+                 sample_rate: int | None = None) -> None:
         self.client = client
         self.id = stream_id
         self.format = fmt
+        # Hz: what ``start`` asked for (None: the model's), then what ``ready`` says
+        self.sample_rate = sample_rate
         self.ready: dict[str, Any] | None = None
         self.done: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None
@@ -96,6 +99,7 @@ class ClientStream:
             kind = msg.get("type")
             if kind == "ready":
                 self.ready = msg
+                self.sample_rate = msg.get("sample_rate", self.sample_rate)
                 return
             if kind == "done":
                 self.done = msg
@@ -143,13 +147,17 @@ class VoxgateClient:
                 client._reader.cancel()
 
     async def start(self, *, voice: str | None = None, format: str = "pcm_s16le",
-                    options: dict[str, Any] | None = None,
+                    options: dict[str, Any] | None = None, sample_rate: int | None = None,
                     stream_id: str | None = None) -> ClientStream:
-        """Send ``start``; returns at once (``ready`` or an error arrives on the stream)."""
+        """Send ``start``; returns at once (``ready`` or an error arrives on the stream).
+        ``sample_rate`` (Hz, one of ``hello["output_sample_rates"]``): the gateway resamples
+        the stream's audio to it; ``None``: the model's rate."""
         sid = stream_id or f"s{next(self._ids)}"
-        stream = ClientStream(self, sid, format)
+        stream = ClientStream(self, sid, format, sample_rate)
         self._streams[sid] = stream
         msg: dict[str, Any] = {"type": "start", "stream": sid, "format": format}
+        if sample_rate is not None:
+            msg["sample_rate"] = sample_rate
         if voice is not None:
             msg["voice"] = voice
         if options:

@@ -87,7 +87,8 @@ class GatewayMetrics:
                                     "from the engine for --engine-watchdog-s", registry=r)
         self.samples_sent = Counter("voxgate_audio_samples_sent",
                                     "Audio samples sent to clients (counted as each stream ends: "
-                                    "the sum of its done.samples)", registry=r)
+                                    "the sum of its done.samples; at the model's rate for a "
+                                    "stream resampled to another)", registry=r)
         self.samples_dropped = Counter("voxgate_audio_samples_dropped",
                                        "Audio samples from the engine the gateway dropped, by "
                                        "reason (cancelled: they arrived after the stream was "

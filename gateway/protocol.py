@@ -16,6 +16,8 @@ import msgpack
 __all__ = [
     "PROTOCOL_VERSION",
     "FORMATS",
+    "OUTPUT_SAMPLE_RATES",
+    "output_sample_rates",
     "Encoding",
     "ErrorCode",
     "ProtocolError",
@@ -27,6 +29,7 @@ __all__ = [
     "Cancel",
     "parse_client_frame",
     "check_declared_options",
+    "check_sample_rate",
     "show_value",
     "encode_server_message",
     "decode_server_frame",
@@ -40,6 +43,9 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 FORMATS = ("pcm_s16le", "pcm_f32le")
+# The rates (Hz) a start's ``sample_rate`` may ask for, besides the model's own; the gateway
+# resamples (gateway.resample). A documented set, not any rate, so clients can rely on it.
+OUTPUT_SAMPLE_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
 MAX_STREAM_ID_CHARS = 128
 MAX_OPTIONS = 64  # entries in a start's ``options``
 # Integers the engine's encoding (msgpack) can carry: int64 and uint64.
@@ -102,6 +108,7 @@ class Start(ClientMessage):
     voice: str | None = None
     format: str = "pcm_s16le"
     options: dict[str, Any] = field(default_factory=dict)
+    sample_rate: int | None = None  # Hz; None: the model's rate (no resampling)
 
 
 @dataclass(frozen=True)
@@ -232,6 +239,10 @@ def _parse_start(obj: dict[Any, Any], stream: str) -> Start:
             f"'format' must be one of {list(FORMATS)}, got {show_value(fmt)}",
             stream=stream,
         )
+    sample_rate = obj.get("sample_rate")
+    if sample_rate is not None and (not isinstance(sample_rate, int)
+                                    or isinstance(sample_rate, bool)):
+        raise _bad_sample_rate(sample_rate, OUTPUT_SAMPLE_RATES, stream)
     options = obj.get("options") or {}
     if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
         raise ProtocolError(
@@ -244,7 +255,8 @@ def _parse_start(obj: dict[Any, Any], stream: str) -> Start:
         if not _is_text(name):
             raise _not_text("options", stream)
         _check_option_value(name, value, stream)
-    return Start(stream=stream, voice=voice, format=fmt, options=options)
+    return Start(stream=stream, voice=voice, format=fmt, options=options,
+                 sample_rate=sample_rate)
 
 
 def _check_option_value(name: str, value: Any, stream: str) -> None:
@@ -291,6 +303,30 @@ def check_declared_options(options: dict[str, Any], declared: dict[str, Any], *,
                                 f"{name} must be in {bounds}, got {show_value(value)}", stream=stream)
 
 
+def output_sample_rates(model_rate: int) -> list[int]:
+    """The rates a stream may ask for (``hello.output_sample_rates``): the documented set and the
+    model's own rate."""
+    return sorted({*OUTPUT_SAMPLE_RATES, model_rate})
+
+
+def check_sample_rate(sample_rate: int | None, model_rate: int, *, stream: str) -> int:
+    """The rate a stream's audio is delivered at: ``sample_rate`` if it is one of
+    ``output_sample_rates(model_rate)``, the model's rate if it is ``None``; raises
+    ``ProtocolError(UNSUPPORTED_FORMAT)`` naming the rates otherwise."""
+    if sample_rate is None:
+        return model_rate
+    allowed = output_sample_rates(model_rate)
+    if sample_rate not in allowed:
+        raise _bad_sample_rate(sample_rate, allowed, stream)
+    return sample_rate
+
+
+def _bad_sample_rate(value: Any, allowed: Any, stream: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.UNSUPPORTED_FORMAT,
+                         f"'sample_rate' must be an integer number of Hz, one of {list(allowed)}, "
+                         f"got {show_value(value)}", stream=stream)
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -321,6 +357,7 @@ def hello(*, model: str, voices: list[str], sample_rate: int, default_voice: str
         "voices": voices,
         "default_voice": default_voice,
         "sample_rate": sample_rate,
+        "output_sample_rates": output_sample_rates(sample_rate),
         "formats": list(FORMATS),
         "options": options,
         "limits": limits,

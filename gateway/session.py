@@ -13,6 +13,7 @@ from typing import Any, Callable, Collection, Protocol, Union
 from engine import messages as em
 from gateway import protocol as p
 from gateway.protocol import ErrorCode, ProtocolError
+from gateway.resample import ENGINE_FORMAT, PcmResampler
 
 __all__ = ["ToClient", "ToEngine", "Close", "Action", "SessionMetrics", "Session"]
 
@@ -68,11 +69,17 @@ class _Stream:
     id: str
     key: int
     fmt: str
+    rate: int  # Hz, of the audio the client gets
+    # Set when ``rate`` is not the model's: the engine's f32 audio is resampled into ``fmt``.
+    resampler: PcmResampler | None = None
     text: str = ""
     is_ended: bool = False
     seq: int = 0
-    samples: int = 0
+    samples: int = 0  # sent to the client, at ``rate``
+    engine_samples: int = 0  # received from the engine (resampled streams only)
     last_span: tuple[int, int] | None = None
+    held_span: tuple[int, int] | None = None  # of audio the resampler holds, not yet sent
+    last_t_emit: float = 0.0
     t_start: float = 0.0
     t_first_text: float | None = None
     t_first_audio: float | None = None
@@ -256,14 +263,20 @@ class Session:
         if msg.voice is not None and msg.voice not in self._hello.voices:
             voice_ref = self._registered_voice(msg.voice, msg.stream)
         p.check_declared_options(msg.options, self._hello.options, stream=msg.stream)
+        model_rate = self._hello.sample_rate
+        rate = p.check_sample_rate(msg.sample_rate, model_rate, stream=msg.stream)
         if not self._is_engine_ready():
             raise ProtocolError(ErrorCode.ENGINE_UNAVAILABLE,
                                 "the engine is starting or restarting; try again shortly",
                                 stream=msg.stream, retryable=True)
-        stream = _Stream(msg.stream, self._allocate_key(), msg.format, t_start=self._clock())
+        resampler = (PcmResampler(input_rate=model_rate, output_rate=rate, fmt=msg.format)
+                     if rate != model_rate else None)
+        stream = _Stream(msg.stream, self._allocate_key(), msg.format, rate, resampler,
+                         t_start=self._clock())
         self._streams[stream.id] = stream
         self._by_key[stream.key] = stream
-        return [ToEngine(em.Open(stream.key, msg.voice, dict(msg.options), msg.format, voice_ref))]
+        engine_fmt = msg.format if resampler is None else ENGINE_FORMAT
+        return [ToEngine(em.Open(stream.key, msg.voice, dict(msg.options), engine_fmt, voice_ref))]
 
     def _registered_voice(self, voice: str, stream: str) -> em.VoiceRef:
         try:
@@ -306,21 +319,26 @@ class Session:
         if stream is None:
             return []  # cancelled or failed already: late output is dropped here
         if type(msg) is em.Audio:
-            return [ToClient(self._audio_msg(stream, msg))]
+            frame = self._audio_msg(stream, msg)
+            return [] if frame is None else [ToClient(frame)]
         if isinstance(msg, em.Flushed):
-            if not self.report_flushes:
-                return []
-            return [ToClient({"type": "flushed", "stream": stream.id, "flush": msg.num_flushes})]
+            # the flush's audio is all out of the engine: what the resampler holds goes too
+            actions = self._resampler_tail(stream)
+            if self.report_flushes:
+                actions.append(ToClient({"type": "flushed", "stream": stream.id,
+                                         "flush": msg.num_flushes}))
+            return actions
         if isinstance(msg, em.Started):
-            return [ToClient(p.ready(stream.id, sample_rate=self._hello.sample_rate,
+            return [ToClient(p.ready(stream.id, sample_rate=stream.rate,
                                      fmt=stream.fmt, voice=msg.voice, options=msg.options))]
         if isinstance(msg, em.Done):
+            actions = self._resampler_tail(stream) if msg.reason == "end" else []
             self._forget(stream)
             self._metrics.count_stream(msg.reason)
             done = self._done_msg(stream, msg.reason)
             if "queue_wait_ms" in msg.timings:  # it waited for admission
                 done["queue_wait_ms"] = round(msg.timings["queue_wait_ms"], 3)
-            return [ToClient(done)]
+            return actions + [ToClient(done)]
         if isinstance(msg, em.Error):
             self._forget(stream)
             self._metrics.count_error(msg.code)
@@ -331,7 +349,8 @@ class Session:
 
     def on_audio(self, msg: em.Audio) -> dict[str, Any] | None:
         """The hot path of ``on_engine`` for audio: the ``audio`` map to send, or ``None`` if
-        the stream is gone (the same as ``on_engine`` returning ``[ToClient(map)]`` or ``[]``)."""
+        there is none (the stream is gone, or its resampler holds the whole chunk): the same as
+        ``on_engine`` returning ``[ToClient(map)]`` or ``[]``."""
         stream = self._by_key.get(msg.key)
         return None if stream is None else self._audio_msg(stream, msg)
 
@@ -369,7 +388,32 @@ class Session:
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _audio_msg(self, stream: _Stream, msg: em.Audio) -> dict[str, Any]:
+    def _audio_msg(self, stream: _Stream, msg: em.Audio) -> dict[str, Any] | None:
+        if stream.resampler is None:
+            return self._frame(stream, msg.pcm, msg.span, msg.t_emit)  # the engine's bytes
+        stream.engine_samples += len(msg.pcm) // _SAMPLE_BYTES[ENGINE_FORMAT]
+        stream.last_t_emit = msg.t_emit
+        pcm = stream.resampler.resample(msg.pcm)
+        if not pcm:  # the filter is filling: this chunk goes out with the next one
+            if msg.span != stream.last_span:  # a segment not yet announced: the next frame's
+                stream.held_span = _join_spans(stream.held_span, msg.span)
+            return None
+        span = _join_spans(stream.held_span, msg.span)
+        stream.held_span = None
+        return self._frame(stream, pcm, span, msg.t_emit)
+
+    def _resampler_tail(self, stream: _Stream) -> list[Action]:
+        """What a resampled stream's resampler holds, as an ``audio`` map (a flush's or the
+        stream's end: no audio is left behind); nothing for other streams."""
+        if stream.resampler is None:
+            return []
+        pcm = stream.resampler.drain()
+        span = stream.held_span or stream.last_span
+        stream.held_span = None
+        return [ToClient(self._frame(stream, pcm, span, stream.last_t_emit))] if pcm else []
+
+    def _frame(self, stream: _Stream, pcm: bytes, span: tuple[int, int] | None,
+               t_emit: float) -> dict[str, Any]:
         now = self._clock()
         if stream.t_first_audio is None:
             stream.t_first_audio = now
@@ -378,15 +422,14 @@ class Session:
         elif stream.t_last_audio is not None:
             self._metrics.observe_chunk_gap(now - stream.t_last_audio)
         stream.t_last_audio = now
-        pcm = msg.pcm  # the engine encodes in the stream's format
         text = None
-        if msg.span is not None and msg.span != stream.last_span:
-            stream.last_span = msg.span
-            text = stream.text[msg.span[0]:msg.span[1]]
+        if span is not None and span != stream.last_span:
+            stream.last_span = span
+            text = stream.text[span[0]:span[1]]
         out = p.audio(stream.id, seq=stream.seq, offset=stream.samples, pcm=pcm,
-                      span=msg.span, text=text)
+                      span=span, text=text)
         if self._debug_timestamps:
-            out["engine_t"] = msg.t_emit
+            out["engine_t"] = t_emit
         stream.seq += 1
         stream.samples += len(pcm) // _SAMPLE_BYTES[stream.fmt]
         return out
@@ -395,7 +438,7 @@ class Session:
         now = self._clock()
         timings: dict[str, float] = {
             "elapsed_s": round(now - stream.t_start, 6),
-            "audio_s": round(stream.samples / self._hello.sample_rate, 6),
+            "audio_s": round(stream.samples / stream.rate, 6),
         }
         if stream.t_first_text is not None and stream.t_first_audio is not None:
             timings["ttfa_ms"] = round((stream.t_first_audio - stream.t_first_text) * 1e3, 3)
@@ -403,5 +446,15 @@ class Session:
 
     def _forget(self, stream: _Stream) -> None:
         if self._streams.pop(stream.id, None) is not None:
-            self._metrics.count_samples_sent(stream.samples)
+            # at the model's rate, as the engine counts them (a resampled stream's own count)
+            self._metrics.count_samples_sent(
+                stream.samples if stream.resampler is None else stream.engine_samples)
         self._by_key.pop(stream.key, None)
+
+
+def _join_spans(held: tuple[int, int] | None,
+                span: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The span of a frame that carries held audio (``held``) and a chunk's (``span``)."""
+    if held is None or span is None:
+        return span if held is None else held
+    return (min(held[0], span[0]), max(held[1], span[1]))

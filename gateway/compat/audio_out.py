@@ -1,6 +1,6 @@
 """Audio in the formats the vendor protocols ask for: a stream's ``AudioEncoder`` resamples
-the engine's 24 kHz PCM with soxr and encodes it with PyAV, chunk by chunk (docs/compat.md,
-"Formats").
+the engine's 24 kHz PCM with soxr (``gateway.resample``) and encodes it with PyAV, chunk by
+chunk (docs/compat.md, "Formats").
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any
 
 import av
 import numpy as np
-import soxr
+
+from gateway.resample import Resampler, pcm_bytes, to_s16
 
 __all__ = ["ENCODINGS", "OutputFormat", "AudioEncoder", "FormatError"]
 
@@ -78,11 +79,6 @@ class _Sink(io.RawIOBase):
         return out
 
 
-def _s16(x: np.ndarray) -> np.ndarray:
-    # the engine's own conversion (engine.core): scale, clip, truncate
-    return np.clip(x * np.float32(32767.0), -32767.0, 32767.0).astype("<i2")
-
-
 class AudioEncoder:
     """One stream's conversion from the engine's PCM to ``fmt``. Not thread-safe."""
 
@@ -91,8 +87,7 @@ class AudioEncoder:
         self.input_rate = input_rate
         # 24 kHz s16 out of a 24 kHz engine: bytes pass through untouched
         self.is_passthrough = fmt.encoding == "pcm_s16le" and fmt.sample_rate == input_rate
-        self._resampler = (soxr.ResampleStream(input_rate, fmt.sample_rate, 1, dtype="float32",
-                                               quality="HQ")
+        self._resampler = (Resampler(input_rate, fmt.sample_rate)
                            if fmt.sample_rate != input_rate else None)
         self._codec: Any = None
         self._container: Any = None
@@ -134,7 +129,7 @@ class AudioEncoder:
             return pcm
         x = np.frombuffer(pcm, dtype="<f4")
         if self._resampler is not None:
-            x = self._resampler.resample_chunk(x, last=False)
+            x = self._resampler.push(x)
         return self._out(x)
 
     def finish(self) -> bytes:
@@ -146,7 +141,7 @@ class AudioEncoder:
         self._is_finished = True
         tail = b""
         if self._resampler is not None:
-            tail = self._out(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+            tail = self._out(self._resampler.drain())
         return tail + self._flush_codec()
 
     def drain(self) -> bytes:
@@ -154,10 +149,7 @@ class AudioEncoder:
         flush's audio is then all sent); the resampler starts afresh. Containers: ``b""``."""
         if self._resampler is None or self._is_finished or self._container is not None:
             return b""
-        tail = self._out(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
-        self._resampler = soxr.ResampleStream(self.input_rate, self.fmt.sample_rate, 1,
-                                              dtype="float32", quality="HQ")
-        return tail
+        return self._out(self._resampler.drain())
 
     def close(self) -> None:
         """Free the codec without finishing (a cancelled stream)."""
@@ -171,11 +163,9 @@ class AudioEncoder:
 
     def _out(self, x: np.ndarray) -> bytes:
         enc = self.fmt.encoding
-        if enc == "pcm_f32le":
-            return np.ascontiguousarray(x, dtype="<f4").tobytes()
-        samples = _s16(x)
-        if enc == "pcm_s16le":
-            return samples.tobytes()
+        if enc in ("pcm_f32le", "pcm_s16le"):
+            return pcm_bytes(x, enc)
+        samples = to_s16(x)
         if samples.size == 0:
             return b""
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")

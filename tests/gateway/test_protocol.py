@@ -58,3 +58,35 @@ def test_bad_options_rejected(options: str) -> None:
     with pytest.raises(p.ProtocolError) as info:
         p.parse_client_frame('{"type": "start", "stream": "a", "options": %s}' % options)
     assert info.value.code in (p.ErrorCode.BAD_MESSAGE, p.ErrorCode.INVALID_OPTION)
+
+
+def test_start_takes_an_integer_sample_rate() -> None:
+    """start's sample_rate is parsed as an int; without it the Start has None (the model's rate)."""
+    frame = p.encode_client_message({"type": "start", "stream": "a", "sample_rate": 16000})
+    assert p.parse_client_frame(frame) == p.Start("a", sample_rate=16000)
+    assert p.parse_client_frame('{"type": "start", "stream": "a"}').sample_rate is None
+
+
+@pytest.mark.parametrize("value", ['"16000"', "16000.0", "true", "[16000]", "{}"])
+def test_a_sample_rate_that_is_not_an_integer_is_an_unsupported_format(value: str) -> None:
+    """A string, float, boolean, list or map sample_rate is refused naming the rates."""
+    with pytest.raises(p.ProtocolError) as info:
+        p.parse_client_frame('{"type": "start", "stream": "a", "sample_rate": %s}' % value)
+    assert info.value.code is p.ErrorCode.UNSUPPORTED_FORMAT and info.value.stream == "a"
+    assert str(list(p.OUTPUT_SAMPLE_RATES)) in info.value.message
+
+
+def test_output_rates_are_the_set_and_the_models_rate() -> None:
+    """hello's output_sample_rates: the documented set plus the model's own rate, sorted;
+    check_sample_rate takes one of them (None: the model's rate) and refuses the rest."""
+    assert p.output_sample_rates(24000) == list(p.OUTPUT_SAMPLE_RATES)
+    assert p.output_sample_rates(12000) == sorted([*p.OUTPUT_SAMPLE_RATES, 12000])
+    msg = p.hello(model="m", voices=["v"], sample_rate=12000, default_voice="v", options={},
+                  limits={})
+    assert msg["output_sample_rates"] == p.output_sample_rates(12000)
+    assert p.check_sample_rate(None, 12000, stream="a") == 12000
+    assert p.check_sample_rate(12000, 12000, stream="a") == 12000
+    assert p.check_sample_rate(44100, 12000, stream="a") == 44100
+    with pytest.raises(p.ProtocolError) as info:
+        p.check_sample_rate(11025, 24000, stream="a")
+    assert info.value.code is p.ErrorCode.UNSUPPORTED_FORMAT and "11025" in info.value.message
