@@ -148,6 +148,9 @@ class Hello(Message):
     device: str = ""  # what the engine computes on (engine.device_info)
     weights: str = "loaded"  # or "random" (--load-format dummy)
     supports_cloning: bool = False  # the backend takes registered voices (``VoiceRef``)
+    # the backend takes text while it speaks: its ``Flushed`` comes when the flush reached it,
+    # before that flush's audio (``Flushed``)
+    input_streaming: bool = False
 
 
 @dataclass(frozen=True)

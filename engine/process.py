@@ -247,7 +247,7 @@ def _hello(backend: Backend) -> m.Hello:
     info = backend.info
     return m.Hello(info.model, list(info.voices), info.default_voice, info.sample_rate,
                    dict(info.options), describe_device(), getattr(info, "weights", "loaded"),
-                   info.supports_cloning)
+                   info.supports_cloning, bool(getattr(info, "input_streaming", False)))
 
 
 def engine_main(config: EngineConfig, inbox: ShmQueue, outbox: ShmQueue, log_level: str) -> None:

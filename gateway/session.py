@@ -323,7 +323,9 @@ class Session:
             return [] if frame is None else [ToClient(frame)]
         if isinstance(msg, em.Flushed):
             # the flush's audio is all out of the engine: what the resampler holds goes too
-            actions = self._resampler_tail(stream)
+            # (not where the engine takes text while it speaks: its Flushed comes before the
+            # audio, which goes on through the resampler, and its tail goes at the end)
+            actions = [] if self._hello.input_streaming else self._resampler_tail(stream)
             if self.report_flushes:
                 actions.append(ToClient({"type": "flushed", "stream": stream.id,
                                          "flush": msg.num_flushes}))

@@ -150,3 +150,26 @@ def test_a_rate_outside_the_set_is_refused_and_nothing_is_opened(value: object) 
     assert "[8000, 16000, 22050, 24000, 32000, 44100, 48000]" in err["message"]
     assert _engine(_send(s, type="start", stream="x", sample_rate=22050)) == [
         em.Open(1, None, {}, "pcm_f32le")]
+
+
+def test_with_an_input_streaming_engine_a_flush_does_not_cut_the_resampler() -> None:
+    """An engine that takes text while it speaks acknowledges a flush before that flush's audio:
+    the resampler is then not drained there, so the audio is one resampling of the whole turn,
+    its tail sent at the end."""
+    keys = itertools.count(1)
+    s = Session(hello=em.Hello("fake", ["a"], "a", 24000, {}, input_streaming=True), limits=LIMITS,
+                allocate_key=lambda: next(keys), is_engine_ready=lambda: True)
+    _send(s, type="start", stream="x", sample_rate=16000)
+    _send(s, type="text", stream="x", text="Hello there. Bye.")
+    x = _tone(24000)
+    frames = []
+    for i in range(0, x.size, 960):
+        frames += _client(s.on_engine(em.Audio(1, x[i:i + 960].tobytes(), (0, 17), 0.0)))
+        if i == 4800:
+            assert _client(s.on_engine(em.Flushed(1, 1))) == []  # acknowledged mid-speech: no tail yet
+    *audio, done = _client(s.on_engine(em.Done(1, "end", x.size, {})))
+    frames += audio
+    got = np.concatenate([np.frombuffer(f["pcm"], "<i2") for f in frames])
+    ref = soxr.resample(x, 24000, 16000, quality="HQ")
+    assert got.size == ref.size == 16000 and done["samples"] == 16000
+    np.testing.assert_allclose(got / 32767.0, ref, atol=1.5 / 32767)
