@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"{k}: {v}" for k, v in DEFAULT_URLS.items()) + ")")
     t.add_argument("--voice", metavar="NAME")
     t.add_argument("--format", choices=FORMATS, default="pcm_s16le", help="native: PCM format")
+    t.add_argument("--sample-rate", metavar="HZ", type=number_type(int, 8000, 48000), default=None,
+                   help="native: the output rate each stream asks for (the gateway resamples; "
+                        "default: the model's)")
     t.add_argument("--option", dest="options", type=_option, action="append", default=[],
                    metavar="KEY=VALUE", help="native: a stream option (repeatable), e.g. seed=1")
     t.add_argument("--streams-per-connection", metavar="N", type=number_type(int, 1, 1024), default=1,

@@ -43,6 +43,7 @@ class BenchConfig:
     # Stream settings.
     voice: str | None = None
     format: str = "pcm_s16le"
+    sample_rate: int | None = None  # native: start's sample_rate (the gateway resamples); None: the model's
     options: dict[str, Any] = field(default_factory=dict)
     streams_per_connection: int = 1
     timeout_s: float = 120.0

@@ -144,7 +144,7 @@ def _level_json(run: LevelRun) -> dict[str, Any]:
     for m, tr in zip(run.metrics, run.traces):
         row = dataclasses.asdict(m)
         row.update(text_words=len(tr.text.split()), error_message=tr.error_message,
-                   retry_after_s=tr.retry_after_s,
+                   retry_after_s=tr.retry_after_s, sample_rate=tr.sample_rate,
                    done_reason=tr.done_reason, server_timings=tr.server_timings,
                    t_start=tr.t_start, t_first_text=tr.t_first_text, t_end_input=tr.t_end_input,
                    t_done=tr.t_done, chunk_t=tr.chunk_t, chunk_samples=tr.chunk_samples,

@@ -58,6 +58,7 @@ class BenchResult:
 
 def _make_target(config: BenchConfig) -> Target:
     return make_target(config.target, config.url, voice=config.voice, fmt=config.format,
+                       native_sample_rate=config.sample_rate,
                        options=config.options, streams_per_connection=config.streams_per_connection,
                        keep_pcm=config.asr, model=config.http_model,
                        response_format=config.http_response_format,

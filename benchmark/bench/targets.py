@@ -114,10 +114,12 @@ class NativeTarget:
 
     def __init__(self, url: str, *, voice: str | None = None, fmt: str = "pcm_s16le",
                  options: dict[str, Any] | None = None, streams_per_connection: int = 1,
-                 keep_pcm: bool = False, open_timeout_s: float = 30.0) -> None:
+                 keep_pcm: bool = False, open_timeout_s: float = 30.0,
+                 native_sample_rate: int | None = None) -> None:
         self.url = url
         self.voice = voice
         self.format = fmt
+        self.sample_rate = native_sample_rate  # start's sample_rate (None: the model's)
         self.options = options or {}
         self.streams_per_connection = streams_per_connection
         self.keep_pcm = keep_pcm
@@ -169,7 +171,7 @@ class NativeTarget:
     async def run_stream(self, trace: StreamTrace, pieces: list[str],
                          token_rate: float | None) -> None:
         trace.bytes_per_sample = _BYTES_PER_SAMPLE[self.format]
-        trace.sample_rate = self.info.get("sample_rate")
+        trace.sample_rate = self.sample_rate or self.info.get("sample_rate")
         if self.keep_pcm:
             trace.pcm = bytearray()
         try:
@@ -183,6 +185,8 @@ class NativeTarget:
         send = conn.ws.send
         try:
             start: dict[str, Any] = {"type": "start", "stream": sid, "format": self.format}
+            if self.sample_rate is not None:
+                start["sample_rate"] = self.sample_rate
             if self.voice is not None:
                 start["voice"] = self.voice
             if self.options:
@@ -303,7 +307,7 @@ def make_target(kind: str, url: str, **kwargs: Any) -> NativeTarget | HttpTarget
     if kind == "native":
         return NativeTarget(url, **{k: v for k, v in kwargs.items()
                                     if k in ("voice", "fmt", "options", "streams_per_connection",
-                                             "keep_pcm")})
+                                             "keep_pcm", "native_sample_rate")})
     return HttpTarget(kind, url, **{k: v for k, v in kwargs.items()
                                     if k in ("voice", "model", "response_format", "sample_rate",
                                              "extra", "keep_pcm")})

@@ -77,3 +77,22 @@ def test_bench_counts_refusals_against_a_server_at_capacity(server_factory: Any,
     assert level["num_failed_not_refused"] == 0 and level["errors_by_code"] == {"capacity": level["num_refused"]}
     assert level["num_ok"] + level["num_refused"] == 6
     assert all(s["retry_after_s"] > 0 for s in level["streams"] if s["is_refused"])
+
+
+def test_bench_sample_rate_asks_each_stream_for_that_rate(server_factory: Any, tmp_path: Any,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """--sample-rate 16000: every stream asks for 16 kHz and is scored at it, so its audio
+    seconds equal those of the same text at the model's rate (24 kHz)."""
+    server = server_factory("--model", "synthetic")
+    audio = {}
+    for rate in (None, 16000):
+        out = tmp_path / f"bench_{rate}.json"
+        args = ["--url", server.ws_url, "-c", "1", "-n", "2", "--max-words", "8", "--json", str(out),
+                "--no-progress", "--option", "seed=0"]
+        code = main(args + (["--sample-rate", str(rate)] if rate else []))
+        assert code == 0, capsys.readouterr()
+        level = json.loads(out.read_text())["levels"][0]
+        assert level["num_failed"] == 0
+        audio[rate] = [s["audio_s"] for s in level["streams"]]
+        assert all(s["sample_rate"] == (rate or 24000) for s in level["streams"])
+    assert audio[16000] == pytest.approx(audio[None], abs=2e-3)
