@@ -67,7 +67,8 @@ class VoiceRoutes:
         return web.json_response({
             "model": hello.model, "voices": hello.voices, "default_voice": hello.default_voice,
             "sample_rate": hello.sample_rate, "options": hello.options,
-            "formats": list(p.FORMATS), "supports_cloning": hello.supports_cloning,
+            "formats": list(p.FORMATS), "output_sample_rates": p.output_sample_rates(hello.sample_rate),
+            "supports_cloning": hello.supports_cloning,
             "registered": registered})
 
     async def get_voice(self, request: web.Request) -> web.Response:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from gateway.client import StreamFailed, VoxgateClient
+from gateway.protocol import output_sample_rates as hello_rates
 from tests.conftest import VoxgateServer, start_server
 from tests.gateway.audio_files import make_audio, tone
 
@@ -76,6 +77,7 @@ def test_register_list_get_use_and_delete(cloning: VoxgateServer, data_dir: Path
         listing = http.get("/v1/voices").json()
         assert listing["supports_cloning"] is True and listing["voices"] == ["tone", "noise"]
         assert {"model", "default_voice", "sample_rate", "options"} <= listing.keys()
+        assert listing["output_sample_rates"] == hello_rates(listing["sample_rate"])
         summary = {k: voice[k] for k in ("id", "name", "duration_s", "sample_rate",
                                          "has_transcript", "created_at")}
         assert summary in listing["registered"]
