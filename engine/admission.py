@@ -32,7 +32,10 @@ class AdmissionConfig:
     max_queue: int = 256  # streams waiting for admission; one more is refused
     # The longest a stream waits: one whose expected wait is longer is refused at once, one
     # still waiting after it is refused then (its wait counts against its time to first audio).
-    max_wait_s: float = 0.5
+    # 0.2 s: a stream that is not admitted must hear so within 300 ms (issue 21's target), and
+    # the refusal took up to 70 ms more than the wait at 2x overload on an H200
+    # (docs/performance.md, "Admission under overload": 523-569 ms with a 0.5 s wait).
+    max_wait_s: float = 0.2
     # Fraction of the engine's time kept free of the streams' steady decode and prefill work:
     # for bursts of prompts, codec work and the variation of step times.
     headroom: float = 0.1
