@@ -251,6 +251,21 @@ async def serve_adapter(gateway: Gateway, request: web.Request,
                                  idle_timeout_s=idle_timeout_s)
 
 
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request body, read until its end or until it is past ``limit`` bytes (then the
+    ``limit + 1`` bytes read so far: the caller refuses it). One ``read(n)`` is not enough: it
+    returns what has arrived, which for a large body under load is only its first part."""
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await request.content.read(limit + 1 - size)
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
+
+
 def load_json(data: bytes | str) -> dict[str, Any]:
     """A client's JSON frame as a map; ``CompatError`` (``bad_message``) when it is not one."""
     import json

@@ -16,7 +16,7 @@ from aiohttp import web
 from gateway import protocol as p
 from gateway.compat.audio_out import AudioEncoder, FormatError, OutputFormat
 from gateway.compat.base import (HTTP_STATUS, CompatConnection, CompatError, StreamOut,
-                                 VoiceNames, drive, load_json, serve_adapter, speech_options)
+                                 VoiceNames, drive, load_json, read_body, serve_adapter, speech_options)
 from gateway.compat.http_speech import Speech, speak
 from gateway.compat.timing import Aligner, CharTiming, Word, flush_words, words_of
 
@@ -188,7 +188,7 @@ class _Route:
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         limit = self.gateway.config.max_frame_bytes
-        raw = await request.content.read(limit + 1)
+        raw = await read_body(request, limit)
         if len(raw) > limit:
             raise CompatError("frame_too_large", f"the request body is larger than {limit} bytes")
         body = load_json(raw)

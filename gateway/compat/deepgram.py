@@ -15,7 +15,7 @@ from aiohttp import web
 from gateway import protocol as p
 from gateway.compat.audio_out import AudioEncoder, FormatError, OutputFormat
 from gateway.compat.base import (HTTP_STATUS, CompatConnection, CompatError, StreamOut,
-                                 VoiceNames, drive, load_json, serve_adapter, speech_options)
+                                 VoiceNames, drive, load_json, read_body, serve_adapter, speech_options)
 from gateway.compat.http_speech import Speech, speak
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ class _Route:
             return deepgram_error(400, str(exc), code="UNSUPPORTED_AUDIO_FORMAT"
                                   if getattr(exc, "code", "") == "unsupported_format" else None)
         limit = gw.config.max_frame_bytes
-        raw = await request.content.read(limit + 1)
+        raw = await read_body(request, limit)
         if len(raw) > limit:
             return deepgram_error(413, f"the request body is larger than {limit} bytes")
         try:

@@ -17,7 +17,7 @@ from aiohttp import web
 from gateway import protocol as p
 from gateway.compat.audio_out import AudioEncoder, FormatError, OutputFormat
 from gateway.compat.base import (HTTP_STATUS, CompatConnection, CompatError, StreamOut,
-                                 VoiceNames, drive, load_json, serve_adapter, speech_options)
+                                 VoiceNames, drive, load_json, read_body, serve_adapter, speech_options)
 from gateway.compat.http_speech import Speech, speak
 from gateway.compat.timing import Aligner, CharTiming
 
@@ -147,7 +147,7 @@ class _Route:
         try:
             query = self._query(request)
             limit = gw.config.max_frame_bytes
-            raw = await request.content.read(limit + 1)
+            raw = await read_body(request, limit)
             if len(raw) > limit:
                 raise CompatError("frame_too_large", f"the request body is larger than {limit} "
                                   "bytes")

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gateway import protocol as p
 from gateway.compat.audio_out import OutputFormat
-from gateway.compat.base import HTTP_STATUS, CompatError, VoiceNames, speech_options
+from gateway.compat.base import HTTP_STATUS, CompatError, VoiceNames, read_body, speech_options
 from gateway.compat.http_speech import Speech, speak
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class SpeechRoute:
             return openai_error(413, f"the request body is larger than {limit} bytes "
                                 "(--max-frame-bytes)", code="request_too_large")
         try:
-            raw = await request.content.read(limit + 1)
+            raw = await read_body(request, limit)
         except Exception:
             return openai_error(400, "the request body could not be read")
         if len(raw) > limit:
