@@ -48,6 +48,7 @@ class OverheadConfig:
     settle_s: float = 3.0
     measure_s: float = 10.0
     streams_per_connection: int = 1
+    sample_rate: int | None = None  # each stream asks for this output rate (the gateway resamples)
     client_procs: int = 0  # 0: one per 250 streams, at most a quarter of the CPUs
     server_args: tuple[str, ...] = ("--lookahead-jobs", "0")
     start_timeout_s: float = 120.0
@@ -146,7 +147,7 @@ async def run_level_overhead(url: str, server_pid: int, num_streams: int,
     stream_s = cfg.ramp_s + cfg.settle_s + cfg.measure_s + 3.0
     text = _long_text(stream_s)
     target = NativeTarget(url, streams_per_connection=cfg.streams_per_connection,
-                          open_timeout_s=60.0)
+                          open_timeout_s=60.0, native_sample_rate=cfg.sample_rate)
     await target.open()
     plan = LevelPlan(mode="concurrency", level=num_streams, seed=0, prompts=(text,),
                      num_requests=num_streams, timeout_s=stream_s * 3 + 60,
@@ -235,7 +236,7 @@ async def _client_part(url: str, num_streams: int, cfg: OverheadConfig, prefix: 
     stream_s = cfg.ramp_s + cfg.settle_s + cfg.measure_s + 3.0
     text = _long_text(stream_s)
     target = NativeTarget(url, streams_per_connection=cfg.streams_per_connection,
-                          open_timeout_s=60.0)
+                          open_timeout_s=60.0, native_sample_rate=cfg.sample_rate)
     await target.open()
     # Blocking the loop here is harmless: no stream runs yet.
     barrier.wait(timeout=cfg.start_timeout_s)
@@ -341,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle-s", type=float, default=OverheadConfig.settle_s)
     p.add_argument("--measure-s", type=float, default=OverheadConfig.measure_s)
     p.add_argument("--streams-per-connection", type=int, default=1)
+    p.add_argument("--sample-rate", type=int, default=None, metavar="HZ",
+                   help="each stream asks for this output rate (the gateway resamples; default: the model's)")
     p.add_argument("--client-procs", type=int, default=0,
                    help="client processes (default 0: one per 250 streams, at most CPUs/4)")
     p.add_argument("--server-arg", action="append", default=None,
@@ -352,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = OverheadConfig(streams=levels, ramp_s=args.ramp_s, settle_s=args.settle_s,
                              measure_s=args.measure_s,
                              streams_per_connection=args.streams_per_connection,
+                             sample_rate=args.sample_rate,
                              client_procs=args.client_procs,
                              server_args=tuple(args.server_arg) if args.server_arg is not None
                              else OverheadConfig.server_args)
