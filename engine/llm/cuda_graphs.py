@@ -227,7 +227,6 @@ class DecodeGraphs:
         self.variants = tuple(int(v) for v in variants)
         self._keys = set(self.keys())
         self._graphs: dict[tuple[int, int], _DecodeGraph] = {}  # (variant, bucket) -> graph
-        self.replays_by_variant: dict[int, int] = {}  # replays since start, per variant run
 
     @property
     def max_batch_size(self) -> int:
@@ -289,7 +288,6 @@ class DecodeGraphs:
         if b is None or (0, b) not in self._graphs or not self.can_run(meta):
             raise ValueError(f"no captured graph for this step (batch {n}, buckets {self.buckets})")
         variant = self.resolve(n, variant)
-        self.replays_by_variant[variant] = self.replays_by_variant.get(variant, 0) + 1
         gr = self._graphs[(variant, b)]
         padded = meta if int(meta.kv_last_page_len.numel()) == b else pad_decode_metadata(  # (padded already)
             meta, b, scratch_page=self.scratch_page, page_size=self.page_size)
