@@ -81,3 +81,34 @@ def emulate_mixed(runner: Any, *, record: list[str] | None = None) -> None:
                 return runner._mixed_step(ids, pos, attn, last, *extras)
 
             mixed._graphs[(b, t)] = _MixedGraph(_Replay(step, outs), attn, ids, pos, last, extras, outs)
+
+
+def emulated_graph_runner(*, counts: dict[str, int] | None = None, record: list[str] | None = None,
+                          runners: list[Any] | None = None, num_tokens: int = 32, max_model_len: int = 512) -> Any:
+    """A ``runner_factory`` for a program's ``build_*_backend``: a ``CudaGraphModelRunner`` on the
+    CPU (torch paged attention, nothing captured) whose replays ``emulate_replays`` runs;
+    ``counts["eager"]`` counts the steps that fell back to the eager path, ``record`` gets the
+    replays, ``runners`` the runners built."""
+
+    def factory(model, shape, **kw):  # noqa: ANN001, ANN003, ANN202
+        from engine.llm.attention import torch_paged_attention_factory
+        from engine.llm.cuda_graphs import CudaGraphModelRunner
+
+        runner = CudaGraphModelRunner(model, shape, capture=False, prefill_buckets=(num_tokens,),
+                                      max_model_len=max_model_len,
+                                      attention_backend_factory=torch_paged_attention_factory, **kw)
+        emulate_replays(runner, num_tokens=num_tokens, record=record)
+        if counts is not None:
+            counts.setdefault("eager", 0)
+            real = runner._execute_eager
+
+            def count(*a, **k):  # noqa: ANN002, ANN003, ANN202
+                counts["eager"] += 1
+                return real(*a, **k)
+
+            runner._execute_eager = count
+        if runners is not None:
+            runners.append(runner)
+        return runner
+
+    return factory

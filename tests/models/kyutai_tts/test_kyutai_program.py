@@ -189,24 +189,10 @@ def test_the_cuda_graph_path_gives_the_eager_tokens(async_steps: bool) -> None:
     """``CudaGraphModelRunner``'s path emulated on the CPU (decode inputs from next_input, packed
     prompts with per-token slot rows, the head in the step function) gives the eager runner's
     tokens, with and without asynchronous steps (the host one or two steps behind the device)."""
-    from engine.llm.attention import torch_paged_attention_factory
-    from engine.llm.cuda_graphs import CudaGraphModelRunner
-    from tests.engine.llm.graph_emulation import emulate_replays
+    from tests.engine.llm.graph_emulation import emulated_graph_runner
 
     counts = {"eager": 0}
-
-    def factory(model, shape, **kw):  # noqa: ANN001, ANN003, ANN202
-        runner = CudaGraphModelRunner(model, shape, capture=False, prefill_buckets=(32,), max_model_len=512,
-                                      attention_backend_factory=torch_paged_attention_factory, **kw)
-        emulate_replays(runner, num_tokens=32)
-        real = runner._execute_eager
-
-        def count(*a, **k):  # noqa: ANN002, ANN003, ANN202
-            counts["eager"] += 1
-            return real(*a, **k)
-
-        runner._execute_eager = count
-        return runner
+    factory = emulated_graph_runner(counts=counts)
 
     texts = ["Graphs must not change a thing at all.", "Nor for this one, which joins later on.", "Short."]
     runs = []
@@ -232,15 +218,9 @@ def test_turns_reusing_a_slot_on_the_cuda_graph_path_give_the_eager_tokens(async
     """Turns one after another take the slot their predecessor left: the one-position prompt runs
     as a decode row, and the graph path must still reset the slot's machine and frame first
     (on the H200 every turn after the first went out of sync before it did)."""
-    from engine.llm.attention import torch_paged_attention_factory
-    from engine.llm.cuda_graphs import CudaGraphModelRunner
-    from tests.engine.llm.graph_emulation import emulate_replays
+    from tests.engine.llm.graph_emulation import emulated_graph_runner
 
-    def factory(model, shape, **kw):  # noqa: ANN001, ANN003, ANN202
-        runner = CudaGraphModelRunner(model, shape, capture=False, prefill_buckets=(32,), max_model_len=512,
-                                      attention_backend_factory=torch_paged_attention_factory, **kw)
-        emulate_replays(runner, num_tokens=32)
-        return runner
+    factory = emulated_graph_runner()
 
     texts = ["First in the slot.", "Second takes it over.", "Third one now."]
     runs = []
@@ -263,19 +243,11 @@ def test_the_text_only_variant_runs_the_silent_steps_and_changes_no_token(async_
     replay the head's text-only variant (no depth transformer), those that make codebook 0 alone
     the codebook-0 variant; after them, and for a batch where any row makes more, the full step. The tokens equal the eager runner's,
     alone and with a second stream joining while the first makes audio."""
-    from engine.llm.attention import torch_paged_attention_factory
-    from engine.llm.cuda_graphs import CudaGraphModelRunner
-    from tests.engine.llm.graph_emulation import emulate_replays
+    from tests.engine.llm.graph_emulation import emulated_graph_runner
 
     record: list[str] = []
     runners: list = []
-
-    def factory(model, shape, **kw):  # noqa: ANN001, ANN003, ANN202
-        runner = CudaGraphModelRunner(model, shape, capture=False, prefill_buckets=(32,), max_model_len=512,
-                                      attention_backend_factory=torch_paged_attention_factory, **kw)
-        emulate_replays(runner, num_tokens=32, record=record)
-        runners.append(runner)
-        return runner
+    factory = emulated_graph_runner(record=record, runners=runners)
 
     runs = []
     for backend in (_backend(kyutai_n_q=4), _backend(kyutai_n_q=4, runner_factory=factory, async_steps=async_steps)):

@@ -145,24 +145,10 @@ def test_temperature_zero_makes_the_seed_irrelevant(tiny) -> None:
 def test_the_cuda_graph_path_gives_the_eager_audio(async_steps: bool) -> None:
     """``CudaGraphModelRunner``'s path emulated on the CPU (decode graphs with the head in the
     step, packed prompts with per-token slot rows) gives the eager runner's patches and audio."""
-    from engine.llm.attention import torch_paged_attention_factory
-    from engine.llm.cuda_graphs import CudaGraphModelRunner
-    from tests.engine.llm.graph_emulation import emulate_replays
+    from tests.engine.llm.graph_emulation import emulated_graph_runner
 
     counts = {"eager": 0}
-
-    def factory(model, shape, **kw):  # noqa: ANN001, ANN003, ANN202
-        runner = CudaGraphModelRunner(model, shape, capture=False, prefill_buckets=(32,), max_model_len=512,
-                                      attention_backend_factory=torch_paged_attention_factory, **kw)
-        emulate_replays(runner, num_tokens=32)
-        real = runner._execute_eager
-
-        def count(*a, **k):  # noqa: ANN002, ANN003, ANN202
-            counts["eager"] += 1
-            return real(*a, **k)
-
-        runner._execute_eager = count
-        return runner
+    factory = emulated_graph_runner(counts=counts)
 
     texts = ["Graphs must not change a thing.", "Nor for this one, joining later.", "Short."]
     runs = []
