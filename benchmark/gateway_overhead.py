@@ -15,10 +15,7 @@ import math
 import multiprocessing
 import os
 import platform
-import re
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +27,11 @@ from benchmark.bench.metrics import distribution
 from benchmark.bench.prompts import load_prompts
 from benchmark.bench.targets import NativeTarget
 from benchmark.bench.trace import StreamTrace
+from benchmark.serve_process import ServeProcess
 
 __all__ = ["OverheadConfig", "process_cpu_s", "descendants", "run_level_overhead",
            "run_level_overhead_multiproc", "main"]
 
-ROOT = Path(__file__).resolve().parent.parent
-_URL = re.compile(r"serving on http://([\d.]+):(\d+)/")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 MS_PER_CHAR = 60.0  # the synthetic engine's default: audio seconds per text character / 1000
 CHUNK_MS = 40.0
@@ -100,46 +96,6 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
-
-
-class _Server:
-    """``voxgate serve --model synthetic --debug-timestamps`` on a free port."""
-
-    def __init__(self, extra_args: tuple[str, ...], max_connections: int,
-                 start_timeout_s: float) -> None:
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-               "--model", "synthetic", "--debug-timestamps", "--log-level", "WARNING",
-               "--max-connections", str(max_connections), *extra_args]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.output: list[str] = []
-        found = threading.Event()
-        port: list[int] = []
-
-        def pump() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.output.append(line)
-                if (m := _URL.search(line)) and not port:
-                    port.append(int(m.group(2)))
-                    found.set()
-            found.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not found.wait(start_timeout_s) or not port:
-            self.stop()
-            raise RuntimeError("voxgate serve did not start:\n" + "".join(self.output))
-        self.url = f"ws://127.0.0.1:{port[0]}/v1/stream"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 async def run_level_overhead(url: str, server_pid: int, num_streams: int,
@@ -364,8 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     _raise_fd_limit()
     rows: list[dict[str, Any]] = []
     for n in cfg.streams:
-        server = _Server(cfg.server_args, max_connections=n + 16,
-                         start_timeout_s=cfg.start_timeout_s)
+        server = ServeProcess(["--model", "synthetic", "--debug-timestamps", "--max-connections", str(n + 16),
+                               *cfg.server_args], cfg.start_timeout_s, stop_timeout_s=20.0)
         try:
             num_procs = cfg.num_client_procs(n)
             print(f"level {n}: server {server.url} (pid {server.proc.pid}), "

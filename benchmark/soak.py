@@ -16,11 +16,8 @@ import asyncio
 import json
 import os
 import platform
-import re
 import shlex
-import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -32,11 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from benchmark.bench.server_stats import metrics_url, parse_totals
+from benchmark.serve_process import ServeProcess
 
 __all__ = ["ClientTally", "Counters", "Accounting", "account", "read_counters", "main"]
 
-ROOT = Path(__file__).resolve().parent.parent
-_URL = re.compile(r"serving on http://([\d.]+):(\d+)/")
 _WORDS = ("Thanks for calling. I can help you with that order today. The package left our "
           "warehouse this morning and should arrive by Friday, weather permitting. Is there "
           "anything else you would like to know about it?").split()
@@ -192,43 +188,6 @@ async def _client(url: str, index: int, deadline: float, cancel_every: int, into
 # --- the server ------------------------------------------------------------------------------
 
 
-class _Server:
-    """``voxgate serve ARGS`` on a free port (for a run that starts its own)."""
-
-    def __init__(self, args: list[str], start_timeout_s: float) -> None:
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-               "--log-level", "WARNING", *args]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.output: list[str] = []
-        found = threading.Event()
-        port: list[int] = []
-
-        def pump() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.output.append(line)
-                if (m := _URL.search(line)) and not port:
-                    port.append(int(m.group(2)))
-                    found.set()
-            found.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not found.wait(start_timeout_s) or not port:
-            self.stop()
-            raise RuntimeError("voxgate serve did not start:\n" + "".join(self.output))
-        self.url = f"ws://127.0.0.1:{port[0]}/v1/stream"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 def rss_mib(pid: int | None) -> float | None:
     """Resident memory of a process in MiB (``/proc/PID/status``), or None."""
     if pid is None:
@@ -341,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     url, gateway_pid = args.url, args.gateway_pid
     if url is None:
-        server = _Server(shlex.split(args.serve_args) + ["--max-connections", str(args.streams + 16)],
-                         args.start_timeout_s)
+        server = ServeProcess(shlex.split(args.serve_args) + ["--max-connections", str(args.streams + 16)],
+                              args.start_timeout_s)
         url, gateway_pid = server.url, server.proc.pid
     try:
         result = asyncio.run(run(url, num_streams=args.streams, seconds=args.minutes * 60,
