@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from engine.backend import BackendInfo, JobError, OptionError
-from engine.llm.options import number_option
+from engine.llm.options import checked_options, number_option, seed_option
 from engine.llm.program import Collect
 from engine.llm.scheduler import RequestError
 from engine.llm.slot_codec import SlotCodec
@@ -155,21 +155,12 @@ class CsmProgram:
         if voice not in SPEAKERS and voice not in self._refs:
             raise OptionError("unknown_voice", f"unknown voice {voice!r}; voices: speaker ids {', '.join(SPEAKERS)}, "
                               "or a registered voice")
-        unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
-        if unknown:
-            raise OptionError("invalid_option", f"unknown option {unknown[0]!r}; options: {', '.join(DEFAULT_OPTIONS)}")
-        out = dict(DEFAULT_OPTIONS)
-        for name, value in options.items():
-            out[name] = self._option(name, value)
+        out = checked_options(options, DEFAULT_OPTIONS, self._option)
         return voice, out
 
     def _option(self, name: str, value: Any) -> Any:
         if name == "seed":
-            if value is None:
-                return None
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-                raise OptionError("invalid_option", f"seed must be an integer in [0, 2^63), got {value!r}")
-            return value
+            return seed_option(value)
         if name == "context":
             return self._context(value)
         return number_option(name, value, *OPTION_RANGES[name], integer=name in ("top_k", "max_tokens"))

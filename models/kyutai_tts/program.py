@@ -16,7 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from engine.backend import BackendInfo, JobError, OptionError
-from engine.llm.options import number_option
+from engine.llm.options import checked_options, number_option, seed_option
 from engine.llm.program import Collect
 from engine.llm.scheduler import RequestError
 from engine.llm.sequence import SamplingParams
@@ -160,21 +160,12 @@ class KyutaiProgram:
         if voice not in self.info.voices:
             shown = ", ".join(self.info.voices[:20]) + (" ..." if len(self.info.voices) > 20 else "")
             raise OptionError("unknown_voice", f"unknown voice {voice!r}; voices: {shown}")
-        unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
-        if unknown:
-            raise OptionError("invalid_option", f"unknown option {unknown[0]!r}; options: {', '.join(DEFAULT_OPTIONS)}")
-        out = dict(DEFAULT_OPTIONS)
-        for name, value in options.items():
-            out[name] = self._option(name, value)
+        out = checked_options(options, DEFAULT_OPTIONS, self._option)
         return voice, out
 
     def _option(self, name: str, value: Any) -> Any:
         if name == "seed":
-            if value is None:
-                return None
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-                raise OptionError("invalid_option", f"seed must be an integer in [0, 2^63), got {value!r}")
-            return value
+            return seed_option(value)
         if name == "cfg":
             values = self.config.condition.cfg_values
             v = format(float(value), ".1f") if isinstance(value, (int, float)) and not isinstance(value, bool) else value

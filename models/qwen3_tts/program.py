@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from engine.backend import BackendInfo, OptionError
-from engine.llm.options import number_option
+from engine.llm.options import checked_options, number_option, seed_option
 from engine.llm.program import Collect
 from engine.llm.sampler import Sampler
 from engine.llm.sequence import SamplingParams
@@ -244,31 +244,18 @@ class Qwen3Program:
 
     def validate(self, voice: str | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         if voice is not None and voice in self._voices:  # a registered voice, prepared
-            unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
-            if unknown:
-                raise OptionError("invalid_option", f"unknown option {unknown[0]!r}; options: "
-                                  f"{', '.join(DEFAULT_OPTIONS)}")
-            return voice, {**DEFAULT_OPTIONS, **{n: self._option(n, v) for n, v in options.items()}}
+            return voice, checked_options(options, DEFAULT_OPTIONS, self._option)
         served = self.info.voices
         if voice is None or voice == "":
             voice = self.info.default_voice  # (a Base checkpoint has none: no speaker row, as the reference allows)
         if voice and voice.lower() not in served:
             raise OptionError("unknown_voice", f"unknown voice {voice!r}; voices: {', '.join(served) or 'none'}")
-        unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
-        if unknown:
-            raise OptionError("invalid_option", f"unknown option {unknown[0]!r}; options: {', '.join(DEFAULT_OPTIONS)}")
-        out = dict(DEFAULT_OPTIONS)
-        for name, value in options.items():
-            out[name] = self._option(name, value)
+        out = checked_options(options, DEFAULT_OPTIONS, self._option)
         return voice.lower(), out
 
     def _option(self, name: str, value: Any) -> Any:
         if name == "seed":
-            if value is None:
-                return None
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-                raise OptionError("invalid_option", f"seed must be an integer in [0, 2^63), got {value!r}")
-            return value
+            return seed_option(value)
         if name == "language":
             if not isinstance(value, str) or value.lower() not in languages(self.config):
                 raise OptionError("invalid_option", f"unknown language {value!r}; languages: "
