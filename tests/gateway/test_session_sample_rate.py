@@ -5,36 +5,24 @@ from __future__ import annotations
 
 import itertools
 
-import msgpack
 import numpy as np
 import pytest
 import soxr
 
 from engine import messages as em
-from gateway.session import Session, ToClient, ToEngine
+from gateway.session import Session, _NoMetrics
+from tests.gateway.test_session import _client, _engine, _send
 
 HELLO = em.Hello("fake", ["a"], "a", 24000, {})
 LIMITS = {"max_streams_per_connection": 4, "max_text_chars_per_stream": 200,
           "max_frame_bytes": 1 << 20, "idle_timeout_s": 60}
 
 
-class Counted:
+class Counted(_NoMetrics):
     """Metrics that keep what ``count_samples_sent`` got."""
 
     def __init__(self) -> None:
         self.samples_sent: list[int] = []
-
-    def observe_ttfa(self, seconds: float) -> None:
-        pass
-
-    def observe_chunk_gap(self, seconds: float) -> None:
-        pass
-
-    def count_error(self, code: str) -> None:
-        pass
-
-    def count_stream(self, outcome: str) -> None:
-        pass
 
     def count_samples_sent(self, num_samples: int) -> None:
         self.samples_sent.append(num_samples)
@@ -46,16 +34,6 @@ def _session(metrics: Counted | None = None) -> Session:
                    is_engine_ready=lambda: True, metrics=metrics)
 
 
-def _send(s: Session, **msg: object) -> list:
-    return s.receive_frame(msgpack.packb(msg))
-
-
-def _client(actions: list) -> list[dict]:
-    return [a.msg for a in actions if isinstance(a, ToClient)]
-
-
-def _engine(actions: list) -> list[em.Message]:
-    return [a.msg for a in actions if isinstance(a, ToEngine)]
 
 
 def _tone(n: int) -> np.ndarray:
