@@ -6,6 +6,7 @@ codecs), voice names (docs/compat.md).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import deque
 from concurrent.futures import Executor
@@ -249,6 +250,31 @@ async def serve_adapter(gateway: Gateway, request: web.Request,
     return await serve_websocket(gateway, request, make_connection=make, on_frame=on_frame,
                                  refuse=refuse, not_websocket=not_websocket,
                                  idle_timeout_s=idle_timeout_s)
+
+
+def native_refusal(response: web.StreamResponse, in_vendor_form: Callable[[Any], bool],
+                   make: Callable[[int, str, str | None, dict[str, str]], web.Response]) -> web.StreamResponse:
+    """A vendor adapter's ``rewrite_error``: a native JSON refusal (``{"error": {"code",
+    "message"}}``: admission, API key, Origin) or aiohttp's plain one, remade by ``make(status,
+    message, code or None, headers)`` with its ``Retry-After``; a response that is not an error,
+    or whose JSON body ``in_vendor_form`` accepts, is returned as it is."""
+    if response.status < 400 or not isinstance(response, web.Response):
+        return response
+    try:
+        body = json.loads(response.text or "")
+        if isinstance(body, dict) and in_vendor_form(body):
+            return response
+        code: str | None = str(body["error"]["code"])
+        message = str(body["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = None, (response.text or response.reason or "error")
+    headers = {k: v for k, v in response.headers.items() if k == "Retry-After"}
+    return make(response.status, message, code, headers)
+
+
+def retry_headers(msg: dict[str, Any]) -> dict[str, str]:
+    """``Retry-After`` (whole seconds, at least 1) for a native error that says it is retryable."""
+    return {"Retry-After": str(max(1, round(msg.get("retry_after_s") or 1)))} if msg.get("retryable") else {}
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

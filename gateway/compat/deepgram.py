@@ -15,7 +15,8 @@ from aiohttp import web
 from gateway import protocol as p
 from gateway.compat.audio_out import AudioEncoder, FormatError, OutputFormat
 from gateway.compat.base import (HTTP_STATUS, CompatConnection, CompatError, StreamOut,
-                                 VoiceNames, drive, load_json, read_body, serve_adapter, speech_options)
+                                 VoiceNames, drive, load_json, native_refusal, read_body, retry_headers,
+                                 serve_adapter, speech_options)
 from gateway.compat.http_speech import Speech, speak
 
 if TYPE_CHECKING:
@@ -56,27 +57,16 @@ def deepgram_error(status: int, message: str, *, code: str | None = None,
 
 def rewrite_error(response: web.StreamResponse) -> web.StreamResponse:
     """A native JSON refusal (admission, API key, Origin) or aiohttp's plain one in Deepgram's
-    form."""
-    if response.status < 400 or not isinstance(response, web.Response):
-        return response
-    try:
-        body = json.loads(response.text or "")
-        if isinstance(body, dict) and "err_code" in body:
-            return response  # in Deepgram's form already (the route's own errors)
-        error = body["error"]
-        code, message = str(error["code"]).upper(), str(error["message"])
-    except (ValueError, KeyError, TypeError):
-        code, message = None, (response.text or response.reason or "error")
-    headers = {k: v for k, v in response.headers.items() if k == "Retry-After"}
-    return deepgram_error(response.status, message, code=code, headers=headers)
+    form (the route's own errors are in it already)."""
+    return native_refusal(response, lambda body: "err_code" in body,
+                          lambda status, message, code, headers: deepgram_error(
+                              status, message, code=None if code is None else code.upper(), headers=headers))
 
 
 def _from_native(msg: dict[str, Any]) -> web.StreamResponse:
     code = str(msg.get("code") or "internal")
-    headers = {"Retry-After": str(max(1, round(msg.get("retry_after_s") or 1)))} \
-        if msg.get("retryable") else {}
     return deepgram_error(HTTP_STATUS.get(code, 500), str(msg.get("message")),
-                          code=code.upper(), headers=headers)
+                          code=code.upper(), headers=retry_headers(msg))
 
 
 def _int(query: Mapping[str, str], name: str) -> int | None:

@@ -17,7 +17,8 @@ from aiohttp import web
 from gateway import protocol as p
 from gateway.compat.audio_out import AudioEncoder, FormatError, OutputFormat
 from gateway.compat.base import (HTTP_STATUS, CompatConnection, CompatError, StreamOut,
-                                 VoiceNames, drive, load_json, read_body, serve_adapter, speech_options)
+                                 VoiceNames, drive, load_json, native_refusal, read_body, retry_headers,
+                                 serve_adapter, speech_options)
 from gateway.compat.http_speech import Speech, speak
 from gateway.compat.timing import Aligner, CharTiming
 
@@ -77,25 +78,15 @@ def elevenlabs_error(status: int, message: str, *, code: str,
 def rewrite_error(response: web.StreamResponse) -> web.StreamResponse:
     """A native JSON refusal (admission, API key, Origin) or aiohttp's plain one in ElevenLabs'
     form."""
-    if response.status < 400 or not isinstance(response, web.Response):
-        return response
-    try:
-        body = json.loads(response.text or "")
-        if isinstance(body, dict) and "detail" in body:
-            return response  # in ElevenLabs' form already
-        code, message = str(body["error"]["code"]), str(body["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        code, message = "error", (response.text or response.reason or "error")
-    headers = {k: v for k, v in response.headers.items() if k == "Retry-After"}
-    return elevenlabs_error(response.status, message, code=code, headers=headers)
+    return native_refusal(response, lambda body: "detail" in body,
+                          lambda status, message, code, headers: elevenlabs_error(status, message, code=code or "error",
+                                                                                  headers=headers))
 
 
 def _from_native(msg: dict[str, Any]) -> web.StreamResponse:
     code = str(msg.get("code") or "internal")
-    headers = {"Retry-After": str(max(1, round(msg.get("retry_after_s") or 1)))} \
-        if msg.get("retryable") else {}
     return elevenlabs_error(HTTP_STATUS.get(code, 500), str(msg.get("message")), code=code,
-                            headers=headers)
+                            headers=retry_headers(msg))
 
 
 def _speed(gateway: Gateway, settings: Any) -> dict[str, Any]:
