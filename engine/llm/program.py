@@ -17,7 +17,8 @@ import torch
 from engine.backend import BackendInfo
 from engine.llm.sequence import SamplingParams
 
-__all__ = ["Collect", "LoadContext", "Program", "ProgramModel", "ServingDefaults", "SlotProgram", "StreamingProgram"]
+__all__ = ["Collect", "KVShape", "LoadContext", "Program", "ProgramModel", "ServingDefaults", "SlotProgram",
+           "StreamingProgram", "codec_dtype"]
 
 Collect = Callable[[], "list[np.ndarray | None]"]  # waits for a launched piece of work, gives its audio
 
@@ -132,6 +133,28 @@ class LoadContext:
     quantise_fp8: bool  # quantise the decoder's linears to fp8 (engine.llm.fp8) before graph_forward is built
     use_graphs: bool  # the CUDA-graph runner will serve (CUDA, FlashInfer, graphs enabled)
     setting: Callable[[str, Any], Any]  # a program-specific setting: keyword override, then EngineConfig, then default
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """A ``ProgramModel.kv_shape`` for a program whose model config is not shaped like one."""
+
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+
+
+def codec_dtype(ctx: LoadContext, device: str | None = None) -> torch.dtype:
+    """A program's ``codec_dtype`` setting: "auto" (bf16 on CUDA, fp32 on the CPU: ``device``,
+    default the LM's), "float32" or "bfloat16"; anything else is a ValueError."""
+    name = ctx.setting("codec_dtype", "auto")
+    if name == "auto":
+        name = "bfloat16" if (device or ctx.device).startswith("cuda") else "float32"
+    if name not in ("float32", "bfloat16"):
+        raise ValueError(f"codec_dtype must be auto, float32 or bfloat16, got {name!r}")
+    return getattr(torch, name)
 
 
 @dataclass

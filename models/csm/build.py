@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from engine.llm.backend import LMBackend
-from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
+from engine.llm.program import KVShape, LoadContext, ProgramModel, ServingDefaults, codec_dtype as program_codec_dtype
 
 __all__ = ["CSM_DEFAULTS", "build_csm_backend", "load"]
 
@@ -19,8 +19,6 @@ CSM_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0)
 
 
 def load(ctx: LoadContext) -> ProgramModel:
-    import torch
-
     from models.csm.head import CsmForward, CsmHead, CsmSlots
     from models.csm.loader import load_csm
     from models.csm.program import CsmProgram
@@ -28,12 +26,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     from models.csm.voices import FramePool, VoiceCache
     from models.mimi.stream import MimiDecodeStream
 
-    name = ctx.setting("codec_dtype", "auto")
-    if name == "auto":
-        name = "bfloat16" if ctx.device == "cuda" else "float32"
-    if name not in ("float32", "bfloat16"):
-        raise ValueError(f"codec_dtype must be auto, float32 or bfloat16, got {name!r}")
-    codec_dtype = getattr(torch, name)
+    codec_dtype = program_codec_dtype(ctx)
     if ctx.quantise_fp8:
         raise ValueError("fp8 weights (--quantization fp8) are not supported for CSM yet")
     frames = int(ctx.setting("csm_context_frames", 32768))
@@ -55,20 +48,9 @@ def load(ctx: LoadContext) -> ProgramModel:
     if ctx.use_graphs:
         program.codec.capture(ctx.max_num_seqs, desc="mimi codec graphs")
     b = config.backbone
-    shape = _KVShape(b.num_hidden_layers, b.num_attention_heads, b.num_key_value_heads, b.head_dim, b.vocab_size)
+    shape = KVShape(b.num_hidden_layers, b.num_attention_heads, b.num_key_value_heads, b.head_dim, b.vocab_size)
     return ProgramModel(program=program, model=CsmForward(model, slots), kv_shape=shape, head=CsmHead(model, slots),
                         uses_token_rows=True, supports_mixed_graphs=False, defaults=CSM_DEFAULTS)
-
-
-class _KVShape:
-    """The KV cache's shape for the runtime (``engine.llm.model_runner``)."""
-
-    def __init__(self, layers: int, heads: int, kv_heads: int, head_dim: int, vocab_size: int) -> None:
-        self.num_hidden_layers = layers
-        self.num_attention_heads = heads
-        self.num_key_value_heads = kv_heads
-        self.head_dim = head_dim
-        self.vocab_size = vocab_size
 
 
 def build_csm_backend(model_path_or_id: str, **kwargs: Any) -> LMBackend:

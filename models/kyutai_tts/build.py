@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.llm.backend import LMBackend
-from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
+from engine.llm.program import KVShape, LoadContext, ProgramModel, ServingDefaults, codec_dtype as program_codec_dtype
 
 __all__ = ["KYUTAI_DEFAULTS", "build_kyutai_backend", "load"]
 
@@ -19,8 +19,6 @@ DEFAULT_VOICE = "unmute-prod-website/default_voice.wav"  # Kyutai's server defau
 
 
 def load(ctx: LoadContext) -> ProgramModel:
-    import torch
-
     from models.kyutai_tts.conditioning import VoiceBank
     from models.kyutai_tts.device_machine import DeviceMachine
     from models.kyutai_tts.head import KyutaiHead
@@ -30,12 +28,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     from models.kyutai_tts.program import KyutaiProgram, VoiceTable
     from models.mimi.stream import MimiDecodeStream
 
-    name = ctx.setting("codec_dtype", "auto")
-    if name == "auto":
-        name = "bfloat16" if ctx.device == "cuda" else "float32"
-    if name not in ("float32", "bfloat16"):
-        raise ValueError(f"codec_dtype must be auto, float32 or bfloat16, got {name!r}")
-    codec_dtype = getattr(torch, name)
+    codec_dtype = program_codec_dtype(ctx)
     n_q = ctx.setting("kyutai_n_q", None)
     loaded = load_kyutai_tts(ctx.model_id, device=ctx.device, dtype=ctx.dtype, mimi_dtype=codec_dtype,
                              load_format=ctx.load_format, n_q=int(n_q) if n_q else None)
@@ -62,7 +55,7 @@ def load(ctx: LoadContext) -> ProgramModel:
                             default_voice=DEFAULT_VOICE)
     if ctx.use_graphs:
         program.codec.capture(ctx.max_num_seqs, desc="mimi codec graphs")
-    shape = _KVShape(lmc.num_layers, lmc.num_heads, lmc.num_heads, lmc.head_dim, lmc.text_card)
+    shape = KVShape(lmc.num_layers, lmc.num_heads, lmc.num_heads, lmc.head_dim, lmc.text_card)
     return ProgramModel(program=program, model=lm, kv_shape=shape, head=head, uses_token_rows=True,
                         supports_mixed_graphs=False, defaults=KYUTAI_DEFAULTS)
 
@@ -101,17 +94,6 @@ def _voices(ctx: LoadContext, loaded: Any) -> dict[str, Any]:
     sig = config.model_id
     pattern = f"**/*.{sig.get('sig')}@{sig.get('epoch')}.safetensors"
     return dict(find_voices(resolve_dir(VOICES_HUB_ID, allow_patterns=[pattern], what="Kyutai TTS voices"), config))
-
-
-class _KVShape:
-    """The KV cache's shape for the runtime (``engine.llm.model_runner``)."""
-
-    def __init__(self, layers: int, heads: int, kv_heads: int, head_dim: int, vocab_size: int) -> None:
-        self.num_hidden_layers = layers
-        self.num_attention_heads = heads
-        self.num_key_value_heads = kv_heads
-        self.head_dim = head_dim
-        self.vocab_size = vocab_size
 
 
 def build_kyutai_backend(model_path_or_id: str, **kwargs: Any) -> LMBackend:

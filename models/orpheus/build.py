@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.llm.backend import LMBackend
-from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
+from engine.llm.program import LoadContext, ProgramModel, ServingDefaults, codec_dtype
 
 __all__ = ["ORPHEUS_DEFAULTS", "build_orpheus_backend", "load"]
 
@@ -102,8 +102,6 @@ def _on(device: str) -> Any:
 def _load_codec(ctx: LoadContext, codec_path: str, device: str) -> tuple[Any, Any, Any, int | None]:
     """SNAC on ``device``: (decoder, window decode function or None, stateful codec or None,
     window frames)."""
-    import torch
-
     from models.orpheus.codec import SnacDecoder
     from models.orpheus.loader import load_snac
 
@@ -123,17 +121,12 @@ def _load_codec(ctx: LoadContext, codec_path: str, device: str) -> tuple[Any, An
         from models.orpheus.codec_stream_graphs import StreamingCodecGraphs
         from models.orpheus.snac_stream import StreamingSnac
 
-        codec_dtype_name = ctx.setting("codec_dtype", "auto")
-        if codec_dtype_name not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"codec_dtype must be auto, float32 or bfloat16, got {codec_dtype_name!r}")
-        if codec_dtype_name == "auto":
-            codec_dtype_name = "bfloat16" if device.startswith("cuda") else "float32"
         # torch.compile'd channels-last step on CUDA graphs: 1.14 ms for 64 rows in bf16 on the
         # H200 vs 4.22 ms for the plain NCW layers (benchmark.gpu.codec_stream --compare); ~40 s of
         # compilation at start-up.
         compiled = ctx.setting("codec_compile", decode_fn is not None)
         stream_codec = StreamingCodecGraphs(
-            StreamingSnac(codec, max_streams=ctx.max_num_seqs, device=device, dtype=getattr(torch, codec_dtype_name),
+            StreamingSnac(codec, max_streams=ctx.max_num_seqs, device=device, dtype=codec_dtype(ctx, device),
                           channels_last=compiled, compile=compiled),
             capture=decode_fn is not None)
     return codec, decode_fn, stream_codec, window_frames

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.llm.backend import LMBackend
-from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
+from engine.llm.program import KVShape, LoadContext, ProgramModel, ServingDefaults, codec_dtype as program_codec_dtype
 
 __all__ = ["QWEN3_DEFAULTS", "build_qwen3_backend", "load"]
 
@@ -17,19 +17,12 @@ def load(ctx: LoadContext) -> ProgramModel:
     """Talker + code predictor on ``ctx.device`` in ``ctx.dtype``; the codec in ``codec_dtype``
     ("auto": bfloat16 on CUDA, float32 on the CPU; "float32", "bfloat16"); the speaker encoder on
     Base checkpoints."""
-    import torch
-
     from engine.llm.fp8 import quantise_decoder_linears_
     from models.qwen3_tts.codec import CodecStream
     from models.qwen3_tts.loader import load_qwen3_tts
     from models.qwen3_tts.program import Qwen3Forward, Qwen3Head, Qwen3Program, Qwen3Slots, StandInTokenizer
 
-    name = ctx.setting("codec_dtype", "auto")
-    if name == "auto":
-        name = "bfloat16" if ctx.device == "cuda" else "float32"
-    if name not in ("float32", "bfloat16"):
-        raise ValueError(f"codec_dtype must be auto, float32 or bfloat16, got {name!r}")
-    codec_dtype = getattr(torch, name)
+    codec_dtype = program_codec_dtype(ctx)
     model_id = ctx.model_id
     loaded = load_qwen3_tts(model_id, device=ctx.device, dtype=ctx.dtype, codec_dtype=codec_dtype,
                             load_format=ctx.load_format)
@@ -45,21 +38,10 @@ def load(ctx: LoadContext) -> ProgramModel:
     if ctx.use_graphs:
         program.codec.capture(ctx.max_num_seqs, desc="qwen3 codec graphs")
     t = config.talker
-    shape = _KVShape(t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.vocab_size)
+    shape = KVShape(t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.vocab_size)
     return ProgramModel(program=program, model=Qwen3Forward(talker, slots), kv_shape=shape,
                         head=Qwen3Head(talker, slots), uses_token_rows=True, supports_mixed_graphs=False,
                         defaults=QWEN3_DEFAULTS)
-
-
-class _KVShape:
-    """The KV cache's shape for the runtime (``engine.llm.model_runner``)."""
-
-    def __init__(self, layers: int, heads: int, kv_heads: int, head_dim: int, vocab_size: int) -> None:
-        self.num_hidden_layers = layers
-        self.num_attention_heads = heads
-        self.num_key_value_heads = kv_heads
-        self.head_dim = head_dim
-        self.vocab_size = vocab_size
 
 
 def build_qwen3_backend(model_path_or_id: str, **kwargs: Any) -> LMBackend:
