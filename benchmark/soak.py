@@ -51,10 +51,11 @@ class ClientTally:
     samples_done: int = 0  # done.samples summed: what the gateway says it sent
     barge_in_dropped: int = 0  # cancelled streams: done.samples not received
     short_ended: int = 0  # ended streams that received fewer samples than done.samples
+    retry_wait_s: float = 0.0  # summed waits for a refusal's retry_after_s before the next stream
 
     def add(self, other: ClientTally) -> None:
         for name in ("streams", "ended", "cancelled", "samples_received", "samples_done",
-                     "barge_in_dropped", "short_ended"):
+                     "barge_in_dropped", "short_ended", "retry_wait_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for code, n in other.errors.items():
             self.errors[code] = self.errors.get(code, 0) + n
@@ -140,8 +141,10 @@ def account(start: Counters, end: Counters, clients: ClientTally) -> Accounting:
 # --- the clients -----------------------------------------------------------------------------
 
 
-async def _speak_one(ws: Any, stream: str, fmt: str, cancel: bool) -> ClientTally:
+async def _speak_one(ws: Any, stream: str, fmt: str, cancel: bool) -> tuple[ClientTally, float]:
+    """One stream; with the seconds a refusal asks to wait before the next (0 otherwise)."""
     tally = ClientTally(streams=1)
+    retry_after = 0.0
     await ws.send(msgpack.packb({"type": "start", "stream": stream, "format": fmt}))
     for word in _WORDS:
         await ws.send(msgpack.packb({"type": "text", "stream": stream, "text": word + " "}))
@@ -169,9 +172,11 @@ async def _speak_one(ws: Any, stream: str, fmt: str, cancel: bool) -> ClientTall
             break
         elif kind == "error":
             tally.errors[msg["code"]] = tally.errors.get(msg["code"], 0) + 1
+            if msg.get("retryable"):
+                retry_after = float(msg.get("retry_after_s") or 0.0)
             break
     tally.samples_received = received
-    return tally
+    return tally, retry_after
 
 
 async def _client(url: str, index: int, deadline: float, cancel_every: int, into: ClientTally) -> None:
@@ -181,8 +186,14 @@ async def _client(url: str, index: int, deadline: float, cancel_every: int, into
         while time.monotonic() < deadline:
             fmt = "pcm_f32le" if (index + n) % 4 == 0 else "pcm_s16le"
             cancel = cancel_every > 0 and (index + n) % cancel_every == cancel_every - 1
-            into.add(await _speak_one(ws, f"c{index}-{n}", fmt, cancel))
+            tally, retry_after = await _speak_one(ws, f"c{index}-{n}", fmt, cancel)
             n += 1
+            # a refused client waits what the server asked, as a well-behaved one would
+            wait = min(retry_after, max(0.0, deadline - time.monotonic()))
+            tally.retry_wait_s = wait
+            into.add(tally)
+            if wait > 0:
+                await asyncio.sleep(wait)
 
 
 # --- the server ------------------------------------------------------------------------------
@@ -263,7 +274,8 @@ def _report(result: dict[str, Any]) -> str:
 
     lines = [
         f"soak: {result['streams']} concurrent streams for {result['seconds']:.0f} s on {result['machine']}",
-        f"  streams {cl['streams']} (ended {cl['ended']}, cancelled {cl['cancelled']}, errors {cl['errors'] or 0})",
+        f"  streams {cl['streams']} (ended {cl['ended']}, cancelled {cl['cancelled']}, errors {cl['errors'] or 0}; "
+        f"waited {cl.get('retry_wait_s', 0.0):.0f} s in all for refusals' retry_after_s)",
         f"  samples made {acc['engine_made']:,}; sent by the engine {acc['engine_sent']:,}, dropped in the "
         f"engine {acc['engine_dropped']}; sent to clients {acc['gateway_sent']:,}, dropped in the gateway "
         f"{acc['gateway_dropped']}; received by clients {acc['client_received']:,}, dropped at barge-in "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import msgpack
 import pytest
 
 from benchmark import soak
@@ -63,3 +66,31 @@ def test_a_short_soak_against_the_synthetic_server_accounts_for_every_sample(
                       "--rss-every-s", "1"]) == 0
     out = capsys.readouterr().out
     assert "OK: every sample accounted for" in out and "cancelled 0," not in out
+
+
+class _RefusingServer:
+    """A connection whose every stream is refused with ``capacity`` and a retry hint."""
+
+    def __init__(self, retry_after_s: float | None, retryable: bool = True) -> None:
+        self.sent: list[dict] = []
+        self.reply = {"type": "error", "code": "capacity", "retryable": retryable}
+        if retry_after_s is not None:
+            self.reply["retry_after_s"] = retry_after_s
+
+    async def send(self, data: bytes) -> None:
+        msg = msgpack.unpackb(data)
+        self.sent.append(msg)
+        if msg["type"] == "start":
+            self.stream = msg["stream"]
+
+    async def recv(self) -> bytes:
+        return msgpack.packb({**self.reply, "stream": self.stream})
+
+
+@pytest.mark.parametrize(("retry_after_s", "retryable", "wait"), [(0.7, True, 0.7), (None, True, 0.0),
+                                                                  (3.0, False, 0.0)])
+def test_a_refused_stream_reports_the_wait_its_client_owes(retry_after_s, retryable, wait) -> None:
+    ws = _RefusingServer(retry_after_s, retryable)
+    tally, retry_after = asyncio.run(soak._speak_one(ws, "s1", "pcm_s16le", cancel=False))
+    assert tally.errors == {"capacity": 1} and tally.streams == 1 and tally.samples_received == 0
+    assert retry_after == wait
