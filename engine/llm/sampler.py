@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["Sampler", "bits_to_unit", "gumbel_noise", "uniform_noise"]
+__all__ = ["Sampler", "bits_to_unit", "gumbel_noise", "gumbel_noise_salts", "uniform_noise"]
 
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays below 2**63 (no int64 overflow).
@@ -50,11 +50,16 @@ def uniform_noise(
     ``col_keys`` [B, num_cols] gives each row its own columns' keys (a gathered subset).
     """
     cols = _col_keys(num_cols, seeds.device) if col_keys is None else col_keys  # [K] or [B, K]
-    x = _row_keys(seeds, steps, salt).unsqueeze(1) ^ (cols.unsqueeze(0) if cols.dim() == 1 else cols)  # [B, K]
+    return _unit_from_keys(_row_keys(seeds, steps, salt).unsqueeze(1), cols if cols.dim() == 1 else cols)
+
+
+def _unit_from_keys(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """rows [..., 1] and column keys [K] (or broadcastable) -> float32 [..., K] in (0, 1)."""
+    x = rows ^ cols
     x = x ^ (x >> 16)
     x = (x * _M1) & _MASK32
     x = x ^ (x >> 15)
-    return bits_to_unit(x >> 9)  # [B, K] from the top 23 bits
+    return bits_to_unit(x >> 9)  # from the top 23 bits
 
 
 def bits_to_unit(bits: torch.Tensor) -> torch.Tensor:
@@ -71,6 +76,20 @@ def gumbel_noise(
 ) -> torch.Tensor:
     """float32 [B, num_cols] standard Gumbel noise, always finite (|g| < 17)."""
     return -torch.log(-torch.log(uniform_noise(seeds, steps, num_cols, col_keys, salt)))
+
+
+def gumbel_noise_salts(seeds: torch.Tensor, steps: torch.Tensor, num_cols: int, salts: range) -> torch.Tensor:
+    """float32 [S, B, num_cols]: ``gumbel_noise(seeds, steps, num_cols, salt=s)`` for each salt
+    of ``salts``, bit for bit, in one batch of kernels instead of one per salt (a head that
+    samples many codebooks a step, each with its own salt, draws all their noise at once)."""
+    m = _MASK32
+    row = _mix32((seeds & m) ^ 0x9E3779B9)
+    row = _mix32(row ^ ((seeds >> 32) & m))  # [B]
+    salt = torch.arange(salts.start, salts.stop, salts.step, device=seeds.device, dtype=torch.int64)  # [S]
+    salted = torch.where((salt != 0)[:, None], _mix32(row[None, :] ^ (salt[:, None] & m)), row[None, :])  # [S, B]
+    keys = _mix32(salted ^ (steps & m)[None, :])  # [S, B]
+    u = _unit_from_keys(keys.unsqueeze(2), _col_keys(num_cols, seeds.device))  # [S, B, K]
+    return -torch.log(-torch.log(u))
 
 
 class Sampler:
@@ -95,11 +114,16 @@ class Sampler:
         columns: torch.Tensor | None = None,  # int64 [B, M] ascending: the only columns a row may emit
         top_k: torch.Tensor | None = None,  # int64 [B]; 0 = off
         salt: int = 0,  # another noise stream (one per codebook sampled in the same step)
+        noise: torch.Tensor | None = None,  # float32 [B, K]: this call's Gumbel noise, drawn ahead
     ) -> torch.Tensor:
         """Sample one column per row. With ``columns`` (and ``allowed`` [B, M] marking the real
         entries of each row's list) the work runs on the gathered [B, M] logits only; the
-        noise stays keyed by the original column, so the sample is the same as on all K."""
+        noise stays keyed by the original column, so the sample is the same as on all K.
+        ``noise`` (``gumbel_noise_salts(seeds, steps, K, ...)[i]`` for salt ``salts[i]``) stands
+        for the noise this call would draw with that salt: the same sample, fewer kernels."""
         if columns is not None:
+            if noise is not None:
+                raise ValueError("noise drawn ahead is for full-width logits, not with columns")
             k = logits.shape[1]
             if self._col_keys is None or self._col_keys.numel() != k or self._col_keys.device != logits.device:
                 self._col_keys = _col_keys(k, logits.device)
@@ -110,12 +134,13 @@ class Sampler:
             )  # [B] indices into each row's list
             return columns.gather(1, picked.unsqueeze(1)).squeeze(1)
         return self._sample(logits, temperature, top_p, repetition_penalty, seeds, steps, seen, allowed,
-                            all_greedy, any_top_p, None, top_k, salt)
+                            all_greedy, any_top_p, None, top_k, salt, noise)
 
     def _sample(self, logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
                 repetition_penalty: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
                 seen: torch.Tensor | None, allowed: torch.Tensor | None, all_greedy: bool, any_top_p: bool,
-                col_keys: torch.Tensor | None, top_k: torch.Tensor | None = None, salt: int = 0) -> torch.Tensor:
+                col_keys: torch.Tensor | None, top_k: torch.Tensor | None = None, salt: int = 0,
+                noise: torch.Tensor | None = None) -> torch.Tensor:
         logits = logits.float()
         if seen is not None:
             penalty = repetition_penalty.unsqueeze(1)  # [B, 1]
@@ -131,21 +156,33 @@ class Sampler:
         temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
         scaled = logits / temp.unsqueeze(1)  # [B, K]
         drop = torch.isneginf(logits)  # disallowed columns, [B, K]
-        if any_top_p or top_k is not None:
+        if top_k is not None:
+            # k = 0 keeps every column; a row keeps the columns at or above its k-th largest
+            # value (ties with it included), as transformers' TopKLogitsWarper does.
+            k_idx = (top_k.clamp(1, logits.shape[1]) - 1).unsqueeze(1)  # [B, 1]
+        if any_top_p:
             probs = torch.softmax(scaled, dim=-1)
             sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [B, K]
             mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-            drop_sorted = mass_before >= top_p.unsqueeze(1)  # the top token is always kept
-            if top_k is not None:  # ranks at or past k (0: no limit)
-                rank = torch.arange(sorted_probs.shape[1], device=logits.device).unsqueeze(0)  # [1, K]
-                drop_sorted = drop_sorted | ((top_k.unsqueeze(1) > 0) & (rank >= top_k.unsqueeze(1)))
+            mass = top_p.unsqueeze(1)  # [B, 1]
+            if top_k is not None:  # top-p over what top-k kept, renormalised (transformers' order)
+                kth = sorted_probs.gather(1, k_idx)  # [B, 1]
+                in_top_k = (top_k.unsqueeze(1) <= 0) | (sorted_probs >= kth)  # [B, K], sorted order
+                mass = mass * (sorted_probs * in_top_k).sum(dim=-1, keepdim=True)
+                drop_sorted = (mass_before >= mass) | ~in_top_k  # the top token is always kept
+            else:
+                drop_sorted = mass_before >= mass  # the top token is always kept
             drop = drop | torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        k = logits.shape[1]
-        if col_keys is None:
-            if self._col_keys is None or self._col_keys.numel() != k or self._col_keys.device != logits.device:
-                self._col_keys = _col_keys(k, logits.device)
-            col_keys = self._col_keys
-        noise = gumbel_noise(seeds, steps, k, col_keys, salt)  # [B, K]
+        elif top_k is not None:  # no top-p: the k-th value alone, no softmax, cumsum or scatter
+            kth = scaled.sort(dim=-1, descending=True).values.gather(1, k_idx)  # [B, 1]
+            drop = drop | ((top_k.unsqueeze(1) > 0) & (scaled < kth))
+        if noise is None:
+            k = logits.shape[1]
+            if col_keys is None:
+                if self._col_keys is None or self._col_keys.numel() != k or self._col_keys.device != logits.device:
+                    self._col_keys = _col_keys(k, logits.device)
+                col_keys = self._col_keys
+            noise = gumbel_noise(seeds, steps, k, col_keys, salt)  # [B, K]
         # Mask after adding the noise, so a dropped column can never win (no -inf + x = NaN).
         sampled = (scaled + noise).masked_fill(drop, float("-inf")).argmax(dim=-1)  # [B]
         return torch.where(is_greedy, greedy, sampled)

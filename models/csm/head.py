@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engine.llm.sampler import Sampler
+from engine.llm.sampler import Sampler, gumbel_noise_salts
 from engine.llm.token_head import RowInputs
 from models.csm.model import LAST_FRAME, STOP, CsmModel
 
@@ -56,10 +56,16 @@ class CsmHead:
     def sample(self, hidden: Tensor, r: RowInputs) -> tuple[Tensor, Tensor]:
         no_penalty = torch.ones_like(r.repetition_penalty)
 
+        k = self.model.config.num_codebooks
+        # every codebook's noise in one draw (salt k for codebook k), not one per codebook
+        noise = None if r.all_greedy else gumbel_noise_salts(r.seeds, r.steps, self.model.config.codebook_size,
+                                                            range(k))
+
         def sample(logits: Tensor, salt: int) -> Tensor:
             return self.sampler(logits, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                 repetition_penalty=no_penalty, seeds=r.seeds, steps=r.steps,
-                                all_greedy=r.all_greedy, any_top_p=r.any_top_p, salt=salt)
+                                all_greedy=r.all_greedy, any_top_p=r.any_top_p, salt=salt,
+                                noise=None if noise is None else noise[salt])
 
         code0 = sample(self.model.codebook0_logits(hidden), 0)  # [B]
         codes = self.model.decode_frame(hidden, code0, sample)  # [B, K]

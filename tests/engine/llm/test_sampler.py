@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
-from transformers import RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopPLogitsWarper
+from transformers import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+                          TopPLogitsWarper)
 
-from engine.llm.sampler import Sampler, uniform_noise
+from engine.llm.sampler import Sampler, gumbel_noise, gumbel_noise_salts, uniform_noise
 
 
 def _call(logits, *, temperature=1.0, top_p=1.0, penalty=1.0, seeds=None, steps=None, seen=None, allowed=None):
@@ -111,3 +113,52 @@ def test_sampling_on_each_rows_allowed_columns_equals_sampling_on_all() -> None:
     gathered = Sampler()(logits, **kw, seen=seen, allowed=valid[rows], columns=cols[rows])
     assert torch.equal(full, gathered)
     assert bool(table[rows, gathered].all())
+
+
+def _call_top_k(logits, top_k, *, temperature=1.0, top_p=1.0, noise=None, salt=0):
+    b = logits.shape[0]
+    return Sampler()(
+        logits, temperature=torch.full((b,), temperature), top_p=torch.full((b,), top_p),
+        repetition_penalty=torch.ones(b), seeds=torch.arange(b, dtype=torch.int64),
+        steps=torch.zeros(b, dtype=torch.int64), top_k=torch.full((b,), top_k, dtype=torch.int64),
+        any_top_p=top_p < 1, noise=noise, salt=salt,
+    )
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(3, 1.0), (3, 0.8), (0, 0.9), (4, 0.7)])
+def test_sample_frequencies_match_transformers_top_k_then_top_p(top_k: int, top_p: float) -> None:
+    """Over 40k seeds, top-k (then top-p over what it kept, renormalised) matches HF's
+    TemperatureLogitsWarper, TopKLogitsWarper and TopPLogitsWarper in that order; without top-p
+    a tie at the k-th value keeps both, as HF's threshold does (with top-p, which of two tied
+    columns HF's sort keeps is its sort's accident: no tie there)."""
+    logits = torch.tensor([[2.0, 1.5, 1.0, 1.0 if top_p == 1 else 0.9, 0.2, -1.0, -3.0]])
+    n = 40_000
+    got = _call_top_k(logits.expand(n, -1).contiguous(), top_k, temperature=0.7, top_p=top_p)
+    freq = torch.bincount(got, minlength=7).float() / n
+    ref = TemperatureLogitsWarper(0.7)(None, logits.clone())
+    if top_k:
+        ref = TopKLogitsWarper(top_k)(None, ref)
+    ref = TopPLogitsWarper(top_p)(None, ref) if top_p < 1 else ref
+    expected = torch.softmax(ref, dim=-1)[0]
+    assert torch.allclose(freq, expected, atol=0.01), (freq, expected)
+    assert freq[expected == 0].sum() == 0
+
+
+def test_noise_drawn_ahead_for_many_salts_samples_as_each_call_would() -> None:
+    """gumbel_noise_salts is each salt's gumbel_noise bit for bit (salt 0 included), and a call
+    given its slice samples the token it would have drawn itself."""
+    g = torch.Generator().manual_seed(3)
+    b, k = 33, 257
+    seeds = torch.randint(-(2**62), 2**62, (b,), generator=g)
+    steps = torch.randint(0, 5000, (b,), generator=g)
+    salts = range(0, 9)
+    ahead = gumbel_noise_salts(seeds, steps, k, salts)
+    assert ahead.shape == (len(salts), b, k)
+    for i, salt in enumerate(salts):
+        assert torch.equal(ahead[i], gumbel_noise(seeds, steps, k, salt=salt))
+    logits = torch.randn(b, k, generator=g)
+    s = Sampler()
+    kw = dict(temperature=torch.full((b,), 0.9), top_p=torch.ones(b), repetition_penalty=torch.ones(b),
+              seeds=seeds, steps=steps, top_k=torch.full((b,), 50, dtype=torch.int64), any_top_p=False)
+    for i, salt in enumerate(salts):
+        assert torch.equal(s(logits, **kw, salt=salt), s(logits, **kw, salt=0, noise=ahead[i]))
