@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.csm.config import CsmConfig
+from models.csm.depth import FusedDepth
 from models.orpheus.llama import DecoderLayer, RMSNorm, rope_cos_sin
 
 __all__ = ["KIND_SHIFT", "LAST_FRAME", "POOL_FRAME", "STOP", "CsmModel", "SampleFn", "pack_pool", "unpack"]
@@ -129,13 +130,17 @@ class CsmModel(nn.Module):
 
     @torch.no_grad()
     def setup(self, device: torch.device | str) -> None:
-        """Non-persistent buffers (after a meta-device load) and the tie of the codebook tables."""
+        """Non-persistent buffers (after a meta-device load), the tie of the codebook tables and
+        the depth decoder's fused weights (``models.csm.depth``: call again after changing weights)."""
         c = self.config
         self.rope = rope_cos_sin(c.backbone, self.max_seq_len, device)
         self.depth_rope = rope_cos_sin(c.depth, c.num_codebooks, device)
         self.offsets = torch.arange(c.num_codebooks, device=device, dtype=torch.int64) * c.codebook_size
         if c.tie_codebooks_embeddings:
             self.backbone_model.embed_tokens.embed_audio_tokens.weight = self.depth_decoder.model.embed_tokens.weight
+        d = c.depth
+        self.fused_depth = FusedDepth(self.depth_decoder.model.layers, self.depth_rope, d.num_attention_heads,
+                                      d.num_key_value_heads, d.rms_norm_eps)
 
     # -- backbone -----------------------------------------------------------------------------
     def embed_audio(self, codes: Tensor) -> Tensor:
@@ -171,12 +176,7 @@ class CsmModel(nn.Module):
         dm = self.depth_decoder.model
         b, n, _ = x.shape
         h = dm.inputs_embeds_projector(x).reshape(b * n, -1)  # [B * n, Hd], batch-major
-        cs = self.depth_rope[attn.offset:attn.offset + n].to(h.dtype)  # [n, 2, D]
-        if n > 1:  # one position broadcasts over the batch's rows as it is
-            cs = cs.repeat(b, 1, 1)  # [B * n, 2, D]
-        cos, sin = cs[:, 0:1], cs[:, 1:2]
-        for layer in dm.layers:
-            h = layer(h, cos, sin, attn)
+        h = self.fused_depth(h, attn.offset, n, attn)
         attn.offset += n
         return dm.norm(h.view(b, n, -1)[:, -1])
 

@@ -1,0 +1,94 @@
+"""A program's token head alone on a GPU: ``head.sample`` for B rows, replayed in a CUDA graph.
+
+    python -m benchmark.gpu.head_step --model csm --batch 1,64,256 [--json OUT]
+
+The head is what a frame model runs after its backbone every step (CSM's 31-codebook depth
+decoder, Qwen3-TTS's code predictor, Kyutai's depformer, each with its sampling), sampled as
+the decode graphs sample it (top-k and top-p set, no host hints). The hidden state is random
+and the head's per-slot state is what the build left: a timing, not a generation. Run it from
+two checkouts on one machine to compare two versions of a head (benchmark/gpu/README.md). GPU only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+__all__ = ["main"]
+
+# The backbone's hidden width at each model's default checkpoint (what the head reads).
+HIDDEN = {"csm": 2048, "qwen3-tts": 2048, "kyutai-tts": 2048}
+
+
+def _time(fn, iters: int) -> float:  # noqa: ANN001
+    """Median milliseconds of a replayed CUDA graph of ``fn``."""
+    import torch
+
+    torch.cuda.synchronize()
+    with torch.inference_mode():
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, choices=sorted(HIDDEN), help="a --model name")
+    p.add_argument("--batch", default="1,64,256", help="rows, comma-separated")
+    p.add_argument("--steps", type=int, default=100, help="frames each row has generated (past any delay)")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--label", default="", help="a name for this checkout in the output")
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args(argv)
+    import torch
+
+    from engine.llm.build import build_lm_backend
+    from engine.llm.token_head import RowInputs
+    from models.registry import load_factory, resolve
+
+    if not torch.cuda.is_available():
+        print("head_step needs a CUDA GPU", file=sys.stderr)
+        return 2
+    batches = [int(x) for x in args.batch.split(",")]
+    resolved = resolve(args.model)
+    backend = build_lm_backend(load_factory(resolved.entry), resolved.model_id, device="cuda", load_format="dummy",
+                               warmup=False, max_num_seqs=max(batches), num_pages=1024)
+    head = backend.runner.head
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    rows = {}
+    for b in batches:
+        i64 = torch.int64
+        r = RowInputs(temperature=torch.full((b,), 0.9, device=dev), top_p=torch.full((b,), 0.95, device=dev),
+                      repetition_penalty=torch.ones(b, device=dev),
+                      seeds=torch.arange(b, dtype=i64, device=dev), steps=torch.full((b,), args.steps, dtype=i64, device=dev),
+                      rows=torch.arange(b, dtype=i64, device=dev), allowed_rows=torch.zeros(b, dtype=i64, device=dev),
+                      keep=torch.ones(b, dtype=torch.bool, device=dev),
+                      top_k=torch.full((b,), 50, dtype=i64, device=dev))
+        hidden = torch.randn(b, HIDDEN[args.model], dtype=dtype, device=dev)
+        rows[b] = _time(lambda: head.sample(hidden, r), args.iters)  # noqa: B023
+        print(f"{args.label or args.model}: {b} rows: head.sample {rows[b]:.2f} ms (median of {args.iters} replays)",
+              flush=True)
+    name = torch.cuda.get_device_name()
+    uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", ""))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "label": args.label, "gpu": name, "uuid": uuid,
+                       "head_ms": {str(k): v for k, v in rows.items()}}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
