@@ -3,10 +3,11 @@
     python -m benchmark.gpu.head_step --model csm --batch 1,64,256 [--json OUT]
 
 The head is what a frame model runs after its backbone every step (CSM's 31-codebook depth
-decoder, Qwen3-TTS's code predictor, Kyutai's depformer, each with its sampling), sampled as
-the decode graphs sample it (top-k and top-p set, no host hints). The hidden state is random
-and the head's per-slot state is what the build left: a timing, not a generation. Run it from
-two checkouts on one machine to compare two versions of a head (benchmark/gpu/README.md). GPU only.
+decoder, Qwen3-TTS's code predictor, Kyutai's depformer, VoxCPM2's flow-matching steps, each
+with its sampling), sampled as the decode graphs sample it (top-k and top-p set, no host
+hints). The hidden state is random and the head's per-slot state is what the build left: a
+timing, not a generation. Run it from two checkouts on one machine to compare two versions of
+a head (benchmark/gpu/README.md). GPU only.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import sys
 
 __all__ = ["main"]
 
-# The backbone's hidden width at each model's default checkpoint (what the head reads).
-HIDDEN = {"csm": 2048, "qwen3-tts": 2048, "kyutai-tts": 2048}
+# The width of what each model's forward hands its head, at its default checkpoint (VoxCPM2's
+# forward hands over the LM's and the residual LM's states side by side).
+HIDDEN = {"csm": 2048, "qwen3-tts": 2048, "kyutai-tts": 2048, "voxcpm2": 4096}
 
 
 def _time(fn, iters: int) -> float:  # noqa: ANN001
