@@ -9,19 +9,34 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["RMSNorm", "Gating", "ScaledEmbedding", "DemuxEmbedding", "gating_hidden"]
+__all__ = ["RMSNorm", "Gating", "ScaledEmbedding", "DemuxEmbedding", "gating_hidden", "keep_norms_f32"]
 
 
 class RMSNorm(nn.Module):
+    """moshi's ``rms_norm_f32``: ``x * (alpha * rsqrt(eps + mean(x ** 2)))`` in float32, rounded to
+    x's dtype. The loader keeps ``alpha`` in float32 (``keep_norms_f32``), so no cast of it runs
+    a step; the norm is one fused ``F.rms_norm`` where torch has one (CUDA), not eight kernels
+    (it scales by ``rsqrt`` before ``alpha``: within a float32 ulp of moshi's order)."""
+
     def __init__(self, dim: int, eps: float = 1e-8) -> None:
         super().__init__()
         self.eps = eps
         self.alpha = nn.Parameter(torch.ones(1, 1, dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        h = x.float()
-        var = self.eps + torch.mean(h * h, dim=-1, keepdim=True)
-        return (h * (self.alpha.reshape(-1).float() * torch.rsqrt(var))).to(x.dtype)
+        alpha = self.alpha.reshape(-1)
+        h = x if x.dtype == torch.float32 else x.float()
+        y = F.rms_norm(h, alpha.shape, alpha if alpha.dtype == torch.float32 else alpha.float(), self.eps)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+@torch.no_grad()
+def keep_norms_f32(module: nn.Module) -> None:
+    """Every ``RMSNorm`` alpha under ``module`` in float32 (its values as rounded to the model's
+    dtype: the same numbers the norm used when it cast them each call)."""
+    for m in module.modules():
+        if isinstance(m, RMSNorm) and m.alpha.dtype != torch.float32:
+            m.alpha = nn.Parameter(m.alpha.float(), requires_grad=False)
 
 
 def gating_hidden(dim: int, dim_feedforward: int) -> int:
