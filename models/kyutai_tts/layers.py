@@ -9,14 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["RMSNorm", "Gating", "ScaledEmbedding", "DemuxEmbedding", "gating_hidden", "keep_norms_f32"]
+__all__ = ["RMSNorm", "Gating", "ScaledEmbedding", "DemuxEmbedding", "gating_hidden"]
 
 
 class RMSNorm(nn.Module):
     """moshi's ``rms_norm_f32``: ``x * (alpha * rsqrt(eps + mean(x ** 2)))`` in float32, rounded to
-    x's dtype. The loader keeps ``alpha`` in float32 (``keep_norms_f32``), so no cast of it runs
-    a step; the norm is one fused ``F.rms_norm`` where torch has one (CUDA), not eight kernels
-    (it scales by ``rsqrt`` before ``alpha``: within a float32 ulp of moshi's order)."""
+    x's dtype. One fused ``F.rms_norm`` kernel on CUDA (not nine): with ``alpha`` in x's dtype
+    (as the loader leaves it) torch normalises a bfloat16 ``x`` in float32 and rounds once, as
+    moshi does, scaling by ``rsqrt`` before ``alpha`` (within one ulp of moshi's order; on an
+    H200 1e-5 of the outputs differ by one ulp). Another ``alpha`` dtype casts around it."""
 
     def __init__(self, dim: int, eps: float = 1e-8) -> None:
         super().__init__()
@@ -25,18 +26,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         alpha = self.alpha.reshape(-1)
-        h = x if x.dtype == torch.float32 else x.float()
-        y = F.rms_norm(h, alpha.shape, alpha if alpha.dtype == torch.float32 else alpha.float(), self.eps)
-        return y if y.dtype == x.dtype else y.to(x.dtype)
-
-
-@torch.no_grad()
-def keep_norms_f32(module: nn.Module) -> None:
-    """Every ``RMSNorm`` alpha under ``module`` in float32 (its values as rounded to the model's
-    dtype: the same numbers the norm used when it cast them each call)."""
-    for m in module.modules():
-        if isinstance(m, RMSNorm) and m.alpha.dtype != torch.float32:
-            m.alpha = nn.Parameter(m.alpha.float(), requires_grad=False)
+        if alpha.dtype == x.dtype:  # fused only when the dtypes match
+            return F.rms_norm(x, alpha.shape, alpha, self.eps)
+        return F.rms_norm(x.float(), alpha.shape, alpha.float(), self.eps).to(x.dtype)
 
 
 def gating_hidden(dim: int, dim_feedforward: int) -> int:

@@ -12,7 +12,6 @@ from typing import Any, NamedTuple
 
 import torch
 from models.kyutai_tts.config import PRESETS, KyutaiTTSConfig, load_config
-from models.kyutai_tts.layers import keep_norms_f32
 from models.kyutai_tts.lm import KyutaiLM
 from models.kyutai_tts.text import TextTokenizer
 from models.mimi.codec import Mimi
@@ -106,7 +105,6 @@ def load_lm_weights(lm: KyutaiLM, file: Path, *, device: torch.device | str, dty
 
 def _finish(lm: KyutaiLM, device: torch.device | str) -> KyutaiLM:
     lm.delays = torch.tensor(lm.config.lm.delays, dtype=torch.int64, device=device)  # (non-persistent)
-    keep_norms_f32(lm)  # the RMSNorm alphas in float32: no cast of them in a step
     lm.join_depformer_in()  # one input projection per frame (decode_frame)
     return lm.eval().requires_grad_(False)
 
