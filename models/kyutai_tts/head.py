@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from engine.llm.sampler import Sampler
+from engine.llm.sampler import Sampler, gumbel_noise_salts
 from engine.llm.token_head import RowInputs
 from models.kyutai_tts.depformer import decode_frame
 from models.kyutai_tts.device_machine import DeviceMachine
@@ -58,26 +58,34 @@ class KyutaiHead:
         self.machine.reset(rows)
         self.slots.frame_in.index_fill_(0, rows, -1)
 
-    def _sample(self, logits: Tensor, r: RowInputs, top_k: int, salt: int) -> Tensor:
-        ones = torch.ones_like(r.temperature)
-        k = torch.full_like(r.seeds, top_k) if top_k > 0 else None
-        return self.sampler(logits, temperature=r.temperature, top_p=r.top_p, repetition_penalty=ones, seeds=r.seeds,
-                            steps=r.steps, all_greedy=r.all_greedy, any_top_p=r.any_top_p, top_k=k, salt=salt)
-
     def sample(self, hidden: Tensor, r: RowInputs, variant: int = 0) -> tuple[Tensor, Tensor]:
         """hidden [B, dim] -> (tokens int64 [B, 2 + n_q], text logits [B, text_card]);
         ``variant`` 1 (rows before ``first_audio_step``) leaves every codebook silent without the
         depth transformer, 2 (before ``first_acoustic_step``) runs it for codebook 0 only: the
         same tokens as the whole frame, a shorter step."""
+        ones = torch.ones_like(r.temperature)  # no repetition penalty; shared by every sample
+        top_k_text = torch.full_like(r.seeds, self.top_k_text) if self.top_k_text > 0 else None
         logits = self.lm.text_logits(hidden)  # [B, text_card]
         if self.padding_bonus:
             logits[:, PAD] += self.padding_bonus
-        sampled = self._sample(logits, r, self.top_k_text, 0)  # [B]
+        sampled = self.sampler(logits, temperature=r.temperature, top_p=r.top_p, repetition_penalty=ones,
+                               seeds=r.seeds, steps=r.steps, all_greedy=r.all_greedy, any_top_p=r.any_top_p,
+                               top_k=top_k_text, salt=0)  # [B]
         stop = self.machine.stop_due(r.rows, r.steps, self.tail)
         text_out = self.machine.step(r.rows, sampled, r.steps, r.keep)  # [B]
 
+        # The codebooks this variant samples (codebook k with salt k + 1): their Gumbel noise in one
+        # draw, not one per codebook (the same noise, bit for bit); none for the text-only variant.
+        num_codebooks = self.n_q if variant == 0 else 1 if variant == 2 else 0
+        noise = None
+        if num_codebooks and not r.all_greedy:
+            noise = gumbel_noise_salts(r.seeds, r.steps, self.lm.config.lm.card, range(1, 1 + num_codebooks))
+        top_k_audio = torch.full_like(r.seeds, self.top_k_audio) if num_codebooks and self.top_k_audio > 0 else None
+
         def sample_audio(audio_logits: Tensor, salt: int) -> Tensor:
-            return self._sample(audio_logits, r, self.top_k_audio, salt)
+            return self.sampler(audio_logits, temperature=r.temperature, top_p=r.top_p, repetition_penalty=ones,
+                                seeds=r.seeds, steps=r.steps, all_greedy=r.all_greedy, any_top_p=r.any_top_p,
+                                top_k=top_k_audio, salt=salt, noise=None if noise is None else noise[salt - 1])
 
         if variant == 0:
             codes = decode_frame(self.lm, hidden, text_out, sample_audio, self.n_q)  # [B, n_q]

@@ -103,6 +103,8 @@ class KyutaiLM(nn.Module):
                                            for _ in range(c.dep_q - 1))
         self.depformer_text_emb = (DemuxEmbedding if c.demux_second_stream else ScaledEmbedding)(
             c.text_card + 1, c.depformer_dim, low_rank=r)
+        # Filled by ``join_depformer_in`` (at load): the input projections' weights as one tensor.
+        self.register_buffer("depformer_in_joint", None, persistent=False)
         self.depformer = DepformerLayers(c)
         self.linears = nn.ModuleList(nn.Linear(c.depformer_dim, c.card, bias=False) for _ in range(c.dep_q))
         self.condition_provider = ConditionProvider(config.condition, c.dim)
@@ -110,6 +112,18 @@ class KyutaiLM(nn.Module):
         self.num_active = config.tts.n_q  # codebooks generated (the others are fed as zero)
         delays = torch.tensor(c.delays, dtype=torch.int64)
         self.register_buffer("delays", delays, persistent=False)
+
+    @torch.no_grad()
+    def join_depformer_in(self) -> None:
+        """The depth transformer's input projections as consecutive rows of one tensor,
+        ``depformer_in_joint`` [num_depformer_weights * depformer_dim, dim], each
+        ``depformer_in.<i>.weight`` a view of it (no second copy): ``decode_frame`` projects the
+        temporal hidden for every weight set of a frame in one matmul, not one per codebook."""
+        joint = torch.cat([lin.weight for lin in self.depformer_in])
+        d = self.config.lm.depformer_dim
+        for i, lin in enumerate(self.depformer_in):
+            lin.weight = nn.Parameter(joint[i * d:(i + 1) * d], requires_grad=lin.weight.requires_grad)
+        self.depformer_in_joint = joint
 
     def attach(self, slots: SlotInputs, num_active: int | None = None) -> None:
         self.slots = slots
