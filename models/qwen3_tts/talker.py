@@ -49,19 +49,19 @@ def rope_inv_freq(head_dim: int, theta: float, device: torch.device | str | None
 
 
 def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """positions [T] -> cos, sin [T, 1, D] in ``dtype`` (computed in float32, halves duplicated)."""
+    """positions [T] -> cos, sin [T, 1, D] in ``dtype`` (computed in float32, halves duplicated),
+    the first half of ``sin`` negated: what ``apply_rope`` takes (it rotates with one roll)."""
     freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
-    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    s = freqs.sin()
+    cos = torch.cat((freqs, freqs), dim=-1).cos()  # [T, D]
+    return cos.to(dtype)[:, None], torch.cat((-s, s), dim=-1).to(dtype)[:, None]
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    return x * cos + _rotate_half(x) * sin
+    """RoPE with ``rope_cos_sin``'s tables: ``x * cos + rotate_half(x) * sin`` of the reference,
+    bit for bit (``rotate_half(x) = cat(-x2, x1)``; ``roll(x) = cat(x2, x1)`` times the sin with
+    its first half negated gives the same products), one kernel fewer than negate-and-cat."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class RMSNorm(nn.Module):
@@ -71,10 +71,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        # One fused kernel where torch has one (CUDA), not eight; it normalises in float32 and
+        # scales before rounding to x's dtype (the reference rounds first: within one ulp).
+        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
 
 class _Attention(nn.Module):
