@@ -99,6 +99,12 @@ class CodePredictor(nn.Module):
         pos = torch.arange(c.num_code_groups, device=device)
         self.rope_cos, self.rope_sin = rope_cos_sin(pos, self.inv_freq, self.lm_head[0].weight.dtype)
 
+    def fuse_(self) -> None:
+        """Each layer's q/k/v and gate/up projections as one matmul each (``Qwen3Layer.fuse_``;
+        the loader calls it once the weights are in)."""
+        for layer in self.model.layers:
+            layer.fuse_()
+
     def _run(self, x: Tensor, cache: _DenseCache) -> Tensor:
         """x [B, n, H_talker] at positions cache.offset.. -> normed hidden [B, n, H_cp]."""
         b, n, _ = x.shape
