@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.qwen3_tts.config import TalkerConfig
@@ -39,30 +40,37 @@ class _PredictorBackbone(nn.Module):
 
 
 class _DenseCache:
-    """Per-call KV cache [B, S, Hkv, D] per layer; ``__call__`` is the attention contract over
-    inputs [B, n, H, D] written at the static offset ``self.offset``."""
+    """Per-call KV cache [B, Hkv, S, D] per layer; ``__call__`` is the attention contract over
+    inputs [B, n, H, D] written at the static offset ``self.offset``.
+
+    Grouped-query attention without repeating the cache: each kv head's ``H / Hkv`` query heads
+    are its queries (rows), so one query position (every step but a frame's first) needs no mask
+    and no copy of its inputs or output. Softmax attention in the inputs' dtype
+    (``scaled_dot_product_attention``), as the reference's default (sdpa) attention computes it."""
 
     def __init__(self, num_layers: int, batch: int, length: int, kv_heads: int, head_dim: int,
                  like: Tensor) -> None:
-        shape = (batch, length, kv_heads, head_dim)
+        shape = (batch, kv_heads, length, head_dim)
         self.k = [like.new_zeros(shape) for _ in range(num_layers)]
         self.v = [like.new_zeros(shape) for _ in range(num_layers)]
         self.length = length
         self.offset = 0
 
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        n, p = q.shape[1], self.offset
-        self.k[layer][:, p:p + n] = k
-        self.v[layer][:, p:p + n] = v
-        kc, vc = self.k[layer][:, :p + n], self.v[layer][:, :p + n]  # [B, S, Hkv, D] (S static)
-        rep = q.shape[2] // kc.shape[2]
-        kc, vc = kc.repeat_interleave(rep, dim=2), vc.repeat_interleave(rep, dim=2)  # [B, S, Hq, D]
-        scores = torch.einsum("bnhd,bshd->bhns", q.float(), kc.float()) * q.shape[-1] ** -0.5  # [B, Hq, n, S]
-        qpos = torch.arange(p, p + n, device=q.device)[:, None]
-        future = torch.arange(p + n, device=q.device)[None, :] > qpos  # [n, S]
-        scores = scores.masked_fill(future, float("-inf"))
-        o = torch.einsum("bhns,bshd->bnhd", scores.softmax(-1), vc.float())  # [B, n, Hq, D]
-        return o.to(q.dtype)
+        b, n, h, d = q.shape
+        p, hkv = self.offset, k.shape[2]
+        rep = h // hkv
+        self.k[layer][:, :, p:p + n] = k.transpose(1, 2)
+        self.v[layer][:, :, p:p + n] = v.transpose(1, 2)
+        kc, vc = self.k[layer][:, :, :p + n], self.v[layer][:, :, :p + n]  # [B, Hkv, S, D] (S static)
+        if n == 1:  # every key is at or before the one query position: no mask
+            o = F.scaled_dot_product_attention(q.view(b, hkv, rep, d), kc, vc)  # [B, Hkv, rep, D]
+            return o.view(b, 1, h, d)
+        qb = q.view(b, n, hkv, rep, d).permute(0, 2, 1, 3, 4).reshape(b, hkv, n * rep, d)  # rows (i, r)
+        pos = torch.arange(p, p + n, device=q.device).repeat_interleave(rep)  # [n * rep]
+        mask = torch.arange(p + n, device=q.device)[None, :] <= pos[:, None]  # [n * rep, S]
+        o = F.scaled_dot_product_attention(qb, kc, vc, attn_mask=mask)  # [B, Hkv, n * rep, D]
+        return o.view(b, hkv, n, rep, d).permute(0, 2, 1, 3, 4).reshape(b, n, h, d)
 
 
 class CodePredictor(nn.Module):
@@ -78,17 +86,32 @@ class CodePredictor(nn.Module):
         self.small_to_mtp_projection = (nn.Linear(talker.hidden_size, c.hidden_size, bias=True)
                                         if c.hidden_size != talker.hidden_size else nn.Identity())
         self.register_buffer("inv_freq", torch.empty(c.head_dim // 2), persistent=False)
+        # cos and sin of the frame's positions 0..G-1 (a frame is G positions), in the weights' dtype
+        self.register_buffer("rope_cos", torch.empty(c.num_code_groups, 1, c.head_dim), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(c.num_code_groups, 1, c.head_dim), persistent=False)
 
     @torch.no_grad()
     def setup_rope(self, device: torch.device | str | None = None) -> None:
-        self.inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope_theta, device)
+        """The RoPE frequencies and the frame's cos/sin tables (computed in float32, stored in the
+        weights' dtype), built here once rather than per step (never first inside a graph capture)."""
+        c = self.config
+        self.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, device)
+        pos = torch.arange(c.num_code_groups, device=device)
+        self.rope_cos, self.rope_sin = rope_cos_sin(pos, self.inv_freq, self.lm_head[0].weight.dtype)
+
+    def fuse_(self) -> None:
+        """Each layer's q/k/v and gate/up projections as one matmul each (``Qwen3Layer.fuse_``;
+        the loader calls it once the weights are in)."""
+        for layer in self.model.layers:
+            layer.fuse_()
 
     def _run(self, x: Tensor, cache: _DenseCache) -> Tensor:
         """x [B, n, H_talker] at positions cache.offset.. -> normed hidden [B, n, H_cp]."""
         b, n, _ = x.shape
         h = self.small_to_mtp_projection(x)
-        pos = torch.arange(cache.offset, cache.offset + n, device=x.device)
-        cos, sin = rope_cos_sin(pos, self.inv_freq, h.dtype)  # [n, 1, D] broadcasts over [B, n, H, D]
+        p = cache.offset
+        # [n, 1, D] broadcasts over [B, n, H, D] (``to``: a no-op unless the model's dtype changed)
+        cos, sin = self.rope_cos[p:p + n].to(h.dtype), self.rope_sin[p:p + n].to(h.dtype)
         for layer in self.model.layers:
             h = layer(h, cos, sin, cache)
         cache.offset += n

@@ -124,6 +124,7 @@ def _build(config: Qwen3TTSConfig) -> tuple[Qwen3TTSModel, Codec]:
 
 def _finish(model: Qwen3TTSModel, codec: Codec, device: torch.device | str) -> tuple[Qwen3TTSModel, Codec]:
     model.talker.setup_rope(device)
+    model.talker.code_predictor.fuse_()  # fewer kernels in the frame head's 15 steps
     codec.setup_rope(device)
     return model.eval().requires_grad_(False), codec.eval().requires_grad_(False)
 

@@ -20,7 +20,7 @@ from torch import Tensor
 from engine.backend import BackendInfo, OptionError
 from engine.llm.options import checked_options, number_option, seed_option
 from engine.llm.program import Collect
-from engine.llm.sampler import Sampler
+from engine.llm.sampler import Sampler, gumbel_noise_salts
 from engine.llm.sequence import SamplingParams
 from engine.llm.slot_codec import SlotCodec
 from engine.llm.token_head import RowInputs
@@ -97,12 +97,18 @@ class Qwen3Head:
     def sample(self, hidden: Tensor, r: RowInputs) -> tuple[Tensor, Tensor]:
         seen = self.slots.seen.index_select(0, r.rows)  # [B, V]
         no_penalty = torch.ones_like(r.repetition_penalty)
+        cp = self.talker.config.code_predictor
+        # The code predictor's codebooks (salts 1..G-1, one vocabulary) draw their noise at once;
+        # codebook 0 (the talker's vocabulary) draws its own in the sampler.
+        noise = None if r.all_greedy else gumbel_noise_salts(r.seeds, r.steps, cp.vocab_size,
+                                                            range(1, cp.num_code_groups))
 
         def sample(logits: Tensor, salt: int) -> Tensor:  # codebook ``salt`` (0: the talker's head)
             return self.sampler(
                 logits, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seeds=r.seeds, steps=r.steps,
                 repetition_penalty=r.repetition_penalty if salt == 0 else no_penalty,
-                seen=seen if salt == 0 else None, all_greedy=r.all_greedy, any_top_p=r.any_top_p, salt=salt)
+                seen=seen if salt == 0 else None, all_greedy=r.all_greedy, any_top_p=r.any_top_p, salt=salt,
+                noise=None if salt == 0 or noise is None else noise[salt - 1])
 
         codes = decode_frame(self.talker, hidden, sample, allowed=self.allowed,
                              eos_ok=r.steps >= MIN_FRAMES_BEFORE_EOS, slots=r.rows,

@@ -49,19 +49,19 @@ def rope_inv_freq(head_dim: int, theta: float, device: torch.device | str | None
 
 
 def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """positions [T] -> cos, sin [T, 1, D] in ``dtype`` (computed in float32, halves duplicated)."""
+    """positions [T] -> cos, sin [T, 1, D] in ``dtype`` (computed in float32, halves duplicated),
+    the first half of ``sin`` negated: what ``apply_rope`` takes (it rotates with one roll)."""
     freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
-    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    s = freqs.sin()
+    cos = torch.cat((freqs, freqs), dim=-1).cos()  # [T, D]
+    return cos.to(dtype)[:, None], torch.cat((-s, s), dim=-1).to(dtype)[:, None]
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    return x * cos + _rotate_half(x) * sin
+    """RoPE with ``rope_cos_sin``'s tables: ``x * cos + rotate_half(x) * sin`` of the reference,
+    bit for bit (``rotate_half(x) = cat(-x2, x1)``; ``roll(x) = cat(x2, x1)`` times the sin with
+    its first half negated gives the same products), one kernel fewer than negate-and-cat."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class RMSNorm(nn.Module):
@@ -71,10 +71,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        # One fused kernel where torch has one (CUDA), not eight; it normalises in float32 and
+        # scales before rounding to x's dtype (the reference rounds first: within one ulp).
+        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
 
 class _Attention(nn.Module):
@@ -87,15 +86,41 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
         self.q_norm = RMSNorm(head_dim, eps)  # Qwen3: per-head norm before RoPE
         self.k_norm = RMSNorm(head_dim, eps)
+        # ``fuse_``: q/k/v in one matmul, q and k normed and rotated as one tensor (None: unfused)
+        self.register_buffer("qkv_weight", None, persistent=False)
+        self.register_buffer("qk_norm_weight", None, persistent=False)
+
+    @torch.no_grad()
+    def fuse_(self) -> None:
+        """One [Hq + 2 Hkv] x D projection whose slices become q/k/v_proj's weights (the same
+        memory, the checkpoint's names), and the q/k norms' weights per head: three fewer kernels
+        for the projections and four for RoPE, each step. After the weights are loaded; a later
+        change of q/k_norm's weights is not seen (fuse again)."""
+        w = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight), dim=0)
+        nq, nk = self.q_proj.weight.shape[0], self.k_proj.weight.shape[0]
+        self.q_proj.weight = nn.Parameter(w[:nq], requires_grad=False)
+        self.k_proj.weight = nn.Parameter(w[nq:nq + nk], requires_grad=False)
+        self.v_proj.weight = nn.Parameter(w[nq + nk:], requires_grad=False)
+        self.qkv_weight = w
+        d = self.head_dim
+        self.qk_norm_weight = torch.cat((self.q_norm.weight.expand(self.num_heads, d),
+                                         self.k_norm.weight.expand(self.num_kv_heads, d)))  # [Hq + Hkv, D]
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attn: AttentionBackend) -> Tensor:
         lead = x.shape[:-1]  # [T] or [B, n]
-        q = self.q_norm(self.q_proj(x).view(*lead, self.num_heads, self.head_dim))  # [..., Hq, D]
-        k = self.k_norm(self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim))  # [..., Hkv, D]
-        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_weight is not None:
+            qkv = F.linear(x, self.qkv_weight.to(x.dtype)).view(*lead, hq + 2 * hkv, d)
+            qk = F.rms_norm(qkv[..., :hq + hkv, :], (d,), None, self.q_norm.eps) * self.qk_norm_weight.to(x.dtype)
+            qk = apply_rope(qk, cos, sin)  # [..., Hq + Hkv, D]
+            q, k, v = qk[..., :hq, :], qk[..., hq:, :], qkv[..., hq + hkv:, :]
+        else:
+            q = self.q_norm(self.q_proj(x).view(*lead, hq, d))  # [..., Hq, D]
+            k = self.k_norm(self.k_proj(x).view(*lead, hkv, d))  # [..., Hkv, D]
+            v = self.v_proj(x).view(*lead, hkv, d)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = attn(self.layer_idx, q, k, v)  # [..., Hq, D]
-        return self.o_proj(o.reshape(*lead, self.num_heads * self.head_dim))
+        return self.o_proj(o.reshape(*lead, hq * d))
 
 
 class _MLP(nn.Module):
@@ -104,8 +129,21 @@ class _MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.register_buffer("gate_up_weight", None, persistent=False)  # ``fuse_``
+
+    @torch.no_grad()
+    def fuse_(self) -> None:
+        """gate and up in one matmul (their weights become slices of it: the same memory)."""
+        w = torch.cat((self.gate_proj.weight, self.up_proj.weight), dim=0)
+        n = self.gate_proj.weight.shape[0]
+        self.gate_proj.weight = nn.Parameter(w[:n], requires_grad=False)
+        self.up_proj.weight = nn.Parameter(w[n:], requires_grad=False)
+        self.gate_up_weight = w
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gate_up_weight is not None:
+            gate, up = F.linear(x, self.gate_up_weight.to(x.dtype)).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -119,6 +157,11 @@ class Qwen3Layer(nn.Module):
         self.mlp = _MLP(hidden, intermediate)
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
+
+    def fuse_(self) -> None:
+        """Fused projections (``_Attention.fuse_``, ``_MLP.fuse_``): fewer kernels a step."""
+        self.self_attn.fuse_()
+        self.mlp.fuse_()
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attn: AttentionBackend) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
