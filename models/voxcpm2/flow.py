@@ -11,9 +11,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from engine.llm.sampler import uniform_noise
+from engine.llm.sampler import _col_keys, uniform_noise  # (the keys uniform_noise would hash each call)
+from models.voxcpm2.dit import FusedDiT
 
-__all__ = ["NOISE_SALT", "NoiseFn", "Schedule", "euler_solve", "patch_noise", "schedule"]
+__all__ = ["NOISE_SALT", "NoiseFn", "Schedule", "euler_solve", "patch_noise", "patch_noise_keys", "schedule"]
 
 NOISE_SALT = 0x5F3759DF  # the flow noise's stream (distinct from token sampling's salts)
 
@@ -21,13 +22,19 @@ NOISE_SALT = 0x5F3759DF  # the flow noise's stream (distinct from token sampling
 NoiseFn = Callable[[Tensor, Tensor, int, int], Tensor]
 
 
-def patch_noise(seeds: Tensor, steps: Tensor, feat_dim: int, patch_size: int) -> Tensor:
-    """Standard normal noise [B, D, P] from (seed, patch index, element) only."""
+def patch_noise(seeds: Tensor, steps: Tensor, feat_dim: int, patch_size: int, col_keys: Tensor | None = None) -> Tensor:
+    """Standard normal noise [B, D, P] from (seed, patch index, element) only (``col_keys``:
+    ``patch_noise_keys(feat_dim, patch_size)`` built ahead, the same noise in fewer kernels)."""
     n = feat_dim * patch_size
-    u = uniform_noise(seeds, steps, 2 * n, salt=NOISE_SALT)  # [B, 2n] in (0, 1)
+    u = uniform_noise(seeds, steps, 2 * n, col_keys, salt=NOISE_SALT)  # [B, 2n] in (0, 1)
     r = torch.sqrt(-2.0 * torch.log(u[:, :n]))
     z = r * torch.cos((2 * math.pi) * u[:, n:])
     return z.view(-1, feat_dim, patch_size)
+
+
+def patch_noise_keys(feat_dim: int, patch_size: int, device: torch.device | str | None = None) -> Tensor:
+    """The column keys ``uniform_noise`` hashes for ``patch_noise``'s 2 * D * P columns."""
+    return _col_keys(2 * feat_dim * patch_size, torch.device(device or "cpu"))
 
 
 class Schedule:
@@ -66,28 +73,30 @@ def schedule(n: int) -> Schedule:
     return Schedule(n)
 
 
-def euler_solve(estimator: Callable[..., Tensor], z: Tensor, mu: Tensor, cond: Tensor, *, t: Tensor, dt: Tensor,
-                live: Tensor, cfg: Tensor, mean_mode: bool = False) -> Tensor:
+def euler_solve(dit: FusedDiT, z: Tensor, mu: Tensor, cond: Tensor, *, t: Tensor, dt: Tensor, live: Tensor,
+                cfg: Tensor, mean_mode: bool = False) -> Tensor:
     """Integrate one patch per row.
 
-    z [B, D, P] noise, mu [B, M] condition, cond [B, D, P'] previous patch, t/dt [B, K] float32,
-    live [B, K] bool (the updates that apply), cfg [B] guidance scales -> x [B, D, P].
-    Update 0 is never live in the reference's schedules (CFG-zero*), so it is skipped.
+    ``dit`` the estimator (``models.voxcpm2.dit.FusedDiT``), z [B, P, D] noise (frames first),
+    mu [B, M] condition, cond [B, P, D] previous patch, t/dt [B, K] float32, live [B, K] bool (the
+    updates that apply), cfg [B] guidance scales -> x [B, P, D].
+    Update 0 is never live in the reference's schedules (CFG-zero*), so it is skipped. What is
+    the same at every update (the condition, the previous patch, the time embeddings of all
+    updates, a masked update's zero step) is computed once, before the loop.
     """
     b = z.shape[0]
     x = z
-    mu_in = torch.cat((mu, torch.zeros_like(mu)), dim=0)  # [2B, M]: conditional, then unconditional
-    cond_in = torch.cat((cond, cond), dim=0)
-    g = cfg.to(x.dtype).view(b, 1, 1)
-    for j in range(1, t.shape[1]):
-        tj = t[:, j].to(x.dtype)
-        t_in = torch.cat((tj, tj))
-        dt_in = torch.cat((dt[:, j], dt[:, j])).to(x.dtype) if mean_mode else torch.zeros_like(t_in)
-        v = estimator(torch.cat((x, x), dim=0), mu_in, t_in, cond_in, dt_in)  # [2B, D, P]
-        vc, vu = v[:b], v[b:]
-        st = ((vc.reshape(b, -1) * vu.reshape(b, -1)).sum(1, keepdim=True)
-              / ((vu.reshape(b, -1) ** 2).sum(1, keepdim=True) + 1e-8)).view(b, 1, 1)
-        v = vu * st + g * (vc - vu * st)
-        step = x - dt[:, j].to(x.dtype).view(b, 1, 1) * v
-        x = torch.where(live[:, j].view(b, 1, 1), step, x)
+    dtype = x.dtype
+    tj = t[:, 1:].to(dtype)  # [B, K - 1]
+    prefix = dit.prefix(mu, cond, tj, dt[:, 1:].to(dtype) if mean_mode else torch.zeros_like(tj))
+    g = cfg.to(dtype).view(b, 1, 1)
+    # -dt where the update applies, 0 where it is masked (x stays as it is: x + 0 * v)
+    step = torch.where(live[:, 1:], -dt[:, 1:], torch.zeros_like(dt[:, 1:])).to(dtype).T.reshape(-1, b, 1, 1)
+    for j in range(t.shape[1] - 1):
+        v = dit.velocity(prefix[j], x)  # [2, B, P, D]: conditional, unconditional
+        vc, vu = v[0], v[1]
+        s = (v * vu).sum(dim=(2, 3))  # [2, B]: <v_c, v_u>, |v_u|^2
+        st = (s[0] / (s[1] + 1e-8)).view(b, 1, 1)
+        vs = vu * st
+        x = torch.addcmul(x, step[j], torch.lerp(vs, vc, g))  # x - dt * (s* v_u + cfg (v_c - s* v_u))
     return x

@@ -4,11 +4,14 @@ latents per row and a stop flag (docs/models/voxcpm2.md, "The token head").
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor
 
 from engine.llm.token_head import RowInputs
-from models.voxcpm2.flow import NoiseFn, euler_solve, patch_noise, schedule
+from models.voxcpm2.dit import FusedDiT
+from models.voxcpm2.flow import NoiseFn, euler_solve, patch_noise, patch_noise_keys, schedule
 from models.voxcpm2.model import LAST_PATCH, STOP, SlotFeatures, VoxCPM2Model
 
 __all__ = ["NO_CAP", "PatchHead"]
@@ -27,7 +30,12 @@ class PatchHead:
             raise ValueError(f"ring_patches must be >= 1, got {ring_patches}")
         c = model.config
         dev = feats.last.device
-        self.model, self.feats, self.noise = model, feats, noise
+        self.model, self.feats = model, feats
+        # the default noise with its column keys built here, once (not hashed again every call)
+        self.noise = partial(patch_noise, col_keys=patch_noise_keys(c.feat_dim, c.patch_size, dev)) \
+            if noise is patch_noise else noise
+        # the DiT's fused weights and tables, from the weights as they are now (after any LoRA fold)
+        self.dit = FusedDiT(model.feat_decoder.estimator, c.dit_lm, c.patch_size)
         self.max_steps, self.ring_patches = max_steps, ring_patches
         self.patch_size, self.feat_dim = c.patch_size, c.feat_dim
         rows = max_num_seqs + 1  # the last row is the padding rows'
@@ -75,13 +83,14 @@ class PatchHead:
         dtype = hidden.dtype
         mu = model.dit_condition(hidden)  # [B, 2 Hd]
         last = self.feats.last
-        cond = last.index_select(0, rows).transpose(1, 2).to(dtype)  # [B, D, P]
+        prev = last.index_select(0, rows)  # [B, P, D]
+        cond = prev.to(dtype)
         z = self.noise(r.seeds, r.steps, self.feat_dim, self.patch_size) * r.temperature.view(-1, 1, 1)
-        z = z.to(dtype)  # [B, D, P]
-        x = euler_solve(model.feat_decoder.estimator, z, mu, cond, t=self.t.index_select(0, rows),
+        z = z.transpose(1, 2).to(dtype, memory_format=torch.contiguous_format)  # [B, P, D]
+        x = euler_solve(self.dit, z, mu, cond, t=self.t.index_select(0, rows),
                         dt=self.dt.index_select(0, rows), live=self.live.index_select(0, rows),
                         cfg=self.cfg.index_select(0, rows), mean_mode=model.config.dit.mean_mode)
-        patch = x.transpose(1, 2).to(last.dtype)  # [B, P, D]
+        patch = x.to(last.dtype)  # [B, P, D]
         logits = model.stop_logits(hidden.chunk(2, dim=-1)[0])  # [B, 2]
         may_stop = r.steps > self.min_len.index_select(0, rows)
         at_cap = r.steps + 1 >= self.max_len.index_select(0, rows)
@@ -89,9 +98,9 @@ class PatchHead:
         was_done = self.done.index_select(0, rows)
         write = r.keep & ~was_done  # [B]
         w = write.view(-1, 1, 1)
-        last.index_copy_(0, rows, torch.where(w, patch, last.index_select(0, rows)))
+        last.index_copy_(0, rows, torch.where(w, patch, prev))
         ring_pos = r.steps % self.ring_patches
         self.ring[rows, ring_pos] = torch.where(w, patch, self.ring[rows, ring_pos])
         self.done.index_copy_(0, rows, was_done | (write & stop))
-        col0 = torch.where(stop | was_done, torch.full_like(r.steps, STOP), torch.full_like(r.steps, LAST_PATCH))
+        col0 = torch.where(stop | was_done, STOP, LAST_PATCH)  # int64 [B]
         return torch.stack((col0, r.steps), dim=1), logits

@@ -55,8 +55,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        var = x.float().pow(2).mean(-1, keepdim=True)
-        return (x * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+        # One fused op (one kernel on CUDA, not eight): it normalises in float32 as the reference
+        # does and scales before rounding to x's dtype (the reference rounds first: within an ulp).
+        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
 
 class _Attention(nn.Module):
@@ -102,10 +103,9 @@ class _Layer(nn.Module):
         self.use_mup = c.use_mup
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, attn: AttentionBackend) -> Tensor:
-        h = self.self_attn(self.input_layernorm(x), rope, attn)
-        x = x + h * self.scale if self.use_mup else x + h
-        h = self.mlp(self.post_attention_layernorm(x))
-        return x + h * self.scale if self.use_mup else x + h
+        alpha = self.scale if self.use_mup else 1.0  # the mup scaling rides on the residual add
+        x = torch.add(x, self.self_attn(self.input_layernorm(x), rope, attn), alpha=alpha)
+        return torch.add(x, self.mlp(self.post_attention_layernorm(x)), alpha=alpha)
 
 
 class MiniCPMStack(nn.Module):

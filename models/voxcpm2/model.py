@@ -88,6 +88,7 @@ class LocalDiT(nn.Module):
     Sequence (bidirectional, RoPE positions 0..): the two conditioning vectors (``mu`` [N, 2 * Hd]
     viewed as 2 positions: backbone and residual streams), the time embedding, the previous
     patch (``cond``), the noisy patch ``x``; the velocity is read from the last P positions.
+    The token head runs it as ``models.voxcpm2.dit.FusedDiT`` (the same arithmetic, fewer kernels).
     """
 
     def __init__(self, c: MiniCPMConfig, feat_dim: int) -> None:

@@ -179,3 +179,35 @@ def test_max_len_stops_at_the_cap_whatever_min_len(tiny):
     assert cols == [[LAST_PATCH, LAST_PATCH], [LAST_PATCH, LAST_PATCH], [STOP, LAST_PATCH]]
     with pytest.raises(ValueError, match="max_len"):
         head.configure(0, steps=2, cfg=2.0, min_len=2, max_len=0)
+
+
+@pytest.mark.parametrize("heads", [2, 4])
+def test_fused_dit_velocity_equals_the_modules(tiny, heads):
+    """FusedDiT (fused weights, one RoPE pass, the time embeddings of all steps at once, the
+    guidance halves sharing their equal parts) gives LocalDiT.forward's velocity on the doubled
+    batch (conditional rows, then mu = 0), with and without grouped-query attention."""
+    from models.voxcpm2.dit import FusedDiT
+    from models.voxcpm2.model import LocalDiT
+
+    c = tiny.config
+    lc = c.dit_lm.derived(num_attention_heads=heads)
+    torch.manual_seed(5)
+    dit = LocalDiT(lc, c.feat_dim).eval()
+    with torch.no_grad():
+        for name, p in dit.named_parameters():
+            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    fused = FusedDiT(dit, lc, c.patch_size)
+    g = torch.Generator().manual_seed(6)
+    b, p, d, hd = 3, c.patch_size, c.feat_dim, lc.hidden_size
+    mu = torch.randn(b, 2 * hd, generator=g)
+    cond, x = torch.randn(b, p, d, generator=g), torch.randn(b, p, d, generator=g)
+    t, dt = torch.rand(b, 4, generator=g), torch.rand(b, 4, generator=g)
+    with torch.no_grad():
+        prefix = fused.prefix(mu, cond, t, dt)
+        for j in range(4):
+            got = fused.velocity(prefix[j], x)  # [2, B, P, D]
+            want = dit(torch.cat((x, x)).transpose(1, 2), torch.cat((mu, torch.zeros_like(mu))),
+                       torch.cat((t[:, j], t[:, j])), torch.cat((cond, cond)).transpose(1, 2),
+                       torch.cat((dt[:, j], dt[:, j])))  # [2B, D, P]
+            torch.testing.assert_close(got.reshape(2 * b, p, d), want.transpose(1, 2), atol=1e-5, rtol=1e-5)
