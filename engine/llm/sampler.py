@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["Sampler", "bits_to_unit", "gumbel_noise", "gumbel_noise_salts", "uniform_noise"]
+__all__ = ["Sampler", "bits_to_unit", "column_keys", "gumbel_noise", "gumbel_noise_salts", "uniform_noise"]
 
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays below 2**63 (no int64 overflow).
@@ -36,8 +36,9 @@ def _row_keys(seeds: torch.Tensor, steps: torch.Tensor, salt: int = 0) -> torch.
     return _mix32(row ^ (steps & _MASK32))
 
 
-def _col_keys(num_cols: int, device: torch.device) -> torch.Tensor:
-    """int64 [K] in [0, 2**32): one hash per column index."""
+def column_keys(num_cols: int, device: torch.device) -> torch.Tensor:
+    """int64 [K] in [0, 2**32): one hash per column index (``uniform_noise``'s ``col_keys``: a
+    caller that draws the same width every step may build them once)."""
     return _mix32(torch.arange(num_cols, device=device, dtype=torch.int64) + 0x632BE5AB)
 
 
@@ -49,8 +50,8 @@ def uniform_noise(
     Both keys are fully mixed, so one more xor-shift-multiply round over their xor suffices.
     ``col_keys`` [B, num_cols] gives each row its own columns' keys (a gathered subset).
     """
-    cols = _col_keys(num_cols, seeds.device) if col_keys is None else col_keys  # [K] or [B, K]
-    return _unit_from_keys(_row_keys(seeds, steps, salt).unsqueeze(1), cols if cols.dim() == 1 else cols)
+    cols = column_keys(num_cols, seeds.device) if col_keys is None else col_keys  # [K] or [B, K]
+    return _unit_from_keys(_row_keys(seeds, steps, salt).unsqueeze(1), cols)
 
 
 def _unit_from_keys(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -88,7 +89,7 @@ def gumbel_noise_salts(seeds: torch.Tensor, steps: torch.Tensor, num_cols: int, 
     salt = torch.arange(salts.start, salts.stop, salts.step, device=seeds.device, dtype=torch.int64)  # [S]
     salted = torch.where((salt != 0)[:, None], _mix32(row[None, :] ^ (salt[:, None] & m)), row[None, :])  # [S, B]
     keys = _mix32(salted ^ (steps & m)[None, :])  # [S, B]
-    u = _unit_from_keys(keys.unsqueeze(2), _col_keys(num_cols, seeds.device))  # [S, B, K]
+    u = _unit_from_keys(keys.unsqueeze(2), column_keys(num_cols, seeds.device))  # [S, B, K]
     return -torch.log(-torch.log(u))
 
 
@@ -126,7 +127,7 @@ class Sampler:
                 raise ValueError("noise drawn ahead is for full-width logits, not with columns")
             k = logits.shape[1]
             if self._col_keys is None or self._col_keys.numel() != k or self._col_keys.device != logits.device:
-                self._col_keys = _col_keys(k, logits.device)
+                self._col_keys = column_keys(k, logits.device)
             picked = self._sample(
                 logits.gather(1, columns), temperature, top_p, repetition_penalty, seeds, steps,
                 None if seen is None else seen.gather(1, columns), allowed, all_greedy, any_top_p,
@@ -180,7 +181,7 @@ class Sampler:
             k = logits.shape[1]
             if col_keys is None:
                 if self._col_keys is None or self._col_keys.numel() != k or self._col_keys.device != logits.device:
-                    self._col_keys = _col_keys(k, logits.device)
+                    self._col_keys = column_keys(k, logits.device)
                 col_keys = self._col_keys
             noise = gumbel_noise(seeds, steps, k, col_keys, salt)  # [B, K]
         # Mask after adding the noise, so a dropped column can never win (no -inf + x = NaN).

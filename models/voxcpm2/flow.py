@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from engine.llm.sampler import _col_keys, uniform_noise  # (the keys uniform_noise would hash each call)
+from engine.llm.sampler import column_keys, uniform_noise
 from models.voxcpm2.dit import FusedDiT
 
 __all__ = ["NOISE_SALT", "NoiseFn", "Schedule", "euler_solve", "patch_noise", "patch_noise_keys", "schedule"]
@@ -34,7 +34,7 @@ def patch_noise(seeds: Tensor, steps: Tensor, feat_dim: int, patch_size: int, co
 
 def patch_noise_keys(feat_dim: int, patch_size: int, device: torch.device | str | None = None) -> Tensor:
     """The column keys ``uniform_noise`` hashes for ``patch_noise``'s 2 * D * P columns."""
-    return _col_keys(2 * feat_dim * patch_size, torch.device(device or "cpu"))
+    return column_keys(2 * feat_dim * patch_size, torch.device(device or "cpu"))
 
 
 class Schedule:
