@@ -14,36 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
+
+from benchmark.gpu.graph_timing import graph_median_ms
 
 __all__ = ["main"]
 
 # The width of what each model's forward hands its head, at its default checkpoint (VoxCPM2's
 # forward hands over the LM's and the residual LM's states side by side).
 HIDDEN = {"csm": 2048, "qwen3-tts": 2048, "kyutai-tts": 2048, "voxcpm2": 4096}
-
-
-def _time(fn, iters: int) -> float:  # noqa: ANN001
-    """Median milliseconds of a replayed CUDA graph of ``fn``."""
-    import torch
-
-    torch.cuda.synchronize()
-    with torch.inference_mode():
-        fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                       keep=torch.ones(b, dtype=torch.bool, device=dev),
                       top_k=torch.full((b,), 50, dtype=i64, device=dev))
         hidden = torch.randn(b, HIDDEN[args.model], dtype=dtype, device=dev)
-        rows[b] = _time(lambda: head.sample(hidden, r), args.iters)  # noqa: B023
+        rows[b] = graph_median_ms(lambda: head.sample(hidden, r), args.iters)  # noqa: B023
         print(f"{args.label or args.model}: {b} rows: head.sample {rows[b]:.2f} ms (median of {args.iters} replays)",
               flush=True)
     name = torch.cuda.get_device_name()

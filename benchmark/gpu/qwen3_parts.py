@@ -9,32 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
+from benchmark.gpu.graph_timing import graph_median_ms
+
 __all__ = ["main"]
-
-
-def _time(fn, iters: int) -> float:  # noqa: ANN001
-    """Median milliseconds of a replayed CUDA graph of ``fn``."""
-    import torch
-
-    torch.cuda.synchronize()
-    with torch.inference_mode():
-        fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 class _DenseDecode:
@@ -111,18 +90,18 @@ def main(argv: list[str] | None = None) -> int:
         text = torch.randint(0, 1000, (b,), device=dev)
         codes = torch.randint(0, 2048, (b, cfg.num_code_groups), device=dev)
         slots = torch.arange(b, dtype=torch.int64, device=dev)
-        talker_ms = _time(lambda: talker(talker.embed_decode(text, codes), pos, attn), args.iters)
-        head_ms = _time(lambda: decode_frame(talker, hidden, sample, allowed=allowed), args.iters)
-        codec_ms = _time(lambda: stream.step(slots, codes), args.iters)
-        codec16_ms = _time(lambda: stream16.step(slots, codes), args.iters)
+        talker_ms = graph_median_ms(lambda: talker(talker.embed_decode(text, codes), pos, attn), args.iters)
+        head_ms = graph_median_ms(lambda: decode_frame(talker, hidden, sample, allowed=allowed), args.iters)
+        codec_ms = graph_median_ms(lambda: stream.step(slots, codes), args.iters)
+        codec16_ms = graph_median_ms(lambda: stream16.step(slots, codes), args.iters)
         row = {"rows": b, "talker_ms": talker_ms, "frame_head_ms": head_ms, "codec_fp32_ms": codec_ms,
                "codec_bf16_ms": codec16_ms, "sum_bf16_ms": talker_ms + head_ms + codec16_ms}
         if args.compile:
             try:
                 head_c = compiled_head(hidden, sample)
                 codec_c = torch.compile(stream16.step, dynamic=True)
-                row["frame_head_compiled_ms"] = _time(head_c, args.iters)
-                row["codec_bf16_compiled_ms"] = _time(lambda: codec_c(slots, codes), args.iters)
+                row["frame_head_compiled_ms"] = graph_median_ms(head_c, args.iters)
+                row["codec_bf16_compiled_ms"] = graph_median_ms(lambda: codec_c(slots, codes), args.iters)
                 print(f"      compiled: frame head {row['frame_head_compiled_ms']:7.2f} ms  codec bf16 "
                       f"{row['codec_bf16_compiled_ms']:7.2f} ms", flush=True)
             except Exception as exc:  # a measurement, not the product: say why and go on

@@ -1,0 +1,30 @@
+"""Timing a piece of GPU work the way the engine runs it: captured once in a CUDA graph, replayed."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+__all__ = ["graph_median_ms"]
+
+
+def graph_median_ms(fn: Callable[[], object], iters: int) -> float:
+    """Median milliseconds of ``iters`` replays of a CUDA graph of ``fn`` (one eager call first)."""
+    import torch
+
+    torch.cuda.synchronize()
+    with torch.inference_mode():
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
