@@ -55,12 +55,16 @@ def uniform_noise(
 
 
 def _unit_from_keys(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """rows [..., 1] and column keys [K] (or broadcastable) -> float32 [..., K] in (0, 1)."""
+    """rows [..., 1] and column keys [K] (or broadcastable) -> float32 [..., K] in (0, 1).
+
+    In place where it can: a frame head's noise for every codebook at once is [S, B, K], and
+    each int64 temporary of that size would stay in the CUDA graph's memory pool."""
     x = rows ^ cols
-    x = x ^ (x >> 16)
-    x = (x * _M1) & _MASK32
-    x = x ^ (x >> 15)
-    return bits_to_unit(x >> 9)  # from the top 23 bits
+    x ^= x >> 16
+    x.mul_(_M1).bitwise_and_(_MASK32)
+    x ^= x >> 15
+    x >>= 9  # the top 23 bits
+    return bits_to_unit(x)
 
 
 def bits_to_unit(bits: torch.Tensor) -> torch.Tensor:
@@ -69,7 +73,7 @@ def bits_to_unit(bits: torch.Tensor) -> torch.Tensor:
     23 bits, not 24: (bits + 0.5) must be exact in float32's 24-bit significand, else the top
     value rounds to 1.0 and the Gumbel noise -log(-log(1)) becomes +inf.
     """
-    return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 23))
+    return bits.to(torch.float32).add_(0.5).mul_(1.0 / (1 << 23))
 
 
 def gumbel_noise(
@@ -90,7 +94,7 @@ def gumbel_noise_salts(seeds: torch.Tensor, steps: torch.Tensor, num_cols: int, 
     salted = torch.where((salt != 0)[:, None], _mix32(row[None, :] ^ (salt[:, None] & m)), row[None, :])  # [S, B]
     keys = _mix32(salted ^ (steps & m)[None, :])  # [S, B]
     u = _unit_from_keys(keys.unsqueeze(2), column_keys(num_cols, seeds.device))  # [S, B, K]
-    return -torch.log(-torch.log(u))
+    return u.log_().neg_().log_().neg_()  # -log(-log(u)), in place
 
 
 class Sampler:
