@@ -2,8 +2,10 @@
 
 Built from the checkpoint's modules once the weights are in place (``CsmModel.setup``): each
 layer's q, k and v projections in one matrix and its gate and up projections in another
-(copies, not parameters), and RoPE applied to q, k and v in one pass over tables in which v's
-heads turn by 0 (cos 1, sin 0: v exact). Same arithmetic as ``models.orpheus.llama``'s layers.
+(copies, not parameters), and RoPE applied to q, k and v in one pass (a multiply, a roll and
+one fused multiply-add) over tables in which v's heads turn by 0 (cos 1, sin 0: v exact).
+``rotate_half(x) * sin`` is ``roll(x, D / 2) * sin'`` with sin's first half negated; the
+multiply-add rounds once where ``models.orpheus.llama``'s layers round twice.
 """
 
 from __future__ import annotations
@@ -15,13 +17,9 @@ from torch import Tensor, nn
 __all__ = ["FusedDepth"]
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class FusedDepth:
-    """``layers`` (``DecoderLayer``s) and ``rope`` [P, 2, D] -> ``__call__(h, offset, n, attn)``."""
+    """``layers`` (``DecoderLayer``s) and ``rope`` [P, 2, D] -> ``__call__(h, offset, n, attn)``;
+    ``attn(layer, q, kv)`` takes the queries and the keys then values side by side."""
 
     def __init__(self, layers: nn.ModuleList, rope: Tensor, num_heads: int, num_kv_heads: int, eps: float) -> None:
         self.nh, self.nkv, self.eps = num_heads, num_kv_heads, eps
@@ -39,6 +37,7 @@ class FusedDepth:
             heads = num_heads + 2 * num_kv_heads
             cos = rope[:, 0:1].expand(-1, heads, -1).clone()  # [P, heads, D]
             sin = rope[:, 1:2].expand(-1, heads, -1).clone()
+            sin[..., : sin.shape[-1] // 2] *= -1  # for roll, not rotate_half
             cos[:, num_heads + num_kv_heads:] = 1.0  # v's heads: not turned
             sin[:, num_heads + num_kv_heads:] = 0.0
             self.cos, self.sin = cos.to(dtype), sin.to(dtype)
@@ -55,8 +54,8 @@ class FusedDepth:
         for i in range(len(self.qkv)):
             x = F.rms_norm(h, (h.shape[-1],), self.ln1[i], self.eps)
             qkv = F.linear(x, self.qkv[i]).view(t, nh + 2 * nkv, -1)  # [T, heads, D]
-            qkv = qkv * cos + _rotate_half(qkv) * sin
-            o = attn(i, qkv[:, :nh], qkv[:, nh:nh + nkv], qkv[:, nh + nkv:])  # [T, H, D]
+            qkv = torch.addcmul(qkv * cos, qkv.roll(qkv.shape[-1] // 2, dims=-1), sin)
+            o = attn(i, qkv[:, :nh], qkv[:, nh:])  # q [T, H, D], keys and values [T, 2 Hkv, D]
             h = h + F.linear(o.reshape(t, -1), self.o[i])
             gate, up = F.linear(F.rms_norm(h, (h.shape[-1],), self.ln2[i], self.eps), self.gate_up[i]).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, self.down[i])

@@ -77,28 +77,28 @@ class _DepthDecoder(nn.Module):
 
 
 class _DenseAttention:
-    """The depth decoder's attention over one frame: a dense cache [B, Hkv, L, D] per layer,
-    inputs ``[B * n, H, D]`` (rows ordered batch-major) written at the static ``offset``.
+    """The depth decoder's attention over one frame: a dense cache [B, 2, Hkv, L, D] per layer
+    (keys and values side by side: one write), inputs q ``[B * n, H, D]`` and kv ``[B * n, 2 Hkv,
+    D]`` (keys then values; rows ordered batch-major) written at the static ``offset``.
 
     Grouped-query attention without repeating the cache: each kv head's ``H / Hkv`` query
     heads are its queries (rows), so one query position (every step but a frame's first) needs
     no mask and no copy of its inputs or output: fewer kernels in a step that runs 31 times."""
 
     def __init__(self, num_layers: int, batch: int, length: int, kv_heads: int, head_dim: int, like: Tensor) -> None:
-        shape = (batch, kv_heads, length, head_dim)
-        self.k = [like.new_zeros(shape) for _ in range(num_layers)]
-        self.v = [like.new_zeros(shape) for _ in range(num_layers)]
+        shape = (batch, 2, kv_heads, length, head_dim)
+        self.kv = [like.new_zeros(shape) for _ in range(num_layers)]
         self.batch = batch
         self.offset = 0
 
-    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def __call__(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
         b, p = self.batch, self.offset
         n = q.shape[0] // b
-        hkv, d = self.k[layer].shape[1], q.shape[2]
+        cache = self.kv[layer]
+        hkv, d = cache.shape[2], q.shape[2]
         rep = q.shape[1] // hkv
-        self.k[layer][:, :, p:p + n] = k.view(b, n, hkv, d).transpose(1, 2)
-        self.v[layer][:, :, p:p + n] = v.view(b, n, hkv, d).transpose(1, 2)
-        kc, vc = self.k[layer][:, :, :p + n], self.v[layer][:, :, :p + n]  # [B, Hkv, S, D]
+        cache[:, :, :, p:p + n] = kv.view(b, n, 2, hkv, d).permute(0, 2, 3, 1, 4)
+        kc, vc = cache[:, 0, :, :p + n], cache[:, 1, :, :p + n]  # [B, Hkv, S, D]
         if n == 1:  # every key is at or before the one query position: no mask
             o = F.scaled_dot_product_attention(q.view(b, hkv, rep, d), kc, vc)  # [B, Hkv, rep, D]
             return o.reshape(b, hkv * rep, d)
