@@ -8,10 +8,13 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import av
 import numpy as np
 import soxr
+
+if TYPE_CHECKING:
+    import av
 
 __all__ = ["ACCEPTED_FORMATS", "MAX_SAMPLE_RATE_HZ", "AudioRejected", "DecodedAudio",
            "decode_audio", "check_audio"]
@@ -55,6 +58,8 @@ def decode_audio(data: bytes, *, max_duration_s: float) -> DecodedAudio:
     ``unsupported_audio_format`` (a container other than ``ACCEPTED_FORMATS``),
     ``audio_too_long`` (more than ``max_duration_s``).
     """
+    import av  # PyAV on the first upload: a server that takes none never loads FFmpeg
+
     try:
         container = av.open(io.BytesIO(data), mode="r")
     except (av.FFmpegError, ValueError, OSError) as exc:
@@ -79,6 +84,8 @@ def decode_audio(data: bytes, *, max_duration_s: float) -> DecodedAudio:
 
 def _decode_mono(container: av.container.InputContainer, stream: av.AudioStream,
                  max_duration_s: float) -> tuple[np.ndarray, int]:
+    import av
+
     resampler: av.AudioResampler | None = None
     rate = 0
     limit = 0

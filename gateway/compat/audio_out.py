@@ -9,7 +9,6 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
-import av
 import numpy as np
 
 from gateway.resample import Resampler, pcm_bytes, to_s16
@@ -104,6 +103,8 @@ class AudioEncoder:
         return "pcm_s16le" if self.is_passthrough else "pcm_f32le"
 
     def _open_codec(self) -> None:
+        import av  # PyAV when a stream first needs an encoder (not for PCM: see _out)
+
         codec, container = _CODECS[self.fmt.encoding]
         rate = self.fmt.sample_rate
         if container is None:
@@ -168,6 +169,8 @@ class AudioEncoder:
         samples = to_s16(x)
         if samples.size == 0:
             return b""
+        import av
+
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = self.fmt.sample_rate
         frame.pts = self._pts

@@ -91,3 +91,17 @@ def test_float_wav_with_out_of_range_values_is_clipped() -> None:
             out.mux(packet)
     audio = decode_audio(buf.getvalue(), max_duration_s=30)
     assert np.all(np.isfinite(audio.samples)) and audio.samples.max() <= 1.0
+
+
+def test_the_gateway_starts_without_pyav_loaded() -> None:
+    """PyAV (FFmpeg) loads on the first upload or encoded stream, not when the server imports:
+    a fresh process that cannot import ``av`` still imports the whole gateway."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['av'] = None\n"
+            "import gateway.cli, gateway.server, gateway.compat, gateway.voice_routes\n"
+            "import gateway.audio_decode, gateway.compat.audio_out\n"
+            "assert sys.modules['av'] is None")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
