@@ -64,13 +64,17 @@ class KyutaiHead:
         depth transformer, 2 (before ``first_acoustic_step``) runs it for codebook 0 only: the
         same tokens as the whole frame, a shorter step."""
         ones = torch.ones_like(r.temperature)  # no repetition penalty; shared by every sample
+
+        def draw(logits: Tensor, top_k: Tensor | None, salt: int, noise: Tensor | None = None) -> Tensor:
+            return self.sampler(logits, temperature=r.temperature, top_p=r.top_p, repetition_penalty=ones,
+                                seeds=r.seeds, steps=r.steps, all_greedy=r.all_greedy, any_top_p=r.any_top_p,
+                                top_k=top_k, salt=salt, noise=noise)
+
         top_k_text = torch.full_like(r.seeds, self.top_k_text) if self.top_k_text > 0 else None
         logits = self.lm.text_logits(hidden)  # [B, text_card]
         if self.padding_bonus:
             logits[:, PAD] += self.padding_bonus
-        sampled = self.sampler(logits, temperature=r.temperature, top_p=r.top_p, repetition_penalty=ones,
-                               seeds=r.seeds, steps=r.steps, all_greedy=r.all_greedy, any_top_p=r.any_top_p,
-                               top_k=top_k_text, salt=0)  # [B]
+        sampled = draw(logits, top_k_text, 0)  # [B]
         stop = self.machine.stop_due(r.rows, r.steps, self.tail)
         text_out = self.machine.step(r.rows, sampled, r.steps, r.keep)  # [B]
 
@@ -83,9 +87,7 @@ class KyutaiHead:
         top_k_audio = torch.full_like(r.seeds, self.top_k_audio) if num_codebooks and self.top_k_audio > 0 else None
 
         def sample_audio(audio_logits: Tensor, salt: int) -> Tensor:
-            return self.sampler(audio_logits, temperature=r.temperature, top_p=r.top_p, repetition_penalty=ones,
-                                seeds=r.seeds, steps=r.steps, all_greedy=r.all_greedy, any_top_p=r.any_top_p,
-                                top_k=top_k_audio, salt=salt, noise=None if noise is None else noise[salt - 1])
+            return draw(audio_logits, top_k_audio, salt, None if noise is None else noise[salt - 1])
 
         if variant == 0:
             codes = decode_frame(self.lm, hidden, text_out, sample_audio, self.n_q)  # [B, n_q]
