@@ -9,6 +9,7 @@
 #
 #   bash benchmark/gpu/h200_serving.sh OUT_DIR [LEVELS] [MAX_TOKENS]
 #
+# LEVELS 0: no sweep (the single-stream figures alone).
 # LEVELS2: a second sweep on the same server, first starts spread over RAMP2_S (default 10 s).
 # SUMMARY_ONLY=1: the text outputs in one summary.txt (the JSON files stay), so two runs of
 # this script (an A/B, into OUT/a and OUT/b) fit the device's eight returned files.
@@ -115,7 +116,7 @@ if [ -n "${PYSPY_RECORD_S:-}" ] && [ -x /tmp/site/bin/py-spy ]; then
     --duration "$PYSPY_RECORD_S" --format speedscope -o "$out/pyspy.json" > "$out/pyspy.log" 2>&1 &
   recorder=$!
 fi
-sweep bench "$levels" "${RAMP_S:-3}"
+[ "$levels" = 0 ] || sweep bench "$levels" "${RAMP_S:-3}"  # LEVELS 0: the single-stream figures only
 [ "${DMON:-all}" = bench2 ] && start_dmon
 [ -n "${LEVELS2:-}" ] && sweep bench2 "$LEVELS2" "${RAMP2_S:-10}"
 stop_dmon
