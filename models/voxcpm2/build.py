@@ -10,8 +10,14 @@ from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
 
 __all__ = ["VAE_BUCKETS", "VOXCPM2_DEFAULTS", "build_voxcpm2_backend", "load"]
 
-# Not yet measured on a GPU: no decode cap (every running stream decodes each step).
-VOXCPM2_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0)
+# No decode cap; the decode fill at 64 rows, not 256: jobs due within the horizon always
+# decode, and only 64 rows' worth of jobs not yet due (the segments generated ahead) fill a
+# step. A step's time grows with its rows (the flow-matching head at 64 rows takes a third of
+# its time at 256): with 128 streams offered, the fill of 256 ran about 200 rows at 120-140 ms
+# a step and admission held some 110 streams (363 refused, TTFA p90 1,123 ms; d678acb7), the
+# fill of 64 ran 64 rows at 45-52 ms and admitted all 128, every one on time (TTFA p90 439 ms;
+# 0dfc444f). docs/performance.md, "VoxCPM2 on an H200".
+VOXCPM2_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0, decode_fill_seqs=64)
 # The VAE's batches: the rows whose chunk is due in a step (about 1 in chunk_patches of the
 # running rows once streams are staggered; all of them when they start together).
 VAE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
