@@ -7,9 +7,12 @@ so a row's sample does not depend on what shares its batch (docs/architecture.md
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-__all__ = ["Sampler", "bits_to_unit", "column_keys", "gumbel_noise", "gumbel_noise_salts", "uniform_noise"]
+__all__ = ["RowSettings", "Sampler", "bits_to_unit", "column_keys", "gumbel_noise", "gumbel_noise_salts",
+           "uniform_noise"]
 
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays below 2**63 (no int64 overflow).
@@ -97,8 +100,42 @@ def gumbel_noise_salts(seeds: torch.Tensor, steps: torch.Tensor, num_cols: int, 
     return u.log_().neg_().log_().neg_()  # -log(-log(u)), in place
 
 
+@dataclass
+class RowSettings:
+    """Each row's sampling settings as the sampler uses them (``Sampler.rows``), for a head that
+    samples many codebooks a step with the same settings: made once, not once per codebook."""
+
+    temperature: torch.Tensor  # float32 [B]; 0 = greedy
+    top_p: torch.Tensor  # float32 [B]
+    top_k: torch.Tensor | None  # int64 [B]; 0 = off
+    is_greedy: torch.Tensor  # bool [B]
+    divisor: torch.Tensor  # float32 [B, 1]: the temperature, 1 for greedy rows
+    top_p_col: torch.Tensor  # float32 [B, 1]
+    top_k_col: torch.Tensor | None  # int64 [B, 1]
+    top_k_on: torch.Tensor | None  # bool [B, 1]: top_k > 0
+    top_k_off: torch.Tensor | None  # bool [B, 1]: top_k <= 0
+    _kth_index: dict[int, torch.Tensor] = field(default_factory=dict)  # per logits width
+
+    def kth_index(self, num_cols: int) -> torch.Tensor:
+        """int64 [B, 1]: the index of each row's k-th largest value among ``num_cols``."""
+        idx = self._kth_index.get(num_cols)
+        if idx is None:
+            idx = self._kth_index[num_cols] = self.top_k_col.clamp(1, num_cols) - 1  # type: ignore[union-attr]
+        return idx
+
+
 class Sampler:
     """``__call__`` returns column indices [B] (into the logits' last dim)."""
+
+    @staticmethod
+    def rows(temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor | None = None) -> RowSettings:
+        """The rows' settings, prepared (``__call__``'s ``settings``)."""
+        is_greedy = temperature <= 0
+        top_k_col = None if top_k is None else top_k.unsqueeze(1)
+        top_k_on = None if top_k_col is None else top_k_col > 0
+        return RowSettings(temperature, top_p, top_k, is_greedy,
+                           torch.where(is_greedy, torch.ones_like(temperature), temperature).unsqueeze(1),
+                           top_p.unsqueeze(1), top_k_col, top_k_on, None if top_k_on is None else ~top_k_on)
 
     def __init__(self) -> None:
         self._col_keys: torch.Tensor | None = None  # cached per (K, device)
@@ -107,8 +144,8 @@ class Sampler:
         self,
         logits: torch.Tensor,  # float32 [B, K]
         *,
-        temperature: torch.Tensor,  # float32 [B]; 0 = greedy
-        top_p: torch.Tensor,  # float32 [B] in (0, 1]
+        temperature: torch.Tensor | None = None,  # float32 [B]; 0 = greedy
+        top_p: torch.Tensor | None = None,  # float32 [B] in (0, 1]
         repetition_penalty: torch.Tensor,  # float32 [B]; 1 = off
         seeds: torch.Tensor,  # int64 [B]
         steps: torch.Tensor,  # int64 [B] tokens this row generated so far
@@ -120,12 +157,20 @@ class Sampler:
         top_k: torch.Tensor | None = None,  # int64 [B]; 0 = off
         salt: int = 0,  # another noise stream (one per codebook sampled in the same step)
         noise: torch.Tensor | None = None,  # float32 [B, K]: this call's Gumbel noise, drawn ahead
+        settings: RowSettings | None = None,  # ``rows(temperature, top_p, top_k)``, in their place
     ) -> torch.Tensor:
         """Sample one column per row. With ``columns`` (and ``allowed`` [B, M] marking the real
         entries of each row's list) the work runs on the gathered [B, M] logits only; the
         noise stays keyed by the original column, so the sample is the same as on all K.
         ``noise`` (``gumbel_noise_salts(seeds, steps, K, ...)[i]`` for salt ``salts[i]``) stands
-        for the noise this call would draw with that salt: the same sample, fewer kernels."""
+        for the noise this call would draw with that salt: the same sample, fewer kernels;
+        ``settings`` for ``temperature``, ``top_p`` and ``top_k`` likewise."""
+        if settings is None:
+            if temperature is None or top_p is None:
+                raise ValueError("the sampler needs temperature and top_p, or settings")
+            settings = self.rows(temperature, top_p, top_k)
+        elif temperature is not None or top_p is not None or top_k is not None:
+            raise ValueError("give settings or temperature, top_p and top_k, not both")
         if columns is not None:
             if noise is not None:
                 raise ValueError("noise drawn ahead is for full-width logits, not with columns")
@@ -133,18 +178,18 @@ class Sampler:
             if self._col_keys is None or self._col_keys.numel() != k or self._col_keys.device != logits.device:
                 self._col_keys = column_keys(k, logits.device)
             picked = self._sample(
-                logits.gather(1, columns), temperature, top_p, repetition_penalty, seeds, steps,
+                logits.gather(1, columns), settings, repetition_penalty, seeds, steps,
                 None if seen is None else seen.gather(1, columns), allowed, all_greedy, any_top_p,
-                self._col_keys[columns], top_k, salt,
+                self._col_keys[columns], salt,
             )  # [B] indices into each row's list
             return columns.gather(1, picked.unsqueeze(1)).squeeze(1)
-        return self._sample(logits, temperature, top_p, repetition_penalty, seeds, steps, seen, allowed,
-                            all_greedy, any_top_p, None, top_k, salt, noise)
+        return self._sample(logits, settings, repetition_penalty, seeds, steps, seen, allowed,
+                            all_greedy, any_top_p, None, salt, noise)
 
-    def _sample(self, logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+    def _sample(self, logits: torch.Tensor, rs: RowSettings,
                 repetition_penalty: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
                 seen: torch.Tensor | None, allowed: torch.Tensor | None, all_greedy: bool, any_top_p: bool,
-                col_keys: torch.Tensor | None, top_k: torch.Tensor | None = None, salt: int = 0,
+                col_keys: torch.Tensor | None, salt: int = 0,
                 noise: torch.Tensor | None = None) -> torch.Tensor:
         logits = logits.float()
         if seen is not None:
@@ -157,22 +202,21 @@ class Sampler:
         if all_greedy:
             return greedy
 
-        is_greedy = temperature <= 0  # [B]
-        temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
-        scaled = logits / temp.unsqueeze(1)  # [B, K]
+        top_k = rs.top_k
+        scaled = logits / rs.divisor  # [B, K]
         drop = torch.isneginf(logits)  # disallowed columns, [B, K]
         if top_k is not None:
             # k = 0 keeps every column; a row keeps the columns at or above its k-th largest
             # value (ties with it included), as transformers' TopKLogitsWarper does.
-            k_idx = (top_k.clamp(1, logits.shape[1]) - 1).unsqueeze(1)  # [B, 1]
+            k_idx = rs.kth_index(logits.shape[1])  # [B, 1]
         if any_top_p:
             probs = torch.softmax(scaled, dim=-1)
             sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [B, K]
             mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-            mass = top_p.unsqueeze(1)  # [B, 1]
+            mass = rs.top_p_col  # [B, 1]
             if top_k is not None:  # top-p over what top-k kept, renormalised (transformers' order)
                 kth = sorted_probs.gather(1, k_idx)  # [B, 1]
-                in_top_k = (top_k.unsqueeze(1) <= 0) | (sorted_probs >= kth)  # [B, K], sorted order
+                in_top_k = rs.top_k_off | (sorted_probs >= kth)  # [B, K], sorted order
                 mass = mass * (sorted_probs * in_top_k).sum(dim=-1, keepdim=True)
                 drop_sorted = (mass_before >= mass) | ~in_top_k  # the top token is always kept
             else:
@@ -180,7 +224,7 @@ class Sampler:
             drop = drop | torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         elif top_k is not None:  # no top-p: the k-th value alone, no softmax, cumsum or scatter
             kth = scaled.sort(dim=-1, descending=True).values.gather(1, k_idx)  # [B, 1]
-            drop = drop | ((top_k.unsqueeze(1) > 0) & (scaled < kth))
+            drop = drop | (rs.top_k_on & (scaled < kth))
         if noise is None:
             k = logits.shape[1]
             if col_keys is None:
@@ -190,4 +234,4 @@ class Sampler:
             noise = gumbel_noise(seeds, steps, k, col_keys, salt)  # [B, K]
         # Mask after adding the noise, so a dropped column can never win (no -inf + x = NaN).
         sampled = (scaled + noise).masked_fill(drop, float("-inf")).argmax(dim=-1)  # [B]
-        return torch.where(is_greedy, greedy, sampled)
+        return torch.where(rs.is_greedy, greedy, sampled)

@@ -61,8 +61,10 @@ class CsmHead:
         noise = None if r.all_greedy else gumbel_noise_salts(r.seeds, r.steps, self.model.config.codebook_size,
                                                             range(k))
 
+        settings = self.sampler.rows(r.temperature, r.top_p, r.top_k)  # once for every codebook
+
         def sample(logits: Tensor, salt: int) -> Tensor:
-            return self.sampler(logits, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            return self.sampler(logits, settings=settings,
                                 repetition_penalty=no_penalty, seeds=r.seeds, steps=r.steps,
                                 all_greedy=r.all_greedy, any_top_p=r.any_top_p, salt=salt,
                                 noise=None if noise is None else noise[salt])

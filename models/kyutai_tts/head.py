@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from engine.llm.sampler import Sampler, gumbel_noise_salts
+from engine.llm.sampler import RowSettings, Sampler, gumbel_noise_salts
 from engine.llm.token_head import RowInputs
 from models.kyutai_tts.depformer import decode_frame
 from models.kyutai_tts.device_machine import DeviceMachine
@@ -65,16 +65,16 @@ class KyutaiHead:
         same tokens as the whole frame, a shorter step."""
         ones = torch.ones_like(r.temperature)  # no repetition penalty; shared by every sample
 
-        def draw(logits: Tensor, top_k: Tensor | None, salt: int, noise: Tensor | None = None) -> Tensor:
-            return self.sampler(logits, temperature=r.temperature, top_p=r.top_p, repetition_penalty=ones,
+        def draw(logits: Tensor, settings: RowSettings, salt: int, noise: Tensor | None = None) -> Tensor:
+            return self.sampler(logits, settings=settings, repetition_penalty=ones,
                                 seeds=r.seeds, steps=r.steps, all_greedy=r.all_greedy, any_top_p=r.any_top_p,
-                                top_k=top_k, salt=salt, noise=noise)
+                                salt=salt, noise=noise)
 
         top_k_text = torch.full_like(r.seeds, self.top_k_text) if self.top_k_text > 0 else None
         logits = self.lm.text_logits(hidden)  # [B, text_card]
         if self.padding_bonus:
             logits[:, PAD] += self.padding_bonus
-        sampled = draw(logits, top_k_text, 0)  # [B]
+        sampled = draw(logits, self.sampler.rows(r.temperature, r.top_p, top_k_text), 0)  # [B]
         stop = self.machine.stop_due(r.rows, r.steps, self.tail)
         text_out = self.machine.step(r.rows, sampled, r.steps, r.keep)  # [B]
 
@@ -85,9 +85,10 @@ class KyutaiHead:
         if num_codebooks and not r.all_greedy:
             noise = gumbel_noise_salts(r.seeds, r.steps, self.lm.config.lm.card, range(1, 1 + num_codebooks))
         top_k_audio = torch.full_like(r.seeds, self.top_k_audio) if num_codebooks and self.top_k_audio > 0 else None
+        audio = self.sampler.rows(r.temperature, r.top_p, top_k_audio) if num_codebooks else None  # every codebook's
 
         def sample_audio(audio_logits: Tensor, salt: int) -> Tensor:
-            return draw(audio_logits, top_k_audio, salt, None if noise is None else noise[salt - 1])
+            return draw(audio_logits, audio, salt, None if noise is None else noise[salt - 1])  # type: ignore[arg-type]
 
         if variant == 0:
             codes = decode_frame(self.lm, hidden, text_out, sample_audio, self.n_q)  # [B, n_q]

@@ -103,9 +103,11 @@ class Qwen3Head:
         noise = None if r.all_greedy else gumbel_noise_salts(r.seeds, r.steps, cp.vocab_size,
                                                             range(1, cp.num_code_groups))
 
+        settings = self.sampler.rows(r.temperature, r.top_p, r.top_k)  # once for every codebook
+
         def sample(logits: Tensor, salt: int) -> Tensor:  # codebook ``salt`` (0: the talker's head)
             return self.sampler(
-                logits, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seeds=r.seeds, steps=r.steps,
+                logits, settings=settings, seeds=r.seeds, steps=r.steps,
                 repetition_penalty=r.repetition_penalty if salt == 0 else no_penalty,
                 seen=seen if salt == 0 else None, all_greedy=r.all_greedy, any_top_p=r.any_top_p, salt=salt,
                 noise=None if salt == 0 or noise is None else noise[salt - 1])

@@ -162,3 +162,29 @@ def test_noise_drawn_ahead_for_many_salts_samples_as_each_call_would() -> None:
               seeds=seeds, steps=steps, top_k=torch.full((b,), 50, dtype=torch.int64), any_top_p=False)
     for i, salt in enumerate(salts):
         assert torch.equal(s(logits, **kw, salt=salt), s(logits, **kw, salt=0, noise=ahead[i]))
+
+
+@pytest.mark.parametrize("any_top_p", [True, False])
+def test_settings_made_once_sample_as_the_settings_given_each_call(any_top_p: bool) -> None:
+    """``Sampler.rows`` made once for many calls (a frame head's codebooks, of two widths)
+    samples what each call given temperature, top_p and top_k samples: greedy rows, top-k off
+    (0) and on, any top-p; giving both is refused."""
+    g = torch.Generator().manual_seed(4)
+    b = 12
+    temperature = torch.rand(b, generator=g) + 0.3
+    temperature[::4] = 0.0  # greedy rows
+    top_p = torch.rand(b, generator=g) * 0.5 + 0.5
+    top_k = torch.randint(0, 40, (b,), generator=g)
+    top_k[1::3] = 0
+    seeds, steps = torch.arange(b, dtype=torch.int64), torch.full((b,), 7, dtype=torch.int64)
+    s = Sampler()
+    settings = s.rows(temperature, top_p, top_k)
+    common = dict(repetition_penalty=torch.ones(b), seeds=seeds, steps=steps, any_top_p=any_top_p)
+    for salt, width in enumerate((257, 31, 257, 64)):
+        logits = torch.randn(b, width, generator=g)
+        each = s(logits, temperature=temperature, top_p=top_p, top_k=top_k, salt=salt, **common)
+        assert torch.equal(s(logits, settings=settings, salt=salt, **common), each)
+    with pytest.raises(ValueError, match="not both"):
+        s(logits, settings=settings, temperature=temperature, **common)
+    with pytest.raises(ValueError, match="settings"):
+        s(logits, **common)
