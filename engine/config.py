@@ -28,6 +28,11 @@ class EngineConfig:
     # A LoRA adapter (a file or a folder in the reference's format) folded into the weights once
     # at load: one adapted model per engine (VoxCPM2: models/voxcpm2/lora.py).
     lora: str | None = None
+    # A program's own load-time settings by name (``voxgate serve --model-setting NAME=VALUE``,
+    # the value as given, converted to the type of the setting's default at load): the settings
+    # a model's doc lists (docs/models/voxcpm2.md, "Load-time settings"); a name the model does
+    # not read stops the engine at start-up with the names it does.
+    model_settings: tuple[tuple[str, str], ...] = ()
     # Where the model's codec runs when it is not the LM's device ("cuda:1": the LM on cuda:0, the
     # codec on the second GPU; "cpu"). None: the LM's device. Only a program that can place its
     # codec elsewhere takes it (Orpheus); others refuse it at start-up (docs/deploy.md).

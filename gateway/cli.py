@@ -116,6 +116,11 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     m.add_argument("--lora", default=None, metavar="PATH",
                    help="VoxCPM2: a LoRA adapter (lora_weights.safetensors or its folder) folded into "
                         "the weights once at load; without it the base weights (default: none)")
+    m.add_argument("--model-setting", dest="model_settings", action="append", default=[],
+                   type=_model_setting, metavar="NAME=VALUE",
+                   help="a model's own load-time setting (repeatable; the model's doc lists them, "
+                        "e.g. VoxCPM2's stream_chunk_patches=2); a name the model does not read "
+                        "stops the start with the names it does (default: none: the model's own)")
     m.add_argument("--synthetic-fast", dest="synthetic_realtime", action="store_false",
                    help="synthetic model: emit audio as fast as possible instead of at real time")
     m.add_argument("--synthetic-cloning", dest="synthetic_cloning", action="store_true",
@@ -432,9 +437,19 @@ def _engine_layout(gpus: tuple[str, ...], num_engines: int,
     return (), num_engines, ("cpu" if num_engines > 1 else device), 1
 
 
+def _model_setting(text: str) -> tuple[str, str]:
+    """``--model-setting NAME=VALUE`` -> (name, value)."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (a setting's name, '=', its value), got {text!r}")
+    return name, value.strip()
+
+
 def configs_from_args(args: argparse.Namespace) -> tuple[GatewayConfig, EngineConfig]:
     """Map parsed arguments onto the two process configurations (raises ValueError)."""
     values = dict(vars(args))
+    values["model_settings"] = tuple(values.get("model_settings") or ())
     values["gpus"], values["num_engines"], values["device"], values["gpu_memory_share"] = (
         _engine_layout(tuple(values.get("gpus") or ()), values.get("num_engines") or 0,
                        values["device"]))

@@ -18,7 +18,7 @@ from engine.llm.model_runner import ModelRunner
 from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
 from engine.llm.scheduler import Scheduler
 
-__all__ = ["auto_decode_cap", "build_lm_backend"]
+__all__ = ["auto_decode_cap", "build_lm_backend", "model_setting_value"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,32 @@ def _prefill_batching(wait_s: float, batch_seqs: int, runner: Any,
     if batch_seqs < 0:
         batch_seqs = defaults.prefill_batch_seqs if separate else 0
     return wait_s, batch_seqs
+
+
+def model_setting_value(name: str, value: str, default: Any) -> Any:
+    """A ``--model-setting`` value (text) as the type of the setting's default: an int, float or
+    bool (true/false, on/off, 1/0, yes/no), else the text; for a default of None (a setting
+    that is off unless given) a number where the text is one. ValueError naming the setting."""
+    if isinstance(default, bool):
+        v = value.strip().lower()
+        if v in ("1", "true", "on", "yes"):
+            return True
+        if v in ("0", "false", "off", "no"):
+            return False
+        raise ValueError(f"--model-setting {name}={value}: expects true or false")
+    for kind, what in ((int, "an integer"), (float, "a number")):
+        if isinstance(default, kind):
+            try:
+                return kind(value)
+            except ValueError:
+                raise ValueError(f"--model-setting {name}={value}: expects {what}") from None
+    if default is None:
+        for kind in (int, float):
+            try:
+                return kind(value)
+            except ValueError:
+                pass
+    return value
 
 
 def auto_decode_cap(cap: int, device: str, fp8_weights: bool, defaults: ServingDefaults = ServingDefaults()) -> int:
@@ -179,7 +205,13 @@ def build_lm_backend(
     enable_graphs = pick(None, "enable_cuda_graphs", True)
     use_graphs = device == "cuda" and enable_graphs and has_flashinfer
 
+    overrides = dict(getattr(config, "model_settings", None) or ())
+    asked: set[str] = set()
+
     def setting(name: str, default: Any) -> Any:
+        asked.add(name)
+        if program_settings.get(name) is None and name in overrides:
+            return model_setting_value(name, overrides[name], default)
         return pick(program_settings.get(name), name, default)
 
     import time
@@ -193,6 +225,11 @@ def build_lm_backend(
         use_graphs=use_graphs, setting=setting,
     ))
     check_codec_device(setting("codec_device", None), device, loaded.codec_device, str(model_path_or_id))
+    unknown = sorted(set(overrides) - asked)
+    if unknown:
+        known = ", ".join(sorted(asked - {"codec_device"})) or "none"
+        raise ValueError(f"--model-setting {', '.join(unknown)}: not a setting of {model_path_or_id} "
+                         f"(its settings: {known})")
     program, shape, defaults = loaded.program, loaded.kv_shape, loaded.defaults
     log.info("loaded in %.1f s; building the KV cache%s", time.monotonic() - t0,
              " and capturing CUDA graphs" if use_graphs and runner_factory is None else "")

@@ -216,3 +216,19 @@ def test_orpheus_codec_on_a_second_gpu_gives_the_audio_of_the_codec_beside_the_l
         backend.close()
     assert audio[0].shape == audio[1].shape and audio[0].size > 0
     np.testing.assert_allclose(audio[1], audio[0], atol=2e-2)
+
+
+def test_a_model_setting_text_takes_its_defaults_type() -> None:
+    """``--model-setting`` values arrive as text: an int, float or bool default makes them one
+    (a wrong one is refused naming the setting), a None default a number where the text is one."""
+    from engine.llm.build import model_setting_value as v
+
+    assert v("n", "3", 4) == 3 and isinstance(v("n", "3", 4), int)
+    assert v("x", "0.5", 1.0) == 0.5 and v("x", "2", 1.0) == 2.0
+    assert [v("b", t, True) for t in ("on", "TRUE", "1", "yes", "off", "false", "0", "no")] == [True] * 4 + [False] * 4
+    assert v("s", "bfloat16", "auto") == "bfloat16"
+    assert v("k", "8", None) == 8 and v("a", "0.25", None) == 0.25 and v("d", "/voices", None) == "/voices"
+    with pytest.raises(ValueError, match="n=three: expects an integer"):
+        v("n", "three", 4)
+    with pytest.raises(ValueError, match="b=maybe: expects true or false"):
+        v("b", "maybe", False)

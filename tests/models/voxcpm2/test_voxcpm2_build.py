@@ -70,3 +70,31 @@ def test_settings_refused_at_load() -> None:
         with pytest.raises(ValueError, match=name):
             backend(max_num_seqs=1, **{name: 0})
     assert EngineConfig(model="voxcpm2-tiny").lora is None
+
+
+def test_a_model_setting_flag_reaches_the_program_and_a_wrong_one_is_named() -> None:
+    """`--model-setting stream_chunk_patches=2` sets the served decoder's chunk (the text taken
+    as the default's type); a name the model does not read, or a value of the wrong type, stops
+    the build with a message naming it (and the model's settings); a flag without `=` is a usage error."""
+    from gateway.cli import build_parser, configs_from_args
+
+    from engine.backends import build_backend
+
+    base = ["serve", "--model", "voxcpm2-tiny", "--load-format", "dummy", "--device", "cpu",
+            "--max-num-seqs", "2", "--max-model-len", "256"]
+
+    def config(*settings: str) -> EngineConfig:
+        argv = base + [x for s in settings for x in ("--model-setting", s)]
+        return configs_from_args(build_parser().parse_args(argv))[1]
+
+    assert config().model_settings == ()
+    c = config("stream_chunk_patches=2", "max_flow_steps = 4")
+    assert c.model_settings == (("stream_chunk_patches", "2"), ("max_flow_steps", "4"))
+    served = build_backend(c)
+    assert served.program.decoder.chunk == 2
+    with pytest.raises(ValueError, match=r"--model-setting stream_chunk_patchs: not a setting of .*stream_chunk_patches"):
+        build_backend(config("stream_chunk_patchs=2"))
+    with pytest.raises(ValueError, match=r"stream_chunk_patches=two: expects an integer"):
+        build_backend(config("stream_chunk_patches=two"))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(base + ["--model-setting", "stream_chunk_patches"])
