@@ -1,6 +1,7 @@
 """Patches to 48 kHz audio for the VoxCPM2 program: the streaming VAE decoder, a chunk of
-``chunk_patches`` patches per slot at a time, each chunk decoded once (where chunks come from and
-how reads are ordered against slot reuse: docs/models/voxcpm2.md, "Chunked decoding").
+``chunk_patches`` patches per slot at a time, each chunk decoded once into the slot's state
+(where chunks come from, how reads are ordered against slot reuse and the early first audio of
+``first_chunk_patches``: docs/models/voxcpm2.md, "Chunked decoding").
 """
 
 from __future__ import annotations
@@ -34,22 +35,35 @@ class ChunkRow:
     start: int  # virtual positions already decoded
     available: int  # virtual positions known (context + patches generated)
     spilled: bool = False  # its ring row and context were copied aside (``ChunkDecoder.spill``)
+    sent: int = 0  # virtual positions whose audio an early first chunk gave already
 
 
 class ChunkDecoder:
     """See the module docstring. ``ring`` is ``PatchHead.ring`` [S+1, R, P, D]."""
 
-    def __init__(self, vae: Any, ring: Tensor, *, max_slots: int, chunk_patches: int) -> None:
+    def __init__(self, vae: Any, ring: Tensor, *, max_slots: int, chunk_patches: int,
+                 first_chunk_patches: int = 0) -> None:
         if chunk_patches < 1:
             raise ValueError(f"chunk_patches must be >= 1, got {chunk_patches}")
+        if not 0 <= first_chunk_patches < chunk_patches:
+            raise ValueError(f"first_chunk_patches must be 0 (off) or below chunk_patches ({chunk_patches}), "
+                             f"got {first_chunk_patches}")
         rows, ring_len, p, d = ring.shape
         if ring_len < chunk_patches + 3:
             raise ValueError(f"the ring holds {ring_len} patches; chunks of {chunk_patches} need {chunk_patches + 3}")
         self.ring = ring
         self.chunk = chunk_patches
+        # An early first chunk: a fresh sequence's first ``first`` patches decoded at once, padded,
+        # through a state slot of their own that starts at zero (``probe_slot``, zeroed after each
+        # call) and not into the sequence's slot; its first whole chunk is decoded later as
+        # always and the audio already given cut from it. The decoder is causal, so the padding
+        # changes none of those samples: the same audio, first sooner, one more chunk's work.
+        self.first = first_chunk_patches
         self.patch_size, self.feat_dim = p, d
         self.device = ring.device
-        self.stream = VAEStream(vae, max_slots, chunk_patches * p)
+        self.stream = VAEStream(vae, max_slots + 1, chunk_patches * p)  # slot max_slots: the probe's
+        self.probe_slot = max_slots
+        self._probe_slots = torch.tensor([max_slots], dtype=torch.int64, device=self.device)
         self.patch_samples = p * self.stream.hop
         self.context = torch.zeros(rows, CONTEXT_PATCHES, p, d, device=self.device, dtype=ring.dtype)
         self.spilled_ring = torch.zeros_like(ring)
@@ -89,9 +103,10 @@ class ChunkDecoder:
 
     # -- decoding ---------------------------------------------------------------------------
 
-    def step_fn(self, slot1: Tensor, ring_idx: Tensor, ctx_idx: Tensor, kind: Tensor) -> Tensor:
+    def step_fn(self, slot1: Tensor, ring_idx: Tensor, ctx_idx: Tensor, kind: Tensor, probe: Tensor) -> Tensor:
         """The captured work: slot + 1 [N] (0: padding, the scratch slot), per chunk position the
-        ring index, the context index and the source [N, C] -> audio [N, C * P * hop] float32."""
+        ring index, the context index and the source [N, C], and [N] 1 for an early first chunk
+        (decoded through the probe slot) -> audio [N, C * P * hop] float32."""
         scratch = self.stream.scratch_slot
         slots = torch.where(slot1 > 0, slot1 - 1, torch.full_like(slot1, scratch))
         rows = slots[:, None]
@@ -102,7 +117,12 @@ class ChunkDecoder:
                                (_CONTEXT_SPILLED, self.spilled_context, ctx_idx)):
             x = torch.where(k == code, src[rows, idx], x)
         z = x.reshape(x.shape[0], -1, self.feat_dim).transpose(1, 2)  # [N, D, C * P]
-        return self.stream.step(slots, z).float()
+        if not self.first:
+            return self.stream.step(slots, z).float()
+        # (each layer reads every row's state before it writes any: probes sharing the slot all read zeros)
+        pcm = self.stream.step(torch.where(probe > 0, torch.full_like(slots, self.probe_slot), slots), z).float()
+        self.stream.reset(self._probe_slots)
+        return pcm
 
     def run(self, rows: list[ChunkRow], *, final: bool) -> Collect:
         """Decode every chunk due in ``rows`` (all that remain, padded, with ``final``); advances
@@ -112,19 +132,25 @@ class ChunkDecoder:
             fresh = [r.slot for r in rows if r.start == 0 and self._due(r, final)]
             if fresh:
                 self.stream.reset(torch.tensor(fresh, dtype=torch.int64).to(self.device, non_blocking=True))
+            probes = [] if final else [i for i, r in enumerate(rows) if self._probe_due(r)]
             while True:
                 due = [i for i, r in enumerate(rows) if self._due(r, final)]
-                if not due:
+                if not due and not probes:
                     break
-                out = self._decode([rows[i] for i in due])  # (a handle: waits and gives [N, samples])
+                out = self._decode([rows[i] for i in due + probes], num_probes=len(probes))  # (a handle)
                 for j, i in enumerate(due):
                     r = rows[i]
                     end = min(r.available, r.start + self.chunk)
-                    cut_from = max(r.num_context - r.start, 0) * self.patch_samples
+                    cut_from = max(r.num_context - r.start, r.sent - r.start, 0) * self.patch_samples
                     cut_to = (end - r.start) * self.patch_samples
                     if cut_to > cut_from:
                         pieces[i].append((j, out, cut_from, cut_to))
                     r.start += self.chunk
+                for j, i in enumerate(probes, start=len(due)):
+                    r = rows[i]
+                    pieces[i].append((j, out, 0, r.available * self.patch_samples))
+                    r.sent = r.available
+                probes = []
             if final and self._cuda_stream is not None:
                 event = torch.cuda.Event()
                 event.record(self._cuda_stream)
@@ -143,8 +169,15 @@ class ChunkDecoder:
     def _due(self, r: ChunkRow, final: bool) -> bool:
         return r.available - r.start >= (1 if final else self.chunk)
 
-    def _decode(self, rows: list[ChunkRow]) -> Any:
-        """One VAE call over ``rows``' next chunks; a handle whose call gives the audio [N, S] (numpy)."""
+    def _probe_due(self, r: ChunkRow) -> bool:
+        """An early first chunk: a fresh sequence without context, ``first`` patches made, none
+        given yet, its first whole chunk not yet due."""
+        return (self.first > 0 and r.start == 0 and r.num_context == 0 and r.sent == 0
+                and self.first <= r.available < self.chunk)
+
+    def _decode(self, rows: list[ChunkRow], num_probes: int = 0) -> Any:
+        """One VAE call over ``rows``' next chunks, the last ``num_probes`` of them early first
+        chunks; a handle whose call gives the audio [N, S] (numpy)."""
         n, c, ring_len = len(rows), self.chunk, self.ring.shape[1]
         v = np.array([r.start for r in rows])[:, None] + np.arange(c)[None]  # [N, C] virtual positions
         k = np.array([r.num_context for r in rows])[:, None]
@@ -160,7 +193,8 @@ class ChunkDecoder:
             return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev, non_blocking=True)
 
         slot1 = dev_t(np.array([r.slot + 1 for r in rows]))
-        args = (slot1, dev_t(ring_idx), dev_t(ctx_idx), dev_t(kind))
+        probe = dev_t((np.arange(n) >= n - num_probes).astype(np.int64))
+        args = (slot1, dev_t(ring_idx), dev_t(ctx_idx), dev_t(kind), probe)
         self.num_chunks += n
         if self.graphs is not None:
             from engine.llm.host_copy import start_host_copy
@@ -188,8 +222,8 @@ class ChunkDecoder:
         from engine.llm.cuda_graphs import BatchGraphs
 
         c, i64 = self.chunk, torch.int64
-        graphs = BatchGraphs(self.step_fn, [((), i64), ((c,), i64), ((c,), i64), ((c,), i64)], buckets=buckets,
-                             device=self.device)
+        graphs = BatchGraphs(self.step_fn, [((), i64), ((c,), i64), ((c,), i64), ((c,), i64), ((), i64)],
+                             buckets=buckets, device=self.device)
         graphs.capture(desc="voxcpm2 VAE graphs")
         self.graphs = graphs
         return graphs

@@ -40,7 +40,9 @@ def load(ctx: LoadContext) -> ProgramModel:
     Settings (``ctx.setting``): ``lora`` (an adapter folded into the weights at load, a path;
     ``lora_alpha``: its alpha when no ``lora_config.json`` gives it), ``vae_decoder_dtype``
     ("auto": bfloat16 on CUDA, float32 on the CPU; "float32", "bfloat16"), ``stream_chunk_patches``
-    (patches per streamed VAE chunk, default 4: 640 ms), ``max_flow_steps`` (the most Euler steps
+    (patches per streamed VAE chunk, default 4: 640 ms), ``first_chunk_patches`` (a fresh
+    sequence's first audio after this many patches, below the chunk; default 0: off, the first
+    chunk whole), ``max_flow_steps`` (the most Euler steps
     a request may ask for, default 10: every row runs that many, the extra ones masked),
     ``max_voice_patches`` (prompt patches a slot holds for a cloned voice, default 384: a voice of
     the voice store's longest, 30 s, with its transcript takes 2 x 188),
@@ -54,6 +56,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     from models.voxcpm2.program import StandInTokenizer, VoxCPM2Program
 
     chunk = int(ctx.setting("stream_chunk_patches", 4))
+    first = int(ctx.setting("first_chunk_patches", 0))
     max_steps = int(ctx.setting("max_flow_steps", 10))
     voice_patches = int(ctx.setting("max_voice_patches", 384))
     vae_max_batch = int(ctx.setting("vae_max_batch", 256))
@@ -61,6 +64,8 @@ def load(ctx: LoadContext) -> ProgramModel:
                              ("max_voice_patches", voice_patches, 0), ("vae_max_batch", vae_max_batch, 1)):
         if value < low:
             raise ValueError(f"{name} must be >= {low}, got {value}")
+    if not 0 <= first < chunk:
+        raise ValueError(f"first_chunk_patches must be 0 (off) or below stream_chunk_patches ({chunk}), got {first}")
     loaded = load_voxcpm2(ctx.model_id, device=ctx.device, dtype=ctx.dtype,
                           vae_decoder_dtype=_dtype(ctx, "vae_decoder_dtype", "bfloat16"), load_format=ctx.load_format,
                           lora=ctx.setting("lora", None), lora_alpha=ctx.setting("lora_alpha", None))
@@ -79,7 +84,8 @@ def load(ctx: LoadContext) -> ProgramModel:
     model.slot_feats = feats
     head = PatchHead(model, feats, max_num_seqs=ctx.max_num_seqs, max_steps=max_steps,
                      ring_patches=2 * chunk + 4)
-    decoder = ChunkDecoder(loaded.vae, head.ring, max_slots=ctx.max_num_seqs, chunk_patches=chunk)
+    decoder = ChunkDecoder(loaded.vae, head.ring, max_slots=ctx.max_num_seqs, chunk_patches=chunk,
+                           first_chunk_patches=first)
     tokenizer = loaded.tokenizer or StandInTokenizer(config.lm.vocab_size)
     program = VoxCPM2Program(model, loaded.vae, config, tokenizer, head=head, feats=feats, decoder=decoder,
                              max_model_len=ctx.max_model_len, model_name=ctx.model_id)

@@ -109,6 +109,48 @@ def test_a_slot_is_read_to_its_stop_patch_before_the_next_sequence_takes_it(asyn
     np.testing.assert_allclose(audio(outs, 2), whole_decode(b, torch.stack(patches[2])), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("first", [1, 2])
+@pytest.mark.parametrize("async_steps", [False, True], ids=["sync", "async-steps"])
+def test_an_early_first_chunk_gives_the_same_audio_sooner(first: int, async_steps: bool) -> None:
+    """first_chunk_patches: each fresh sequence's first audio leaves after ``first`` patches (the
+    step that made patch ``first`` returns it), not after a whole chunk of 3; every job's audio
+    is still the whole decode of its patches and equals its audio without the early chunk. Jobs
+    join at different steps, one shorter than a chunk (its last chunk after the early one)."""
+    def served(first_chunk: int) -> tuple[dict[int, np.ndarray], dict[int, torch.Tensor], dict[int, int]]:
+        b = backend(max_num_seqs=4, stream_chunk_patches=3, first_chunk_patches=first_chunk, async_steps=async_steps)
+        patches = record(b)
+        jobs = {1: dict(FIXED, seed=11), 2: dict(FIXED, seed=12, max_tokens=2, min_len=1), 3: dict(FIXED, seed=13)}
+        outs, first_audio = [], {}
+        for n in range(2000):
+            if n in (0, 2, 3):
+                job = {0: 1, 2: 2, 3: 3}[n]
+                add(b, job, TEXT, jobs[job])
+            if not b.has_work():
+                break
+            got = b.step()
+            outs.extend(got)
+            for o in got:
+                if o.pcm is not None and o.pcm.size and o.job_id not in first_audio:
+                    first_audio[o.job_id] = len(patches.get(o.job_id, []))  # patches read by then
+        assert sorted(o.job_id for o in outs if o.is_finished) == [1, 2, 3]
+        return ({j: audio(outs, j) for j in jobs}, {j: torch.stack(patches[j]) for j in jobs}, first_audio), b
+
+    (wav0, p0, first0), _ = served(0)
+    (wav, p, first_at), b = served(first)
+    for j in (1, 2, 3):
+        torch.testing.assert_close(p[j], p0[j], atol=0, rtol=0)
+        np.testing.assert_allclose(wav[j], whole_decode(b, p[j]), rtol=0, atol=1e-5)
+        np.testing.assert_allclose(wav[j], wav0[j], rtol=0, atol=1e-5)
+        assert wav[j].size == p[j].shape[0] * 7680
+    # the early chunk: audio once `first` patches are made, not 3 (a step later with asynchronous
+    # steps: the head has made one more by then); job 2 makes only 2
+    lag = int(async_steps)
+    assert first_at[1] == first_at[3] == first + lag and first0[1] == first0[3] == 3 + lag
+    assert first_at[2] == min(first + lag, 2)
+    with pytest.raises(ValueError, match="first_chunk_patches must be 0"):
+        backend(max_num_seqs=1, stream_chunk_patches=3, first_chunk_patches=3)
+
+
 def test_a_segment_that_needs_more_positions_than_a_row_is_refused(tiny) -> None:
     """A prompt with the patches its text may take beyond max_model_len fails at add_job with
     too_long naming both counts (never queued, truncated or run); the same text with a lower
