@@ -24,6 +24,11 @@ from engine.admission import Admission, AdmissionConfig
 __all__ = ["main", "replay"]
 
 
+# the capacity estimate's terms in a server's timeline (benchmark.bench.server_stats.parse_gauges)
+_TERMS = ("step_base_ms", "step_per_row_us", "step_per_prompt_token_us", "prefill_share", "jobs_per_stream",
+          "step_scale")
+
+
 def replay(run: dict[str, Any], tokens_per_audio_second: float, *, max_rows: int = 1024,
            fill_rows: int = 256, single: tuple[int, float, int] = (1, 0.02, 1000), seed: int = 0,
            jitter: float = 0.05) -> dict[float, list[dict[str, Any]]]:
@@ -65,10 +70,18 @@ def replay(run: dict[str, Any], tokens_per_audio_second: float, *, max_rows: int
                         prompt = round(p["prefill_tokens_per_step"] / prompt_steps)
                     adm.observe_step(rows, prompt, interval * (1 + jitter * rng.uniform(-1, 1)),
                                      max_rows=max_rows, fill_rows=fill_rows, jobs=jobs)
+            coef = adm.model.coefficients
             rows_out.append({"t_s": p["t_s"], "rows": p["decode_rows_per_step"],
                              "interval_ms": 1e3 / p["steps_per_s"] if p["steps_per_s"] else None,
                              "demand": demand, "capacity_reported": p.get("capacity_streams"),
-                             "capacity_replayed": adm.capacity(), "jobs_per_stream": adm.jobs_per_stream()})
+                             "capacity_replayed": adm.capacity(), "jobs_per_stream": adm.jobs_per_stream(),
+                             # the estimate's terms, as the server reported them (servers since
+                             # 9c0af8e; None before) and as replayed
+                             "reported": {k: p.get(k) for k in _TERMS},
+                             "replayed": dict(zip(_TERMS, (
+                                 None if coef is None else 1e3 * coef[0], None if coef is None else 1e6 * coef[1],
+                                 None if coef is None else 1e6 * coef[2], adm.prefill_share(),
+                                 adm.jobs_per_stream(), adm.model.scale)))})
         for k in speaking:
             adm.release(k)
         out[level["level"]] = rows_out
@@ -88,14 +101,23 @@ def main(argv: list[str] | None = None) -> int:
     r, s, n = args.single.split(",")
     levels = replay(load_bench_json(args.path), args.tokens_per_s, max_rows=args.max_rows,
                     fill_rows=args.fill_rows, single=(int(r), float(s), int(n)))
+    def pair(x: dict[str, Any], term: str, fmt: str) -> str:  # "reported/replayed"
+        got = [x[k][term] for k in ("reported", "replayed")]
+        return "/".join("-" if v is None else format(v, fmt) for v in got)
+
     for level, rows in levels.items():
         print(f"== level {level:g}")
-        print("   t s   rows  ms/step  demand  reported  replayed  jobs/stream")
+        print("   t s   rows  ms/step  demand  reported  replayed  jobs/stream | the estimate's terms, "
+              "reported/replayed: base ms, us a row, us a prompt token, prefill share, step scale")
         for x in rows:
             ms = "-" if x["interval_ms"] is None else f"{x['interval_ms']:.1f}"
             rep = "-" if x["capacity_reported"] is None else f"{x['capacity_reported']:.0f}"
             cap = "-" if x["capacity_replayed"] is None else str(x["capacity_replayed"])
-            print(f"  {x['t_s']:5.1f} {x['rows']:6.0f} {ms:>8} {x['demand']:7d} {rep:>9} {cap:>9} {x['jobs_per_stream']:12.2f}")
+            terms = "  ".join((pair(x, "step_base_ms", ".1f"), pair(x, "step_per_row_us", ".0f"),
+                               pair(x, "step_per_prompt_token_us", ".1f"), pair(x, "prefill_share", ".4f"),
+                               pair(x, "step_scale", ".2f")))
+            print(f"  {x['t_s']:5.1f} {x['rows']:6.0f} {ms:>8} {x['demand']:7d} {rep:>9} {cap:>9} "
+                  f"{x['jobs_per_stream']:12.2f} | {terms}")
     return 0
 
 

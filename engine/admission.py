@@ -366,5 +366,5 @@ class Admission:
         if coef is not None:
             out.update(step_base_ms=1e3 * coef[0], step_row_us=1e6 * coef[1],
                        step_prompt_token_us=1e6 * coef[2], prefill_share=self.prefill_share(),
-                       jobs_per_stream=self.jobs_per_stream())
+                       jobs_per_stream=self.jobs_per_stream(), step_scale=self.model.scale)
         return out

@@ -16,6 +16,8 @@ _REFUSAL_REASONS = ("capacity", "queue_full", "queue_wait", "queue_timeout")
 # The engine's fit of its step time (engine.admission), by term: name in Stats -> label
 _STEP_TERMS = {"step_base_ms": "base_ms", "step_row_us": "per_row_us",
                "step_prompt_token_us": "per_prompt_token_us"}
+# The estimate's other terms (engine.admission): what makes a capacity out of the step fit
+_ESTIMATE_TERMS = ("prefill_share", "jobs_per_stream", "step_scale")
 
 
 def admission_health(admission: dict[str, Any]) -> dict[str, Any]:
@@ -133,6 +135,11 @@ class GatewayMetrics:
             "voxgate_admission_step_model",
             "The engine's fit of its step time, t = base + per_row * decode rows + "
             "per_prompt_token * prompt tokens, by term (ms and us)", ["term"], registry=r)
+        self.admission_estimate = Gauge(
+            "voxgate_admission_estimate",
+            "The capacity estimate's other terms: prefill_share (engine time per second one "
+            "stream's prompts take), jobs_per_stream (jobs a speaking stream holds), step_scale "
+            "(recent measured / fitted step time)", ["term"], registry=r)
         # Per engine (label engine: its place in --gpus or --engines, from 0)
         self.pool_engines = Gauge("voxgate_pool_engines", "Engines of this server, by status "
                                   "(starting, ready, restarting, failed, stopped)", ["status"],
@@ -280,6 +287,10 @@ class GatewayMetrics:
                 values = [float(a[name]) for a in admissions if name in a]
                 if values:  # with several engines, their mean
                     self.admission_step.labels(term=term).set(sum(values) / len(values))
+            for term in _ESTIMATE_TERMS:
+                values = [float(a[term]) for a in admissions if term in a]
+                if values:
+                    self.admission_estimate.labels(term=term).set(sum(values) / len(values))
 
     def observe_admission(self, admission: dict[str, Any]) -> None:
         """Set the admission gauges from one report (or a total, ``total_admission``)."""

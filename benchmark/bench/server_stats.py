@@ -23,6 +23,8 @@ _GAUGES = {"voxgate_engine_streams": "streams", "voxgate_engine_queued_jobs": "q
            "voxgate_admission_capacity_streams": "capacity_streams",
            "voxgate_admission_demand_streams": "demand_streams",
            "voxgate_admission_queued_streams": "queued_streams"}
+# labelled gauges of the capacity estimate, by term: (family, prefix of the timeline's name)
+_TERM_GAUGES = {"voxgate_admission_step_model": "step_", "voxgate_admission_estimate": ""}
 Sample = tuple[float, dict[str, float], dict[str, float]]  # (monotonic time, counters, gauges)
 
 
@@ -46,12 +48,19 @@ def parse_totals(text: str) -> dict[str, float]:
 
 def parse_gauges(text: str) -> dict[str, float]:
     """The engine's gauges (streams, queued_jobs, running_jobs; the admission's capacity,
-    demand and queued streams where known) from an exposition."""
+    demand and queued streams where known; the capacity estimate's terms, ``step_base_ms``,
+    ``step_per_row_us``, ``step_per_prompt_token_us``, ``prefill_share``, ``jobs_per_stream``,
+    ``step_scale``, once it has them) from an exposition."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         name = _GAUGES.get(family.name)
         if name is not None and family.samples and math.isfinite(family.samples[0].value):
             out[name] = float(family.samples[0].value)
+        prefix = _TERM_GAUGES.get(family.name)
+        if prefix is not None:
+            for sample in family.samples:
+                if "term" in sample.labels and math.isfinite(sample.value):
+                    out[prefix + sample.labels["term"]] = float(sample.value)
     return out
 
 

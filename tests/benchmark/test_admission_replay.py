@@ -20,7 +20,7 @@ def _run() -> dict:
         timeline.append({"t_s": float(i), "steps_per_s": 1.0 / (0.0345 + 0.00058 * rows),
                          "decode_rows_per_step": float(rows), "prefill_tokens_per_step": 0.0,
                          "demand_streams": float(demand), "running_jobs": float(rows), "queued_jobs": 0.0,
-                         "capacity_streams": 150.0})
+                         "capacity_streams": 150.0, "step_per_row_us": 580.0, "prefill_share": 0.0})
     server = {"prefill_steps": 0, "lm_steps": 300}
     return {"levels": [{"level": 64, "extra": {"server": server, "server_timeline": timeline}}]}
 
@@ -32,6 +32,10 @@ def test_the_replay_counts_the_jobs_a_stream_holds() -> None:
     assert last["jobs_per_stream"] == pytest.approx(2.0, rel=0.02)
     assert last["capacity_replayed"] == pytest.approx((0.9 / 6.25 - 0.0345) / 0.00058 / 2, rel=0.05)
     assert last["capacity_reported"] == 150.0
+    # the estimate's terms: the server's beside the replay's (a slope of 0.58 ms a row, no prompts)
+    assert last["reported"]["step_per_row_us"] == 580.0 and last["reported"]["step_scale"] is None
+    assert last["replayed"]["step_per_row_us"] == pytest.approx(580.0, rel=0.05)
+    assert last["replayed"]["prefill_share"] == 0.0
 
 
 def test_main_prints_each_level(tmp_path, capsys) -> None:
@@ -41,3 +45,4 @@ def test_main_prints_each_level(tmp_path, capsys) -> None:
     assert main([str(path), "--tokens-per-s", "6.25", "--fill-rows", "0"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "== level 64" and "replayed" in out[1] and len(out) == 32
+    assert out[-1].split("|")[1].split()[1].startswith("580/")  # us a row, reported/replayed

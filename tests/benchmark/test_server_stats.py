@@ -80,6 +80,12 @@ def test_parse_gauges_reads_streams_and_jobs() -> None:
     m.observe_admission({"capacity": 480, "demand": 12, "queued": 1})
     gauges = parse_gauges(m.render().decode())
     assert (gauges["capacity_streams"], gauges["demand_streams"], gauges["queued_streams"]) == (480.0, 12.0, 1.0)
+    # the estimate's terms, once the engine reports them
+    m.admission_step.labels(term="per_row_us").set(20.5)
+    m.admission_estimate.labels(term="prefill_share").set(0.002)
+    m.admission_estimate.labels(term="step_scale").set(1.25)
+    gauges = parse_gauges(m.render().decode())
+    assert (gauges["step_per_row_us"], gauges["prefill_share"], gauges["step_scale"]) == (20.5, 0.002, 1.25)
 
 
 def test_timeline_gives_each_interval_its_rates_and_the_gauges_at_its_end() -> None:

@@ -36,14 +36,15 @@ def _admission(**kw: object) -> dict:
     base = {"policy": "queue", "capacity": 400, "is_measured": True, "demand": 300, "queued": 2,
             "admitted": 320, "admitted_after_wait": 5, "refused_capacity": 0, "refused_queue_full": 1,
             "refused_queue_wait": 3, "refused_queue_timeout": 0, "waits_s": [0.1, 0.4],
-            "step_base_ms": 3.2, "step_row_us": 20.6, "step_prompt_token_us": 4.0}
+            "step_base_ms": 3.2, "step_row_us": 20.6, "step_prompt_token_us": 4.0,
+            "prefill_share": 0.0004, "jobs_per_stream": 1.9, "step_scale": 1.1}
     return {**base, **kw}
 
 
 def test_admission_figures_become_metrics() -> None:
     """Capacity, demand, headroom, load and queue as gauges; refusals and admissions after a
     wait as counters moved on by the engine's increase (from zero again after a restart); the
-    waits as a histogram; the step-time fit by term."""
+    waits as a histogram; the step-time fit and the estimate's other terms by term."""
     sup, metrics = _supervisor()
     sup._dispatch(em.encode(em.Stats(300, 0, 600, {}, _admission())))
     text = metrics.render().decode()
@@ -51,7 +52,10 @@ def test_admission_figures_become_metrics() -> None:
                  "voxgate_admission_headroom_streams 100.0", "voxgate_admission_load 0.75",
                  "voxgate_admission_queued_streams 2.0", 'voxgate_admission_refused_total{reason="queue_wait"} 3.0',
                  "voxgate_admission_admitted_after_wait_total 5.0", "voxgate_admission_wait_seconds_count 2.0",
-                 'voxgate_admission_step_model{term="per_row_us"} 20.6'):
+                 'voxgate_admission_step_model{term="per_row_us"} 20.6',
+                 'voxgate_admission_estimate{term="prefill_share"} 0.0004',
+                 'voxgate_admission_estimate{term="jobs_per_stream"} 1.9',
+                 'voxgate_admission_estimate{term="step_scale"} 1.1'):
         assert line in text, line
     sup._dispatch(em.encode(em.Stats(300, 0, 600, {}, _admission(refused_queue_wait=7, waits_s=[]))))
     assert 'voxgate_admission_refused_total{reason="queue_wait"} 7.0' in metrics.render().decode()
