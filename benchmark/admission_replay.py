@@ -75,8 +75,8 @@ def replay(run: dict[str, Any], tokens_per_audio_second: float, *, max_rows: int
                              "interval_ms": 1e3 / p["steps_per_s"] if p["steps_per_s"] else None,
                              "demand": demand, "capacity_reported": p.get("capacity_streams"),
                              "capacity_replayed": adm.capacity(), "jobs_per_stream": adm.jobs_per_stream(),
-                             # the estimate's terms, as the server reported them (servers since
-                             # 9c0af8e; None before) and as replayed
+                             # the estimate's terms, as the server reported them (servers from
+                             # 98a1d84 on; None before) and as replayed
                              "reported": {k: p.get(k) for k in _TERMS},
                              "replayed": dict(zip(_TERMS, (
                                  None if coef is None else 1e3 * coef[0], None if coef is None else 1e6 * coef[1],
