@@ -168,7 +168,8 @@ class Sampler:
         if settings is None:
             if temperature is None or top_p is None:
                 raise ValueError("the sampler needs temperature and top_p, or settings")
-            settings = self.rows(temperature, top_p, top_k)
+            if not all_greedy:  # (greedy needs none of them)
+                settings = self.rows(temperature, top_p, top_k)
         elif temperature is not None or top_p is not None or top_k is not None:
             raise ValueError("give settings or temperature, top_p and top_k, not both")
         if columns is not None:
@@ -186,7 +187,7 @@ class Sampler:
         return self._sample(logits, settings, repetition_penalty, seeds, steps, seen, allowed,
                             all_greedy, any_top_p, None, salt, noise)
 
-    def _sample(self, logits: torch.Tensor, rs: RowSettings,
+    def _sample(self, logits: torch.Tensor, rs: RowSettings | None,
                 repetition_penalty: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
                 seen: torch.Tensor | None, allowed: torch.Tensor | None, all_greedy: bool, any_top_p: bool,
                 col_keys: torch.Tensor | None, salt: int = 0,
@@ -199,7 +200,7 @@ class Sampler:
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
         greedy = logits.argmax(dim=-1)  # [B]
-        if all_greedy:
+        if all_greedy or rs is None:
             return greedy
 
         top_k = rs.top_k
