@@ -34,9 +34,11 @@ def _chromium_path() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """One headless Chromium for the whole session."""
+    """One headless Chromium per test module: playwright's sync API runs an event loop on the
+    main thread while it is open, and tests that run after it and call ``asyncio.run`` (the
+    HAProxy tests, in another order) would find that loop running."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
