@@ -61,8 +61,10 @@ class ChunkDecoder:
         self.first = first_chunk_patches
         self.patch_size, self.feat_dim = p, d
         self.device = ring.device
-        self.stream = VAEStream(vae, max_slots + 1, chunk_patches * p)  # slot max_slots: the probe's
-        self.probe_slot = max_slots
+        # VAE state slots: the sequences' 0..S-1, the probe's S, padding rows' S+1 (its scratch);
+        # the ring's and the context's padding row is S
+        self.stream = VAEStream(vae, max_slots + 1, chunk_patches * p)
+        self.probe_slot = self.pad_row = max_slots
         self._probe_slots = torch.tensor([max_slots], dtype=torch.int64, device=self.device)
         self.patch_samples = p * self.stream.hop
         self.context = torch.zeros(rows, CONTEXT_PATCHES, p, d, device=self.device, dtype=ring.dtype)
@@ -107,9 +109,9 @@ class ChunkDecoder:
         """The captured work: slot + 1 [N] (0: padding, the scratch slot), per chunk position the
         ring index, the context index and the source [N, C], and [N] 1 for an early first chunk
         (decoded through the probe slot) -> audio [N, C * P * hop] float32."""
-        scratch = self.stream.scratch_slot
-        slots = torch.where(slot1 > 0, slot1 - 1, torch.full_like(slot1, scratch))
-        rows = slots[:, None]
+        real = slot1 > 0
+        rows = torch.where(real, slot1 - 1, torch.full_like(slot1, self.pad_row))[:, None]  # ring / context rows
+        slots = torch.where(real, slot1 - 1, torch.full_like(slot1, self.stream.scratch_slot))  # VAE state slots
         k = kind[:, :, None, None]
         x = torch.zeros(kind.shape + self.ring.shape[2:], device=kind.device, dtype=self.ring.dtype)  # [N, C, P, D]
         for code, src, idx in ((_RING, self.ring, ring_idx), (_CONTEXT, self.context, ctx_idx),

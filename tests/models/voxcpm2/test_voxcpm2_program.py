@@ -151,6 +151,60 @@ def test_an_early_first_chunk_gives_the_same_audio_sooner(first: int, async_step
         backend(max_num_seqs=1, stream_chunk_patches=3, first_chunk_patches=3)
 
 
+class _ReplayStepFn:
+    """A captured VAE graph stand-in (CPU): replay runs the decoder's ``step_fn`` on the static
+    inputs, padding rows and all, as a replay of its capture would."""
+
+    def __init__(self, fn: Any, static_in: list[torch.Tensor], out: torch.Tensor) -> None:
+        self.fn, self.static_in, self.out = fn, static_in, out
+
+    def replay(self) -> None:
+        with torch.inference_mode():
+            self.out.copy_(self.fn(*self.static_in))
+
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_the_vae_graph_path_with_early_first_chunks_gives_the_eager_audio(first: int, monkeypatch) -> None:
+    """The VAE through BatchGraphs' padded buckets (replays emulated on the CPU: zero rows on the
+    ring's padding row and the VAE's scratch slot, early chunks beside whole ones in one call)
+    gives the eager audio, with first_chunk_patches off and on."""
+    from engine.llm import host_copy
+    from engine.llm.cuda_graphs import BatchGraphs
+
+    # a replay's output buffer is the next replay's: copied out at once, as on a GPU
+    monkeypatch.setattr(host_copy, "start_host_copy", lambda t: (lambda c=t.clone(): c))
+
+    def served(graphs: bool) -> dict[int, np.ndarray]:
+        b = backend(max_num_seqs=4, stream_chunk_patches=3, first_chunk_patches=first)
+        dec = b.program.decoder
+        if graphs:
+            c, i64 = dec.chunk, torch.int64
+            g = BatchGraphs(dec.step_fn, [((), i64), ((c,), i64), ((c,), i64), ((c,), i64), ((), i64)],
+                            buckets=(2, 4), device="cpu")
+            for n in g.buckets:
+                static_in = [torch.zeros(n, dtype=i64)] + [torch.zeros(n, c, dtype=i64) for _ in range(3)] \
+                    + [torch.zeros(n, dtype=i64)]
+                out = torch.zeros(n, c * dec.patch_samples)
+                g._graphs[n] = (_ReplayStepFn(dec.step_fn, static_in, out), static_in, (out,))
+            dec.graphs = g
+        outs: list = []
+        for n, job in ((0, 1), (1, 2), (1, 3)):  # jobs 2 and 3 start together: two early chunks in one call
+            add(b, job, TEXT, dict(FIXED, seed=30 + job))
+            if n:
+                continue
+            outs.extend(b.step())
+        drain(b, outs)
+        assert not [o.error for o in outs if o.error is not None]
+        if graphs:
+            assert dec.graphs.rows_replayed > dec.graphs.rows_run  # padding rows were replayed
+        return {j: audio(outs, j) for j in (1, 2, 3)}
+
+    eager, replayed = served(False), served(True)
+    for j in (1, 2, 3):
+        assert eager[j].size == 7 * 7680
+        np.testing.assert_allclose(replayed[j], eager[j], rtol=0, atol=1e-5)
+
+
 def test_a_segment_that_needs_more_positions_than_a_row_is_refused(tiny) -> None:
     """A prompt with the patches its text may take beyond max_model_len fails at add_job with
     too_long naming both counts (never queued, truncated or run); the same text with a lower
