@@ -283,14 +283,12 @@ class GatewayMetrics:
         admissions = [s.admission for s in reports if s.admission]
         if admissions:
             self.observe_admission(total_admission(admissions))
-            for name, term in _STEP_TERMS.items():
-                values = [float(a[name]) for a in admissions if name in a]
-                if values:  # with several engines, their mean
-                    self.admission_step.labels(term=term).set(sum(values) / len(values))
-            for term in _ESTIMATE_TERMS:
-                values = [float(a[term]) for a in admissions if term in a]
-                if values:
-                    self.admission_estimate.labels(term=term).set(sum(values) / len(values))
+            for gauge, terms in ((self.admission_step, _STEP_TERMS.items()),
+                                 (self.admission_estimate, ((t, t) for t in _ESTIMATE_TERMS))):
+                for name, term in terms:
+                    values = [float(a[name]) for a in admissions if name in a]
+                    if values:  # with several engines, their mean
+                        gauge.labels(term=term).set(sum(values) / len(values))
 
     def observe_admission(self, admission: dict[str, Any]) -> None:
         """Set the admission gauges from one report (or a total, ``total_admission``)."""

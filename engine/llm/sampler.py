@@ -105,8 +105,6 @@ class RowSettings:
     """Each row's sampling settings as the sampler uses them (``Sampler.rows``), for a head that
     samples many codebooks a step with the same settings: made once, not once per codebook."""
 
-    temperature: torch.Tensor  # float32 [B]; 0 = greedy
-    top_p: torch.Tensor  # float32 [B]
     top_k: torch.Tensor | None  # int64 [B]; 0 = off
     is_greedy: torch.Tensor  # bool [B]
     divisor: torch.Tensor  # float32 [B, 1]: the temperature, 1 for greedy rows
@@ -133,7 +131,7 @@ class Sampler:
         is_greedy = temperature <= 0
         top_k_col = None if top_k is None else top_k.unsqueeze(1)
         top_k_on = None if top_k_col is None else top_k_col > 0
-        return RowSettings(temperature, top_p, top_k, is_greedy,
+        return RowSettings(top_k, is_greedy,
                            torch.where(is_greedy, torch.ones_like(temperature), temperature).unsqueeze(1),
                            top_p.unsqueeze(1), top_k_col, top_k_on, None if top_k_on is None else ~top_k_on)
 
