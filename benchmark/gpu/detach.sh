@@ -18,6 +18,9 @@ case "$cmd" in
     echo "started $script into $dir" ;;
   wait)
     secs=${3:?SECONDS}; tarball=${4:?TARBALL}
+    # a machine handed back between calls comes back fresh, without the queue: say so at once
+    # rather than wait out SECONDS of device time for nothing
+    if [ ! -f "$dir/queue.log" ]; then echo "no queue in $dir: this machine is not the one it started on"; exit 3; fi
     end=$((SECONDS + secs))
     while [ ! -f "$dir/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
     if [ -f "$dir/done" ]; then echo "finished, rc $(cat "$dir/done")"; else echo "still running"; fi
