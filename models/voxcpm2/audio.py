@@ -53,11 +53,15 @@ class ChunkDecoder:
             raise ValueError(f"the ring holds {ring_len} patches; chunks of {chunk_patches} need {chunk_patches + 3}")
         self.ring = ring
         self.chunk = chunk_patches
-        # An early first chunk: a fresh sequence's first ``first`` patches decoded at once, padded,
-        # through a state slot of their own that starts at zero (``probe_slot``, zeroed after each
-        # call) and not into the sequence's slot; its first whole chunk is decoded later as
-        # always and the audio already given cut from it. The decoder is causal, so the padding
-        # changes none of those samples: the same audio, first sooner, one more chunk's work.
+        # An early first chunk: once a fresh sequence has ``first`` patches, and again at each
+        # patch after until its first whole chunk, the patches so far are decoded at once,
+        # padded, through a state slot of their own that starts at zero (``probe_slot``, zeroed
+        # after each call) and not into the sequence's slot, and the audio not yet given leaves;
+        # its first whole chunk is decoded later as always and the audio already given cut from
+        # it. The decoder is causal, so the padding changes none of those samples: the same
+        # audio, first sooner and then a patch a step (no wait of a chunk after the first
+        # patch's 160 ms: under load that gap underran, docs/performance.md), up to
+        # ``chunk - first`` more chunks' work per sequence.
         self.first = first_chunk_patches
         self.patch_size, self.feat_dim = p, d
         self.device = ring.device
@@ -150,7 +154,7 @@ class ChunkDecoder:
                     r.start += self.chunk
                 for j, i in enumerate(probes, start=len(due)):
                     r = rows[i]
-                    pieces[i].append((j, out, 0, r.available * self.patch_samples))
+                    pieces[i].append((j, out, r.sent * self.patch_samples, r.available * self.patch_samples))
                     r.sent = r.available
                 probes = []
             if final and self._cuda_stream is not None:
@@ -172,9 +176,9 @@ class ChunkDecoder:
         return r.available - r.start >= (1 if final else self.chunk)
 
     def _probe_due(self, r: ChunkRow) -> bool:
-        """An early first chunk: a fresh sequence without context, ``first`` patches made, none
-        given yet, its first whole chunk not yet due."""
-        return (self.first > 0 and r.start == 0 and r.num_context == 0 and r.sent == 0
+        """An early first chunk: a fresh sequence without context, at least ``first`` patches
+        made, some not given yet, its first whole chunk not yet due."""
+        return (self.first > 0 and r.start == 0 and r.num_context == 0 and r.sent < r.available
                 and self.first <= r.available < self.chunk)
 
     def _decode(self, rows: list[ChunkRow], num_probes: int = 0) -> Any:

@@ -120,7 +120,7 @@ def test_an_early_first_chunk_gives_the_same_audio_sooner(first: int, async_step
         b = backend(max_num_seqs=4, stream_chunk_patches=3, first_chunk_patches=first_chunk, async_steps=async_steps)
         patches = record(b)
         jobs = {1: dict(FIXED, seed=11), 2: dict(FIXED, seed=12, max_tokens=2, min_len=1), 3: dict(FIXED, seed=13)}
-        outs, first_audio = [], {}
+        outs, first_audio, audio_at = [], {}, {}
         for n in range(2000):
             if n in (0, 2, 3):
                 job = {0: 1, 2: 2, 3: 3}[n]
@@ -130,13 +130,16 @@ def test_an_early_first_chunk_gives_the_same_audio_sooner(first: int, async_step
             got = b.step()
             outs.extend(got)
             for o in got:
-                if o.pcm is not None and o.pcm.size and o.job_id not in first_audio:
-                    first_audio[o.job_id] = len(patches.get(o.job_id, []))  # patches read by then
+                if o.pcm is not None and o.pcm.size:
+                    made = len(patches.get(o.job_id, []))  # patches read by then
+                    first_audio.setdefault(o.job_id, made)
+                    audio_at.setdefault(o.job_id, []).append((made, o.pcm.size))
         assert sorted(o.job_id for o in outs if o.is_finished) == [1, 2, 3]
-        return ({j: audio(outs, j) for j in jobs}, {j: torch.stack(patches[j]) for j in jobs}, first_audio), b
+        return ({j: audio(outs, j) for j in jobs}, {j: torch.stack(patches[j]) for j in jobs}, first_audio,
+                audio_at), b
 
-    (wav0, p0, first0), _ = served(0)
-    (wav, p, first_at), b = served(first)
+    (wav0, p0, first0, _), _ = served(0)
+    (wav, p, first_at, audio_at), b = served(first)
     for j in (1, 2, 3):
         torch.testing.assert_close(p[j], p0[j], atol=0, rtol=0)
         np.testing.assert_allclose(wav[j], whole_decode(b, p[j]), rtol=0, atol=1e-5)
@@ -147,6 +150,14 @@ def test_an_early_first_chunk_gives_the_same_audio_sooner(first: int, async_step
     lag = int(async_steps)
     assert first_at[1] == first_at[3] == first + lag and first0[1] == first0[3] == 3 + lag
     assert first_at[2] == min(first + lag, 2)
+    # and then a patch's audio every step up to the first whole chunk (no wait of a chunk after
+    # the early audio), the whole chunks as before after it
+    for j in (1, 3):
+        early: dict[int, int] = {}  # patches made -> samples out by then (a step's audio comes in frames)
+        for made, n in audio_at[j]:
+            if made <= 3 + lag:
+                early[made] = early.get(made, 0) + n
+        assert early == {first + lag: first * 7680, **{k + lag: 7680 for k in range(first + 1, 4)}}
     with pytest.raises(ValueError, match="first_chunk_patches must be 0"):
         backend(max_num_seqs=1, stream_chunk_patches=3, first_chunk_patches=3)
 
