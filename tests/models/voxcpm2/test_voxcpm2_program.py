@@ -160,6 +160,9 @@ def test_an_early_first_chunk_gives_the_same_audio_sooner(first: int, async_step
         assert early == {first + lag: first * 7680, **{k + lag: 7680 for k in range(first + 1, 4)}}
     with pytest.raises(ValueError, match="first_chunk_patches must be 0"):
         backend(max_num_seqs=1, stream_chunk_patches=3, first_chunk_patches=3)
+    # on by default (1), off where a chunk is one patch already
+    assert backend(max_num_seqs=1, stream_chunk_patches=3).program.decoder.first == 1
+    assert backend(max_num_seqs=1, stream_chunk_patches=1).program.decoder.first == 0
 
 
 class _ReplayStepFn:
