@@ -218,6 +218,31 @@ class Admission:
                 hi = mid
         return lo
 
+    def room(self) -> int | None:
+        """Streams more that ``request`` would admit or queue rather than refuse now (None: no
+        limit known). The gateway refuses at its own door once the streams it sent since this
+        engine's last report have taken this room (gateway.placement), so that a flood of
+        streams past capacity costs the engine's loop nothing."""
+        cfg = self.config
+        cap = self.capacity()
+        if cfg.policy == "off" or cap is None:
+            return None
+        # ``request``'s decisions replayed on copies of its figures (at most cap + max_queue)
+        m = self._mean_duration_s
+        demand, queued, n = self.demand, len(self._queue), 0
+        while True:
+            has_room = demand < cap or demand == 0
+            if not queued and has_room:
+                demand += 1
+            elif cfg.policy == "refuse" or queued >= cfg.max_queue:
+                return n
+            elif (not has_room and m is not None
+                  and (queued + 1 + max(0, demand - cap)) * m / demand > cfg.max_wait_s):
+                return n
+            else:
+                queued += 1
+            n += 1
+
     def _has_room(self) -> bool:
         cap = self.capacity()
         return cap is None or self.demand < cap or self.demand == 0
@@ -362,6 +387,8 @@ class Admission:
             "samples": self.model.num_samples,
             "outliers": self.model.num_outliers,
             "waits_s": self.take_waits(),
+            "room": self.room(),
+            "retry_after_s": self._retry_after_s(1),
         }
         if coef is not None:
             out.update(step_base_ms=1e3 * coef[0], step_row_us=1e6 * coef[1],

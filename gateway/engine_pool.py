@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from gateway.config import GatewayConfig
 from gateway.engine_client import EngineStartError, EngineSupervisor
 from gateway.metrics import GatewayMetrics, total_admission
-from gateway.placement import EngineLoad, choose_engine
+from gateway.placement import EngineLoad, choose_engine, is_full
 
 __all__ = ["EnginePool", "EngineSpec", "engine_specs"]
 
@@ -193,16 +193,32 @@ class EnginePool:
                 return
         # not open in any engine: done, cancelled, or lost with its engine; nothing to deliver
 
-    def _place(self) -> int | None:
+    def _loads(self) -> list[EngineLoad]:
         loads = []
         for e in self.engines:
             admission = e.stats.admission if e.stats is not None else {}
+            room = admission.get("room") if admission else None
             loads.append(EngineLoad(
                 index=e.index, is_ready=e.is_ready(), num_open=e.num_open,
                 capacity=admission.get("capacity") if admission else None,
                 demand=int(admission.get("demand", 0)) + int(admission.get("queued", 0)),
-                num_open_at_report=e.num_open_at_report))
-        return choose_engine(loads)
+                num_open_at_report=e.num_open_at_report,
+                room=None if room is None else int(room)))
+        return loads
+
+    def _place(self) -> int | None:
+        return choose_engine(self._loads())
+
+    def full_hint(self) -> float | None:
+        """None while some serving engine has room for one more stream (by its last report
+        and the streams sent to it since); else the shortest retry hint the engines reported
+        (gateway.admission_door refuses the stream at the gateway)."""
+        if not is_full(self._loads()):
+            return None
+        hints = [float(e.stats.admission["retry_after_s"]) for e in self.engines
+                 if e.is_ready() and e.stats is not None
+                 and e.stats.admission.get("retry_after_s") is not None]
+        return min(hints) if hints else 1.0  # (reports from before the hint was reported)
 
     async def wait_writable(self) -> None:
         """Return once no engine's queue is backed up (readers of client frames wait here)."""

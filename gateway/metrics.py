@@ -125,6 +125,11 @@ class GatewayMetrics:
             "Streams refused with a `capacity` error, by reason: capacity (policy refuse), "
             "queue_full, queue_wait (expected wait over the maximum), queue_timeout (waited it)",
             ["reason"], registry=r)
+        self.admission_refused_at_gateway = Counter(
+            "voxgate_admission_refused_at_gateway",
+            "Streams refused by the gateway itself with `capacity`: no engine had room by its "
+            "last report and the streams sent to it since (they never reached an engine, so "
+            "voxgate_admission_refused does not count them)", registry=r)
         self.admission_waited = Counter("voxgate_admission_admitted_after_wait",
                                         "Streams admitted after waiting in the admission queue",
                                         registry=r)

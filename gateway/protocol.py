@@ -86,13 +86,15 @@ class ProtocolError(Exception):
     """A client frame that cannot be accepted. Becomes an ``error`` message for the client."""
 
     def __init__(
-        self, code: ErrorCode, message: str, *, stream: str | None = None, retryable: bool = False
+        self, code: ErrorCode, message: str, *, stream: str | None = None, retryable: bool = False,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.stream = stream
         self.retryable = retryable
+        self.retry_after_s = retry_after_s  # a `capacity` refusal's hint
 
 
 # --- client -> server ------------------------------------------------------------------------

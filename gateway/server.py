@@ -22,6 +22,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from engine import messages as em
 from engine.config import EngineConfig
 from gateway import compat, http_routes
+from gateway.admission_door import AdmissionDoor
 from gateway.config import GatewayConfig
 from gateway.engine_pool import EnginePool
 from gateway.fd_limit import connections_allowed, raise_open_file_limit
@@ -87,6 +88,9 @@ class Gateway:
             on_message=self._on_engine_message, on_lost=self._on_engine_lost,
             metrics=self.metrics,
         )
+        # Streams no engine has room for are refused here; capacity hints sized to the crowd.
+        self.door = AdmissionDoor(self.engine.full_hint,
+                                  refused_counter=self.metrics.admission_refused_at_gateway)
         self._keys = itertools.count(1)
         self._by_key: dict[int, Connection] = {}
         self._connections: set[Connection] = set()
@@ -256,6 +260,7 @@ class Gateway:
             is_engine_ready=self.engine.is_ready, metrics=self.metrics,
             debug_timestamps=self.config.debug_timestamps,
             resolve_voice=self.voices.resolve if self.voices is not None else None,
+            door=self.door,
         )
         if self.is_draining:
             session.stop_accepting(_SHUTDOWN_MESSAGE)

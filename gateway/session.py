@@ -12,6 +12,7 @@ from typing import Any, Callable, Collection, Protocol, Union
 
 from engine import messages as em
 from gateway import protocol as p
+from gateway.admission_door import AdmissionDoor
 from gateway.protocol import ErrorCode, ProtocolError
 from gateway.resample import ENGINE_FORMAT, PcmResampler
 
@@ -105,6 +106,7 @@ class Session:
         debug_timestamps: bool = False,
         resolve_voice: Callable[[str], em.VoiceRef | None] | None = None,
         report_flushes: bool = False,
+        door: AdmissionDoor | None = None,
     ) -> None:
         """``resolve_voice`` finds a registered voice that ``start`` names (not a built-in one):
         a ``VoiceRef``, ``None`` if there is none, or ``LookupError`` naming the ambiguity.
@@ -122,6 +124,7 @@ class Session:
         self._debug_timestamps = debug_timestamps
         self._resolve_voice = resolve_voice
         self.report_flushes = report_flushes
+        self._door = door  # refusals at the gateway and the retry hints (gateway.admission_door)
         self._shutdown_reason: str | None = None  # set: starts are refused (server_shutdown)
         self._streams: dict[str, _Stream] = {}
         self._by_key: dict[int, _Stream] = {}
@@ -225,7 +228,7 @@ class Session:
     def _refused(self, exc: ProtocolError) -> list[Action]:
         self._metrics.count_error(exc.code.value)
         return [ToClient(p.error(exc.code, exc.message, stream=exc.stream,
-                                 retryable=exc.retryable))]
+                                 retryable=exc.retryable, retry_after_s=exc.retry_after_s))]
 
     def _dispatch(self, msg: p.ClientMessage) -> list[Action]:
         if isinstance(msg, p.Start):
@@ -269,6 +272,13 @@ class Session:
             raise ProtocolError(ErrorCode.ENGINE_UNAVAILABLE,
                                 "the engine is starting or restarting; try again shortly",
                                 stream=msg.stream, retryable=True)
+        if self._door is not None:
+            retry_after_s = self._door.check()
+            if retry_after_s is not None:
+                raise ProtocolError(
+                    ErrorCode.CAPACITY, f"server at capacity: no engine has room for another "
+                    f"stream now; retry after {retry_after_s:.1f} s", stream=msg.stream,
+                    retryable=True, retry_after_s=retry_after_s)
         resampler = (PcmResampler(input_rate=model_rate, output_rate=rate, fmt=msg.format)
                      if rate != model_rate else None)
         stream = _Stream(msg.stream, self._allocate_key(), msg.format, rate, resampler,
@@ -336,6 +346,8 @@ class Session:
         if isinstance(msg, em.Done):
             actions = self._resampler_tail(stream) if msg.reason == "end" else []
             self._forget(stream)
+            if self._door is not None:
+                self._door.stream_left()
             self._metrics.count_stream(msg.reason)
             done = self._done_msg(stream, msg.reason)
             if "queue_wait_ms" in msg.timings:  # it waited for admission
@@ -345,8 +357,13 @@ class Session:
             self._forget(stream)
             self._metrics.count_error(msg.code)
             self._metrics.count_stream("error")
-            return [ToClient(p.error(msg.code, msg.message, stream=stream.id,
-                                     retryable=msg.retryable, retry_after_s=msg.retry_after_s))]
+            retry_after_s, message = msg.retry_after_s, msg.message
+            if msg.code == ErrorCode.CAPACITY.value and self._door is not None:
+                retry_after_s = self._door.refused(msg.retry_after_s)
+                if retry_after_s != msg.retry_after_s:  # the crowd of retrying clients is large
+                    message = f"{message.rsplit('; retry after', 1)[0]}; retry after {retry_after_s:.1f} s"
+            return [ToClient(p.error(msg.code, message, stream=stream.id,
+                                     retryable=msg.retryable, retry_after_s=retry_after_s))]
         return []
 
     def on_audio(self, msg: em.Audio) -> dict[str, Any] | None:

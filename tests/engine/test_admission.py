@@ -303,3 +303,37 @@ def test_config_is_validated() -> None:
             AdmissionConfig(**kw)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tokens_per_audio_second"):
         Admission(tokens_per_audio_second=0.0)
+
+
+def test_room_is_what_request_would_still_admit_or_queue() -> None:
+    """``room`` (reported to the gateway, which refuses at its door once the streams it sent
+    since have taken it) counts exactly the further requests that are admitted or queued before
+    the first refusal: with places free, with the queue's wait limit once streams have ended,
+    under the refuse policy; None with no limit known or the policy off."""
+    def first_refusal(adm: Admission, start: int) -> int:
+        n = 0
+        while adm.request(start + n).verdict != "refuse":
+            n += 1
+        return n
+
+    clock = FakeClock()
+    for policy, wait in (("refuse", 0.2), ("queue", 0.2), ("queue", 5.0)):
+        adm = Admission(AdmissionConfig(policy=policy, initial_capacity=10, max_wait_s=wait,
+                                        max_queue=50), clock=clock)
+        # idle: its capacity, and the queue while no stream has ended (no wait known yet)
+        assert adm.room() == (10 if policy == "refuse" else 60)
+        for key in range(7):
+            adm.request(key)
+        expected = adm.room()
+        assert expected == first_refusal(adm, 100)
+        assert adm.room() == 0 and adm.snapshot()["room"] == 0
+        for key in range(4):  # streams speak 10 s each, then end: the queue's wait is known
+            clock.t += 10.0
+            adm.release(key)
+            adm.poll()
+        expected = adm.room()
+        assert expected == first_refusal(adm, 200), (policy, wait)
+    assert Admission(AdmissionConfig(policy="off", initial_capacity=10)).room() is None
+    assert Admission(AdmissionConfig()).room() is None  # not measured, no initial capacity
+    snap = Admission(AdmissionConfig(policy="refuse", initial_capacity=3)).snapshot()
+    assert snap["room"] == 3 and snap["retry_after_s"] > 0

@@ -60,9 +60,38 @@ async def _refuse_scenario(server: VoxgateServer) -> dict[str, Any]:
         c = await client.start()  # a is done: room again
         await _speak(c)
         c_audio = await c.collect()
-    metrics = await _until(lambda: _get(server.base_url + "metrics"),
-                           lambda t: 'voxgate_admission_refused_total{reason="capacity"} 1.0' in t)
+    metrics = await _until(lambda: _get(server.base_url + "metrics"), lambda t: _refused(t) == 1)
     return {"b": b_msgs, "a_done": a.done, "c_audio": c_audio, "metrics": metrics}
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def _refused(metrics: str) -> float:
+    """Capacity refusals by the engine and by the gateway (which refuses at its door once the
+    engine's last report shows it full: which one refused depends on when that report came)."""
+    return (_metric(metrics, 'voxgate_admission_refused_total{reason="capacity"}')
+            + _metric(metrics, "voxgate_admission_refused_at_gateway_total"))
+
+
+async def _door_scenario(server: VoxgateServer) -> dict[str, Any]:
+    async with VoxgateClient.connect(server.ws_url) as client:
+        a = await client.start()
+        await a.send_text(TEXT)  # no end yet: a holds the one place until it ends
+        await _first_audio(a)
+        # the engine's report that it is full (demand 1 of 1): from now on the gateway refuses
+        await _until(lambda: _get(server.base_url + "health"), lambda t: json.loads(t).get("load") == 1.0)
+        b = await client.start()
+        await _speak(b)
+        b_msgs = [msg async for msg in b.messages()]
+        await a.end()
+        await a.collect()
+    metrics = await _until(lambda: _get(server.base_url + "metrics"), lambda t: _refused(t) == 1)
+    return {"b": b_msgs, "metrics": metrics}
 
 
 async def _queue_scenario(server: VoxgateServer) -> dict[str, Any]:
@@ -93,8 +122,22 @@ def test_a_stream_past_capacity_is_refused_with_a_retry_hint(server_factory: Any
     assert (err["type"], err["code"], err["retryable"]) == ("error", "capacity", True)
     assert err["retry_after_s"] > 0 and "retry after" in err["message"]
     assert out["a_done"]["reason"] == "end" and len(out["c_audio"]) > 0
-    assert 'voxgate_admission_refused_total{reason="capacity"} 1.0' in out["metrics"]
+    assert _refused(out["metrics"]) == 1
     assert "voxgate_admission_capacity_streams 1.0" in out["metrics"]
+
+
+def test_once_the_engine_reports_it_is_full_the_gateway_refuses_without_it(server_factory: Any) -> None:
+    """Capacity 1, policy refuse, the engine's report showing the one place taken: the second
+    stream's `capacity` refusal (retryable, with its hint) comes from the gateway, so the
+    engine never sees it (its own refusal counter stays at 0)."""
+    server = server_factory("--model", "synthetic", "--admission", "refuse",
+                            "--admission-initial-capacity", "1")
+    out = asyncio.run(_door_scenario(server))
+    [err] = out["b"]
+    assert (err["type"], err["code"], err["retryable"]) == ("error", "capacity", True)
+    assert err["retry_after_s"] > 0 and "no engine has room" in err["message"]
+    assert _metric(out["metrics"], "voxgate_admission_refused_at_gateway_total") == 1
+    assert _metric(out["metrics"], 'voxgate_admission_refused_total{reason="capacity"}') == 0
 
 
 def test_a_stream_past_capacity_waits_and_speaks_after_the_first(server_factory: Any) -> None:

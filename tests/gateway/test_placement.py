@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.placement import EngineLoad, choose_engine
+from gateway.placement import EngineLoad, choose_engine, is_full
 
 
 def _load(index: int, *, ready: bool = True, open_: int = 0, capacity: int | None = None,
@@ -60,3 +60,24 @@ def test_an_engine_past_capacity_is_still_chosen_when_all_are() -> None:
     """Every engine full: the least overloaded takes the stream (its admission queues or refuses)."""
     assert choose_engine([_load(0, capacity=10, demand=14, open_=14),
                           _load(1, capacity=10, demand=12, open_=12)]) == 1
+
+
+def _roomy(index: int, *, room: int | None, open_: int = 0, open_at_report: int = 0,
+           ready: bool = True) -> EngineLoad:
+    return EngineLoad(index=index, is_ready=ready, num_open=open_, capacity=10, demand=10,
+                      num_open_at_report=open_at_report, room=room)
+
+
+def test_full_only_when_every_serving_engine_has_used_its_room() -> None:
+    """An engine's reported room less the streams sent to it since: full at 0 or below, room
+    again as streams end (open falls below the report's); an engine not serving does not count,
+    one with no limit known is never full, and with none serving the pool is not `full` (that
+    is the engine-unavailable error)."""
+    assert not is_full([_roomy(0, room=2, open_=11, open_at_report=10)])  # one place left
+    assert is_full([_roomy(0, room=2, open_=12, open_at_report=10)])
+    assert not is_full([_roomy(0, room=0, open_=8, open_at_report=10)])  # two streams ended
+    assert _roomy(0, room=0, open_=8, open_at_report=10).room_now == 2
+    assert not is_full([_roomy(0, room=0), _roomy(1, room=1)])
+    assert is_full([_roomy(0, room=0), _roomy(1, room=5, ready=False)])
+    assert not is_full([_roomy(0, room=0), _roomy(1, room=None)])
+    assert not is_full([_roomy(0, room=0, ready=False)]) and not is_full([])
