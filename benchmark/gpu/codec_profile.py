@@ -1,7 +1,10 @@
-"""Where a streaming codec step's GPU time goes: Qwen3-TTS's codec alone, timed in a CUDA graph
-with cuDNN's algorithm search off and on, then its kernels under ``torch.profiler`` (top by time).
+"""Where a streaming codec step's GPU time goes: Qwen3-TTS's codec alone in each step layout
+(channels-first ``CodecStream``, channels-last ``CodecStreamNWC``: ``--model-setting
+codec_layout``), side by side: their audio against each other over a few frames, each timed in a
+CUDA graph with cuDNN's algorithm search off and on, then its kernels under ``torch.profiler``
+(top by time; ``--top 0``: none).
 
-    python -m benchmark.gpu.codec_profile --batch 512 [--dtype bfloat16] [--top 25]
+    python -m benchmark.gpu.codec_profile --batch 512 [--layout ncw,nwc] [--dtype bfloat16] [--top 25]
 
 GPU only; random weights (``--load-format dummy``).
 """
@@ -21,12 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="qwen3-tts-1.7b-customvoice", help="a preset of models.qwen3_tts.config")
     p.add_argument("--batch", default="512", help="rows, comma-separated")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--layout", default="ncw,nwc", help="step layouts, comma-separated")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--top", type=int, default=25, help="kernels listed")
     args = p.parse_args(argv)
     import torch
 
-    from models.qwen3_tts.codec import CodecStream
+    from models.qwen3_tts.codec_nwc import make_codec_stream
     from models.qwen3_tts.loader import load_qwen3_tts
 
     if not torch.cuda.is_available():
@@ -34,28 +38,50 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dev, dtype = torch.device("cuda"), getattr(torch, args.dtype)
     batches = [int(x) for x in args.batch.split(",")]
+    layouts = args.layout.split(",")
     loaded = load_qwen3_tts(args.model, device=dev, dtype=torch.bfloat16, codec_dtype=dtype, load_format="dummy")
-    stream = CodecStream(loaded.codec, max(batches), device=dev, dtype=dtype)
+    streams = {lay: make_codec_stream(loaded.codec, max(batches), layout=lay, device=dev, dtype=dtype)
+               for lay in layouts}
     groups = loaded.config.talker.num_code_groups
+    if len(streams) > 1:  # the same frames through each layout: their audio against the first's
+        g = torch.Generator(device=dev).manual_seed(0)
+        slots = torch.arange(min(batches), dtype=torch.int64, device=dev)
+        frames = [torch.randint(0, 2048, (len(slots), groups), device=dev, generator=g) for _ in range(6)]
+        with torch.inference_mode():
+            audio = {}
+            for lay, st in streams.items():
+                st.reset(slots)
+                audio[lay] = torch.cat([st.step(slots, f).float() for f in frames], dim=1)
+                st.reset(slots)
+        first = layouts[0]
+        for lay in layouts[1:]:
+            ref = audio[first]
+            rel = float((audio[lay] - ref).abs().max() / ref.abs().max().clamp(min=1e-12))
+            print(f"{lay} against {first}, {len(slots)} rows x 6 frames, {args.dtype}: max |diff| / max |audio| "
+                  f"= {rel:.2e} (audio peak {float(ref.abs().max()):.3f})", flush=True)
     for b in batches:
         slots = torch.arange(b, dtype=torch.int64, device=dev)
         codes = torch.randint(0, 2048, (b, groups), device=dev)
-        step = lambda: stream.step(slots, codes)  # noqa: E731
-        for bench in (False, True):
-            torch.backends.cudnn.benchmark = bench
-            ms = graph_median_ms(step, args.iters)
-            print(f"{b:5d} rows, {args.dtype}, cudnn.benchmark={bench}: {ms:7.2f} ms a step "
-                  f"({1e3 * b / ms:,.0f} frames/s)", flush=True)
-        with torch.inference_mode():
-            for _ in range(3):
-                step()
-            torch.cuda.synchronize()
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
+        for lay, stream in streams.items():
+            step = lambda: stream.step(slots, codes)  # noqa: E731
+            for bench in (False, True):
+                torch.backends.cudnn.benchmark = bench
+                ms = graph_median_ms(step, args.iters)
+                print(f"{b:5d} rows, {lay}, {args.dtype}, cudnn.benchmark={bench}: {ms:7.2f} ms a step "
+                      f"({1e3 * b / ms:,.0f} frames/s)", flush=True)
+            if args.top <= 0:
+                continue
+            with torch.inference_mode():
+                for _ in range(3):
                     step()
                 torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.top, max_name_column_width=90),
-              flush=True)
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        step()
+                    torch.cuda.synchronize()
+            print(f"== {b} rows, {lay}: kernels over 5 steps", flush=True)
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.top, max_name_column_width=90),
+                  flush=True)
     return 0
 
 

@@ -1,11 +1,14 @@
-"""Codec parity with qwen-tts: whole-sequence decode, prefix, stateful streaming, several slots."""
+"""Codec parity with qwen-tts: whole-sequence decode, prefix, stateful streaming, several slots;
+the streaming tests for both step layouts (channels-first ``CodecStream``, channels-last
+``CodecStreamNWC``)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tests.models.qwen3_tts.qwen3_fixtures import JOBS, load_ours
 
-from models.qwen3_tts.codec import CodecStream
+from models.qwen3_tts.codec_nwc import CODEC_LAYOUTS, make_codec_stream
 
 REL = 1e-5
 
@@ -41,11 +44,12 @@ def test_prefix_decode_is_a_prefix_of_the_whole(reference):
     assert _rel(ref["prefix"], ref["whole"][:n]) < REL
 
 
-def test_streaming_equals_reference_whole_decode(ckpt_root, reference):
-    """Frame-by-frame CodecStream output concatenated equals the reference's whole decode
+@pytest.mark.parametrize("layout", CODEC_LAYOUTS)
+def test_streaming_equals_reference_whole_decode(ckpt_root, reference, layout):
+    """Frame-by-frame streamed output concatenated equals the reference's whole decode
     (the window of 8 frames is crossed: 30 frames)."""
     codec = load_ours(ckpt_root, "custom").codec
-    stream = CodecStream(codec, max_slots=2)
+    stream = make_codec_stream(codec, 2, layout=layout)
     slots = torch.tensor([1])
     stream.reset(slots)
     codes = _codes()
@@ -55,7 +59,8 @@ def test_streaming_equals_reference_whole_decode(ckpt_root, reference):
     assert _rel(pcm, reference["codec"]["whole"]) < REL
 
 
-def test_slots_at_different_positions_equal_each_alone(ckpt_root):
+@pytest.mark.parametrize("layout", CODEC_LAYOUTS)
+def test_slots_at_different_positions_equal_each_alone(ckpt_root, layout):
     """Three slots joining at different frames, batched with a padding row on the scratch slot,
     each equal their own solo stream; reset restarts a slot."""
     codec = load_ours(ckpt_root, "custom").codec
@@ -64,7 +69,7 @@ def test_slots_at_different_positions_equal_each_alone(ckpt_root):
     starts = [0, 6, 11]
     with torch.no_grad():
         solo = [codec(s[None])[0] for s in seqs]
-        stream = CodecStream(codec, max_slots=4)
+        stream = make_codec_stream(codec, 4, layout=layout)
         out = {i: [] for i in range(3)}
         slot_of = {0: 3, 1: 0, 2: 2}
         stream.reset(torch.tensor([1]))  # slot 1 is used by nobody; resets are idempotent
@@ -82,11 +87,12 @@ def test_slots_at_different_positions_equal_each_alone(ckpt_root):
         assert _rel(torch.cat(out[i]), solo[i]) < REL, i
 
 
-def test_reset_slot_decodes_afresh(ckpt_root):
+@pytest.mark.parametrize("layout", CODEC_LAYOUTS)
+def test_reset_slot_decodes_afresh(ckpt_root, layout):
     """After reset a slot's stream equals a fresh decode (no state leaks across turns)."""
     codec = load_ours(ckpt_root, "custom").codec
     codes = _codes()
-    stream = CodecStream(codec, max_slots=1)
+    stream = make_codec_stream(codec, 1, layout=layout)
     slots = torch.tensor([0])
     with torch.no_grad():
         for t in range(12):
@@ -95,3 +101,9 @@ def test_reset_slot_decodes_afresh(ckpt_root):
         again = torch.cat([stream.step(slots, codes[t:t + 1])[0] for t in range(10)])
         whole = codec(codes[None, :10])[0]
     assert _rel(again, whole) < REL
+
+
+def test_an_unknown_layout_is_refused_naming_the_layouts(ckpt_root):
+    codec = load_ours(ckpt_root, "custom").codec
+    with pytest.raises(ValueError, match="ncw, nwc"):
+        make_codec_stream(codec, 1, layout="nhwc")

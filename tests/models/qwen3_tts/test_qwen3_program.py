@@ -117,6 +117,25 @@ def test_a_stream_alone_equals_the_same_stream_among_others(tiny) -> None:
         np.testing.assert_allclose(_audio(outs, 100), solo_audio, rtol=0, atol=2e-6)
 
 
+def test_the_channels_last_codec_serves_the_same_audio(tiny) -> None:
+    """``codec_layout="nwc"`` (``--model-setting codec_layout=nwc``) runs the channels-last codec
+    step: the same frames, the same audio to float32 rounding; an unknown layout is refused at
+    load naming the layouts."""
+    from models.qwen3_tts.codec_nwc import CodecStreamNWC
+
+    text = "The same words through either codec layout."
+    opts = dict(SAMPLED, seed=3)
+    outs, frames = _run(tiny, [text], opts, job=1)
+    nwc = _backend(codec_layout="nwc")
+    assert isinstance(nwc.program.codec.stream, CodecStreamNWC)
+    outs_nwc, frames_nwc = _run(nwc, [text], opts, job=1)
+    ref = _audio(outs, 1)
+    assert frames_nwc == frames and np.abs(ref).max() > 1e-3
+    np.testing.assert_allclose(_audio(outs_nwc, 1), ref, rtol=0, atol=2e-6)
+    with pytest.raises(ValueError, match="ncw, nwc"):
+        _backend(codec_layout="nhwc")
+
+
 def test_unknown_speaker_and_language_list_what_is_served(tiny) -> None:
     """An unknown voice or language is refused naming the served ones."""
     with pytest.raises(OptionError) as e:

@@ -1,0 +1,177 @@
+"""``CodecStream`` on channels-last activations [N, T, C]: the same streamed decode, with every
+convolution a GEMM over its taps and no layout changes between layers (``--model-setting
+codec_layout=nwc``; docs/models/qwen3_tts.md, "Codec").
+
+Why: on an H200 the channels-first step spends more time in cuDNN's layout transposes, a legacy
+implicit-GEMM convolution and unfused elementwise work than in its arithmetic
+(docs/performance.md, the Qwen3-TTS codec profile). Here a dense convolution of kernel k is one
+GEMM of its k gathered taps [N*n, k*C_in] x [k*C_in, C_out], a transposed convolution of kernel
+2s and stride s one GEMM [N*(n+1), C_in] x [C_in, 2s*C_out] and an overlap-add, a depthwise
+one k shifted multiply-adds, and SnakeBeta takes its exponentials precomputed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from models.qwen3_tts.codec import Codec, CodecStream, _CausalConv, _CausalTransConv, _ConvNeXt, _Snake
+
+__all__ = ["CodecStreamNWC", "CODEC_LAYOUTS", "make_codec_stream"]
+
+CODEC_LAYOUTS = ("ncw", "nwc")
+
+
+class _Dense:
+    """A causal conv (dense or depthwise) for [N, n, C] with its state [S, ctx, C_in]."""
+
+    def __init__(self, m: _CausalConv, state: Tensor | None, dtype: torch.dtype) -> None:
+        w = m.conv.weight.detach().to(dtype)  # [C_out, C_in / groups, k]
+        c_out, c_in_g, k = w.shape
+        self.k, self.dilation, self.context = k, m.conv.dilation[0], m.context
+        self.bias = None if m.conv.bias is None else m.conv.bias.detach().to(dtype)
+        self.depthwise = m.conv.groups > 1
+        if self.depthwise:
+            if m.conv.groups != c_out or c_in_g != 1:
+                raise ValueError(f"channels-last codec: grouped conv (groups={m.conv.groups}) not supported")
+            self.weight = w[:, 0, :].t().contiguous()  # [k, C]
+        else:
+            self.weight = w.reshape(c_out, c_in_g * k).contiguous()  # column c*k + j: tap j of input c
+        self.state = state  # [S, ctx, C_in] or None (k = 1)
+
+    def __call__(self, x: Tensor, slots: Tensor) -> Tensor:
+        if not self.context:
+            return F.linear(x, self.weight, self.bias)  # k = 1: [N, n, C_in] -> [N, n, C_out]
+        state = self.state
+        assert state is not None
+        n, d = x.shape[1], self.dilation
+        full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, ctx + n, C]
+        state.index_copy_(0, slots, full[:, -self.context:])
+        if self.depthwise:
+            out = full[:, :n] * self.weight[0]
+            for j in range(1, self.k):
+                out = torch.addcmul(out, full[:, j * d:j * d + n], self.weight[j])
+            return out if self.bias is None else out + self.bias
+        # the n windows' taps, [N, n, C_in, k] -> [N, n, C_in * k] (one gather copy)
+        taps = full.unfold(1, self.context + 1, 1)[..., ::d].reshape(*x.shape[:2], -1)
+        return F.linear(taps, self.weight, self.bias)
+
+
+class _Trans:
+    """A causal transposed conv (kernel s or 2s, stride s) for [N, n, C] -> [N, n*s, C_out]."""
+
+    def __init__(self, m: _CausalTransConv, state: Tensor | None, dtype: torch.dtype) -> None:
+        w = m.conv.weight.detach().to(dtype)  # [C_in, C_out, K]
+        c_in, c_out, k = w.shape
+        self.stride, self.context, self.c_out = m.stride, m.context, c_out
+        self.weight = w.permute(2, 1, 0).reshape(k * c_out, c_in).contiguous()  # rows (tap, out channel)
+        self.bias = None if m.conv.bias is None else m.conv.bias.detach().to(dtype)
+        self.state = state  # [S, 1, C_in] with kernel 2s, else None
+
+    def __call__(self, x: Tensor, slots: Tensor) -> Tensor:
+        s = self.stride
+        if not self.context:
+            out = F.linear(x, self.weight).unflatten(2, (s, self.c_out)).flatten(1, 2)
+        else:
+            state = self.state
+            assert state is not None
+            full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, 1 + n, C_in]
+            state.index_copy_(0, slots, full[:, -1:])
+            taps = F.linear(full, self.weight).unflatten(2, (2 * s, self.c_out))  # [N, 1 + n, 2s, C_out]
+            # output m*s + q of the new inputs: tap s + q of input m (the one before) + tap q of m + 1
+            out = (taps[:, :-1, s:] + taps[:, 1:, :s]).flatten(1, 2)  # [N, n*s, C_out]
+        return out if self.bias is None else out + self.bias
+
+
+class _SnakeNWC:
+    """SnakeBeta with its per-channel exponentials computed once (as ``_Snake.forward`` does)."""
+
+    def __init__(self, m: _Snake, dtype: torch.dtype) -> None:
+        alpha, beta = m.alpha.detach().to(dtype), m.beta.detach().to(dtype)
+        self.alpha = alpha.exp()  # [C]: broadcasts over [N, n, C]
+        self.inv_beta = 1.0 / (beta.exp() + 1e-9)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return torch.addcmul(x, self.inv_beta, torch.sin(x * self.alpha).square())
+
+
+class CodecStreamNWC(CodecStream):
+    """``CodecStream``'s interface and per-slot state (conv states time-major, [S, ctx, C]),
+    each step on activations [N, T, C] (module docstring). Equal to ``CodecStream`` and to
+    ``Codec.forward`` within rounding."""
+
+    def __init__(self, codec: Codec, max_slots: int, *, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__(codec, max_slots, device=device, dtype=dtype)
+        dt = self.k[0].dtype
+        # the channels-first states as time-major ones (same zeros, other shape)
+        for states in (self._convs, self._tconvs):
+            for key, buf in list(states.items()):
+                states[key] = buf.new_zeros(buf.shape[0], buf.shape[2], buf.shape[1])
+        cd = codec
+
+        def dense(m: _CausalConv) -> _Dense:
+            return _Dense(m, self._convs.get(id(m)), dt)
+
+        def trans(m: _CausalTransConv) -> _Trans:
+            return _Trans(m, self._tconvs.get(id(m)), dt)
+
+        q = cd.quantizer
+        self._tables = [[layer._codebook.table().detach().to(dt) for layer in rvq.vq.layers]
+                        for rvq in (q.rvq_first, q.rvq_rest)]
+        self._rvq_out = [rvq.output_proj.weight.detach()[:, :, 0].to(dt) for rvq in (q.rvq_first, q.rvq_rest)]
+        self._pre = dense(cd.pre_conv)
+        self._upsample = [(trans(up), dense(cnx.dwconv), cnx) for up, cnx in cd.upsample]
+        self._first = dense(cd.decoder[0])
+        self._blocks = []
+        for blk in cd.decoder[1:-2]:
+            snake, tconv, *units = blk.block
+            self._blocks.append((_SnakeNWC(snake, dt), trans(tconv),
+                                 [(_SnakeNWC(u.act1, dt), dense(u.conv1), _SnakeNWC(u.act2, dt), dense(u.conv2))
+                                  for u in units]))
+        self._last_snake = _SnakeNWC(cd.decoder[-2], dt)
+        self._last = dense(cd.decoder[-1])
+
+    def _quantized(self, codes: Tensor) -> Tensor:
+        """codes [N, G] -> [N, 1, codebook_dim] (``_Quantizer.decode`` channels-last)."""
+        out = None
+        first = [codes[:, :1], codes[:, 1:]]
+        for tables, proj, cols in zip(self._tables, self._rvq_out, first):
+            e = F.embedding(cols[:, 0], tables[0])
+            for i in range(1, len(tables)):
+                e = e + F.embedding(cols[:, i], tables[i])
+            y = F.linear(e[:, None], proj)  # [N, 1, codebook_dim]
+            out = y if out is None else out + y
+        assert out is not None
+        return out
+
+    @staticmethod
+    def _convnext(cnx: _ConvNeXt, x: Tensor, h: Tensor) -> Tensor:
+        h = cnx.pwconv2(F.gelu(cnx.pwconv1(cnx.norm(h))))
+        return x + cnx.gamma * h
+
+    @torch.no_grad()
+    def step(self, slots: Tensor, codes: Tensor) -> Tensor:
+        """slots int64 [N], codes int64 [N, G] (one frame each) -> audio [N, samples_per_frame]."""
+        h = self._pre(self._quantized(codes), slots)  # [N, 1, latent]
+        h = self._transformer(h, slots)
+        for up, dw, cnx in self._upsample:
+            h = up(h, slots)
+            h = self._convnext(cnx, h, dw(h, slots))
+        h = self._first(h, slots)
+        for snake, tconv, units in self._blocks:
+            h = tconv(snake(h), slots)
+            for act1, conv1, act2, conv2 in units:
+                h = h + conv2(act2(conv1(act1(h), slots)), slots)
+        h = self._last(self._last_snake(h), slots)  # [N, n, 1]
+        return h.clamp(-1.0, 1.0)[:, :, 0]
+
+
+def make_codec_stream(codec: Codec, max_slots: int, *, layout: str = "ncw",
+                      device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> CodecStream:
+    """The per-slot codec stream in ``layout`` ("ncw": ``CodecStream``; "nwc": ``CodecStreamNWC``)."""
+    if layout not in CODEC_LAYOUTS:
+        raise ValueError(f"codec_layout must be one of {', '.join(CODEC_LAYOUTS)}, got {layout!r}")
+    cls = CodecStreamNWC if layout == "nwc" else CodecStream
+    return cls(codec, max_slots, device=device, dtype=dtype)
