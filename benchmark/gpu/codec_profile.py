@@ -1,10 +1,10 @@
 """Where a streaming codec step's GPU time goes: Qwen3-TTS's codec alone in each step layout
-(channels-first ``CodecStream``, channels-last ``CodecStreamNWC``: ``--model-setting
-codec_layout``), side by side: their audio against each other over a few frames, each timed in a
+(channels-first ``CodecStream``, channels-last ``CodecStreamNWC``, the latter with its SnakeBeta
+compiled: ``--model-setting codec_layout`` and ``codec_compile``), side by side: their audio against each other over a few frames, each timed in a
 CUDA graph with cuDNN's algorithm search off and on, then its kernels under ``torch.profiler``
 (top by time; ``--top 0``: none).
 
-    python -m benchmark.gpu.codec_profile --batch 512 [--layout ncw,nwc] [--dtype bfloat16] [--top 25]
+    python -m benchmark.gpu.codec_profile --batch 512 [--layout ncw,nwc,nwc+compile] [--dtype bfloat16] [--top 25]
 
 GPU only; random weights (``--load-format dummy``).
 """
@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="qwen3-tts-1.7b-customvoice", help="a preset of models.qwen3_tts.config")
     p.add_argument("--batch", default="512", help="rows, comma-separated")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    p.add_argument("--layout", default="ncw,nwc", help="step layouts, comma-separated")
+    p.add_argument("--layout", default="ncw,nwc,nwc+compile",
+                   help="step layouts, comma-separated (nwc+compile: codec_compile on)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--top", type=int, default=25, help="kernels listed")
     args = p.parse_args(argv)
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(x) for x in args.batch.split(",")]
     layouts = args.layout.split(",")
     loaded = load_qwen3_tts(args.model, device=dev, dtype=torch.bfloat16, codec_dtype=dtype, load_format="dummy")
-    streams = {lay: make_codec_stream(loaded.codec, max(batches), layout=lay, device=dev, dtype=dtype)
+    streams = {lay: make_codec_stream(loaded.codec, max(batches), layout=lay.removesuffix("+compile"),
+                                      compile=lay.endswith("+compile"), device=dev, dtype=dtype)
                for lay in layouts}
     groups = loaded.config.talker.num_code_groups
     if len(streams) > 1:  # the same frames through each layout: their audio against the first's

@@ -12,13 +12,15 @@ one k shifted multiply-adds, and SnakeBeta takes its exponentials precomputed.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from models.qwen3_tts.codec import Codec, CodecStream, _CausalConv, _CausalTransConv, _ConvNeXt, _Snake
 
-__all__ = ["CodecStreamNWC", "CODEC_LAYOUTS", "make_codec_stream"]
+__all__ = ["CodecStreamNWC", "CODEC_LAYOUTS", "make_codec_stream", "snake"]
 
 CODEC_LAYOUTS = ("ncw", "nwc")
 
@@ -59,41 +61,56 @@ class _Dense:
 
 
 class _Trans:
-    """A causal transposed conv (kernel s or 2s, stride s) for [N, n, C] -> [N, n*s, C_out]."""
+    """A causal transposed conv (kernel s or 2s, stride s) for [N, n, C] -> [N, n*s, C_out].
+
+    Output m*s + q of the new inputs is tap q of input m plus, with kernel 2s, tap s + q of the
+    input before it: one GEMM of [input before, input] against the stacked taps, the bias in its
+    epilogue, its output already in time order."""
 
     def __init__(self, m: _CausalTransConv, state: Tensor | None, dtype: torch.dtype) -> None:
         w = m.conv.weight.detach().to(dtype)  # [C_in, C_out, K]
-        c_in, c_out, k = w.shape
-        self.stride, self.context, self.c_out = m.stride, m.context, c_out
-        self.weight = w.permute(2, 1, 0).reshape(k * c_out, c_in).contiguous()  # rows (tap, out channel)
-        self.bias = None if m.conv.bias is None else m.conv.bias.detach().to(dtype)
+        c_in, c_out, _ = w.shape
+        s = m.stride
+        self.stride, self.context, self.c_out = s, m.context, c_out
+        taps = w.permute(2, 1, 0)  # [K, C_out, C_in]
+        now = taps[:s].reshape(s * c_out, c_in)  # rows (q, out channel): taps 0..s-1 of input m
+        if self.context:  # columns [input m - 1, input m]: taps s..2s-1 of the one before
+            before = taps[s:].reshape(s * c_out, c_in)
+            self.weight = torch.cat((before, now), dim=1).contiguous()  # [s*C_out, 2*C_in]
+        else:
+            self.weight = now.contiguous()
+        bias = None if m.conv.bias is None else m.conv.bias.detach().to(dtype)
+        self.bias = None if bias is None else bias.repeat(s)  # [s*C_out], per (q, out channel)
         self.state = state  # [S, 1, C_in] with kernel 2s, else None
 
     def __call__(self, x: Tensor, slots: Tensor) -> Tensor:
-        s = self.stride
-        if not self.context:
-            out = F.linear(x, self.weight).unflatten(2, (s, self.c_out)).flatten(1, 2)
-        else:
+        if self.context:
             state = self.state
             assert state is not None
             full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, 1 + n, C_in]
             state.index_copy_(0, slots, full[:, -1:])
-            taps = F.linear(full, self.weight).unflatten(2, (2 * s, self.c_out))  # [N, 1 + n, 2s, C_out]
-            # output m*s + q of the new inputs: tap s + q of input m (the one before) + tap q of m + 1
-            out = (taps[:, :-1, s:] + taps[:, 1:, :s]).flatten(1, 2)  # [N, n*s, C_out]
-        return out if self.bias is None else out + self.bias
+            x = torch.cat((full[:, :-1], full[:, 1:]), dim=2)  # [N, n, 2*C_in]: (before, now)
+        out = F.linear(x, self.weight, self.bias)  # [N, n, s*C_out]
+        return out.view(out.shape[0], -1, self.c_out)  # [N, n*s, C_out]
+
+
+def snake(x: Tensor, alpha: Tensor, inv_beta: Tensor) -> Tensor:
+    """SnakeBeta x + sin^2(x alpha) / beta' with alpha = exp(alpha), inv_beta = 1 / (exp(beta) + 1e-9)."""
+    return torch.addcmul(x, inv_beta, torch.sin(x * alpha).square())
 
 
 class _SnakeNWC:
-    """SnakeBeta with its per-channel exponentials computed once (as ``_Snake.forward`` does)."""
+    """SnakeBeta with its per-channel exponentials computed once (as ``_Snake.forward`` does);
+    ``fn`` is ``snake`` or its ``torch.compile``d form (one fused kernel)."""
 
-    def __init__(self, m: _Snake, dtype: torch.dtype) -> None:
+    def __init__(self, m: _Snake, dtype: torch.dtype, fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> None:
         alpha, beta = m.alpha.detach().to(dtype), m.beta.detach().to(dtype)
         self.alpha = alpha.exp()  # [C]: broadcasts over [N, n, C]
         self.inv_beta = 1.0 / (beta.exp() + 1e-9)
+        self.fn = fn
 
     def __call__(self, x: Tensor) -> Tensor:
-        return torch.addcmul(x, self.inv_beta, torch.sin(x * self.alpha).square())
+        return self.fn(x, self.alpha, self.inv_beta)
 
 
 class CodecStreamNWC(CodecStream):
@@ -102,9 +119,13 @@ class CodecStreamNWC(CodecStream):
     ``Codec.forward`` within rounding."""
 
     def __init__(self, codec: Codec, max_slots: int, *, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, compile: bool = False,
+                 compile_backend: str = "inductor") -> None:
+        """``compile``: SnakeBeta through ``torch.compile`` (dynamic shapes: one fused kernel for
+        every layer and batch size; compiled at the first step, so before any graph capture)."""
         super().__init__(codec, max_slots, device=device, dtype=dtype)
         dt = self.k[0].dtype
+        fn = torch.compile(snake, dynamic=True, fullgraph=True, backend=compile_backend) if compile else snake
         # the channels-first states as time-major ones (same zeros, other shape)
         for states in (self._convs, self._tconvs):
             for key, buf in list(states.items()):
@@ -126,11 +147,11 @@ class CodecStreamNWC(CodecStream):
         self._first = dense(cd.decoder[0])
         self._blocks = []
         for blk in cd.decoder[1:-2]:
-            snake, tconv, *units = blk.block
-            self._blocks.append((_SnakeNWC(snake, dt), trans(tconv),
-                                 [(_SnakeNWC(u.act1, dt), dense(u.conv1), _SnakeNWC(u.act2, dt), dense(u.conv2))
-                                  for u in units]))
-        self._last_snake = _SnakeNWC(cd.decoder[-2], dt)
+            act, tconv, *units = blk.block
+            self._blocks.append((_SnakeNWC(act, dt, fn), trans(tconv),
+                                 [(_SnakeNWC(u.act1, dt, fn), dense(u.conv1), _SnakeNWC(u.act2, dt, fn),
+                                   dense(u.conv2)) for u in units]))
+        self._last_snake = _SnakeNWC(cd.decoder[-2], dt, fn)
         self._last = dense(cd.decoder[-1])
 
     def _quantized(self, codes: Tensor) -> Tensor:
@@ -160,18 +181,24 @@ class CodecStreamNWC(CodecStream):
             h = up(h, slots)
             h = self._convnext(cnx, h, dw(h, slots))
         h = self._first(h, slots)
-        for snake, tconv, units in self._blocks:
-            h = tconv(snake(h), slots)
+        for act, tconv, units in self._blocks:
+            h = tconv(act(h), slots)
             for act1, conv1, act2, conv2 in units:
                 h = h + conv2(act2(conv1(act1(h), slots)), slots)
         h = self._last(self._last_snake(h), slots)  # [N, n, 1]
         return h.clamp(-1.0, 1.0)[:, :, 0]
 
 
-def make_codec_stream(codec: Codec, max_slots: int, *, layout: str = "ncw",
-                      device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> CodecStream:
-    """The per-slot codec stream in ``layout`` ("ncw": ``CodecStream``; "nwc": ``CodecStreamNWC``)."""
+def make_codec_stream(codec: Codec, max_slots: int, *, layout: str = "ncw", compile: bool = False,
+                      device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                      compile_backend: str = "inductor") -> CodecStream:
+    """The per-slot codec stream in ``layout`` ("ncw": ``CodecStream``; "nwc": ``CodecStreamNWC``,
+    with ``compile`` its SnakeBeta fused by ``torch.compile``)."""
     if layout not in CODEC_LAYOUTS:
         raise ValueError(f"codec_layout must be one of {', '.join(CODEC_LAYOUTS)}, got {layout!r}")
-    cls = CodecStreamNWC if layout == "nwc" else CodecStream
-    return cls(codec, max_slots, device=device, dtype=dtype)
+    if layout == "nwc":
+        return CodecStreamNWC(codec, max_slots, device=device, dtype=dtype, compile=compile,
+                              compile_backend=compile_backend)
+    if compile:
+        raise ValueError("codec_compile needs codec_layout=nwc (the channels-first step is not compiled)")
+    return CodecStream(codec, max_slots, device=device, dtype=dtype)

@@ -103,6 +103,20 @@ def test_reset_slot_decodes_afresh(ckpt_root, layout):
     assert _rel(again, whole) < REL
 
 
+def test_the_compiled_snake_gives_the_eager_audio(ckpt_root):
+    """``compile=True`` (SnakeBeta through torch.compile; traced here with the aot_eager backend,
+    the same graph without code generation) streams the audio of the eager channels-last step."""
+    codec = load_ours(ckpt_root, "custom").codec
+    codes = _codes()
+    slots = torch.tensor([0])
+    with torch.no_grad():
+        eager = make_codec_stream(codec, 1, layout="nwc")
+        compiled = make_codec_stream(codec, 1, layout="nwc", compile=True, compile_backend="aot_eager")
+        a = torch.cat([eager.step(slots, codes[t:t + 1])[0] for t in range(8)])
+        b = torch.cat([compiled.step(slots, codes[t:t + 1])[0] for t in range(8)])
+    assert _rel(b, a) < REL
+
+
 def test_an_unknown_layout_is_refused_naming_the_layouts(ckpt_root):
     codec = load_ours(ckpt_root, "custom").codec
     with pytest.raises(ValueError, match="ncw, nwc"):
