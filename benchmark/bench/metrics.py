@@ -25,6 +25,8 @@ __all__ = [
     "capacity",
     "added_latencies",
     "server_pauses",
+    "delivery_interval",
+    "pause_threshold",
     "pause_summary",
 ]
 
@@ -312,13 +314,34 @@ def server_pauses(traces: Iterable[StreamTrace], *, min_gap_s: float = 0.05,
     return out
 
 
+def delivery_interval(traces: Iterable[StreamTrace], *, burst_s: float = 0.002) -> float | None:
+    """The median interval (seconds) between the server's deliveries: audio arrivals closer than
+    ``burst_s`` are one delivery (a batched engine step sends every stream's audio at once).
+    None with fewer than two deliveries."""
+    arrivals = sorted(t for tr in traces for t in tr.chunk_t)
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:]) if b - a >= burst_s]
+    return percentile(gaps, 50) if gaps else None
+
+
+def pause_threshold(traces: Sequence[StreamTrace], *, min_gap_s: float = 0.05,
+                    cadence_factor: float = 2.0) -> tuple[float, float | None]:
+    """(the gap that counts as a server pause, the delivery interval it came from): at least
+    ``min_gap_s`` and at least ``cadence_factor`` delivery intervals. A server whose batched
+    steps take 50 ms delivers every 50 ms in normal running; only a gap of several steps is a
+    stop for everyone."""
+    cadence = delivery_interval(traces)
+    return max(min_gap_s, cadence_factor * cadence if cadence is not None else 0.0), cadence
+
+
 def pause_summary(pauses: Sequence[tuple[float, float]], t0: float, *, min_gap_s: float = 0.05,
-                  min_active: int = 4) -> dict[str, Any]:
+                  min_active: int = 4, cadence_s: float | None = None) -> dict[str, Any]:
     """``server_pauses`` for a report: how many, their lengths (ms), when (seconds after
-    ``t0``, the first 50) and the median interval between consecutive ones (a period, if any)."""
+    ``t0``, the first 50) and the median interval between consecutive ones (a period, if any);
+    ``cadence_s``: the delivery interval the threshold ``min_gap_s`` was set from."""
     starts = [a for a, _ in pauses]
     between = [y - x for x, y in zip(starts, starts[1:])]
     return {"min_gap_ms": 1e3 * min_gap_s, "min_active": min_active, "count": len(pauses),
+            "delivery_interval_ms": None if cadence_s is None else round(1e3 * cadence_s, 1),
             "length_ms": distribution([g for _, g in pauses], scale=1e3),
             "median_interval_s": percentile(between, 50),
             "at_s": [round(a - t0, 3) for a in starts[:50]]}

@@ -78,8 +78,11 @@ def format_summary(result: BenchResult) -> str:
             every = pauses.get("median_interval_s")
             period = f", every {every:.2f} s (median)" if every is not None and pauses["count"] >= 3 else ""
             length = pauses["length_ms"]
+            cadence = pauses.get("delivery_interval_ms")
+            why = (f" (twice the server's median interval between deliveries, {cadence:g} ms)"
+                   if cadence is not None and pauses["min_gap_ms"] > 50.0 else "")
             lines.append(f"pauses at {run.summary.level:g}: {pauses['count']} times no stream received audio for "
-                         f">= {pauses['min_gap_ms']:g} ms while >= {pauses['min_active']} were mid-stream "
+                         f">= {pauses['min_gap_ms']:.0f} ms{why} while >= {pauses['min_active']} were mid-stream "
                          f"(p50 {_f(length['p50'])} ms, longest {_f(length['max'])} ms{period}): "
                          "the server stopped for all of them at once")
     for run in result.levels:

@@ -22,6 +22,7 @@ from benchmark.bench.metrics import (
     distribution,
     meets_target,
     pause_summary,
+    pause_threshold,
     server_pauses,
     stream_metrics,
     summarize_level,
@@ -119,7 +120,9 @@ async def _run_one_level(target: Target, config: BenchConfig, plan: LevelPlan) -
     if server is not None:
         summary.extra["server"] = server
     summary.extra["client_loop_lag_ms"] = distribution([x for _, x in lag], scale=1e3)
-    summary.extra["server_pauses"] = pause_summary(server_pauses(traces), t0)  # times on the timeline's clock
+    gap_s, cadence_s = pause_threshold(traces)  # a gap of a batched step or two is no pause
+    summary.extra["server_pauses"] = pause_summary(server_pauses(traces, min_gap_s=gap_s), t0,  # timeline's clock
+                                                   min_gap_s=gap_s, cadence_s=cadence_s)
     if samples:
         summary.extra["server_timeline"] = timeline(samples, t0)
         summary.extra["server_timeline_t0"] = t0  # the streams' clock (t_start, chunk_t)

@@ -10,7 +10,9 @@ from benchmark.bench.metrics import (
     capacity,
     distribution,
     meets_target,
+    delivery_interval,
     pause_summary,
+    pause_threshold,
     percentile,
     server_pauses,
     simulate_player,
@@ -260,6 +262,31 @@ def test_a_silence_for_every_stream_at_once_is_a_server_pause() -> None:
         server_pauses(traces, min_gap_s=0.0)
 
 
+def _batched(n: int, *, step_s: float, stop: tuple[float, float] | None = None) -> list[StreamTrace]:
+    """``n`` streams whose audio all comes at once each ``step_s`` (a batched engine step: a
+    chunk model's step of 45-60 ms delivers every stream's chunk together), none inside ``stop``."""
+    ts = [0.1 + step_s * k for k in range(int(2.9 / step_s))]
+    if stop is not None:
+        ts = [t for t in ts if not stop[0] < t < stop[1]]
+    return [make_trace([t + 0.0001 * i for t in ts], 20, sid=str(i)) for i in range(n)]
+
+
+def test_the_pause_threshold_follows_the_servers_delivery_interval() -> None:
+    """Steps of 60 ms that deliver every stream's audio together are normal running, not 47
+    pauses: the threshold is twice the median delivery interval (120 ms), never under 50 ms;
+    a stop of several steps still counts."""
+    steady = _batched(8, step_s=0.06)
+    assert delivery_interval(steady) == pytest.approx(0.06, abs=1e-3)
+    gap_s, cadence = pause_threshold(steady)
+    assert gap_s == pytest.approx(0.12, abs=2e-3) and cadence == pytest.approx(0.06, abs=1e-3)
+    assert len(server_pauses(steady)) > 40 and server_pauses(steady, min_gap_s=gap_s) == []
+    stopped = _batched(8, step_s=0.06, stop=(1.0, 1.3))
+    assert len(server_pauses(stopped, min_gap_s=pause_threshold(stopped)[0])) == 1
+    fast = _staggered(8)  # deliveries every 2.5 ms: the 50 ms floor holds
+    assert pause_threshold(fast)[0] == 0.05
+    assert delivery_interval([]) is None and pause_threshold([]) == (0.05, None)
+
+
 def test_pause_summary_finds_a_period() -> None:
     traces = _staggered(8, end=5.2)
     for tr in traces:  # a 80 ms stop of everyone once a second, as a per-second report once caused
@@ -288,6 +315,9 @@ def test_summary_reports_server_pauses() -> None:
     run.summary.extra["server_pauses"] = pause_summary([(1.0, 0.08), (2.0, 0.09), (3.01, 0.07)], 0.0)
     assert ("pauses at 8: 3 times no stream received audio for >= 50 ms while >= 4 were mid-stream "
             "(p50 80 ms, longest 90 ms, every 1.00 s (median))") in format_summary(result)
+    run.summary.extra["server_pauses"] = pause_summary([(1.0, 0.3)], 0.0, min_gap_s=0.09, cadence_s=0.045)
+    assert ("pauses at 8: 1 times no stream received audio for >= 90 ms (twice the server's median "
+            "interval between deliveries, 45 ms) while >= 4 were mid-stream") in format_summary(result)
 
 
 def test_summary_names_the_server_device() -> None:
