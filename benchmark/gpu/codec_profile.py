@@ -1,10 +1,11 @@
 """Where a streaming codec step's GPU time goes: Qwen3-TTS's codec alone in each step layout
 (channels-first ``CodecStream``, channels-last ``CodecStreamNWC``, the latter with its SnakeBeta
-compiled: ``--model-setting codec_layout`` and ``codec_compile``), side by side: their audio against each other over a few frames, each timed in a
+compiled, or its dense convolutions cuDNN's: ``--model-setting codec_layout``, ``codec_compile``,
+``codec_conv``), side by side: their audio against each other over a few frames, each timed in a
 CUDA graph with cuDNN's algorithm search off and on, then its kernels under ``torch.profiler``
 (top by time; ``--top 0``: none).
 
-    python -m benchmark.gpu.codec_profile --batch 512 [--layout ncw,nwc,nwc+compile] [--dtype bfloat16] [--top 25]
+    python -m benchmark.gpu.codec_profile --batch 512 [--layout ncw,nwc,nwc-cudnn+compile] [--dtype bfloat16] [--top 25]
 
 GPU only; random weights (``--load-format dummy``).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from benchmark.gpu.graph_timing import graph_median_ms
 
@@ -24,8 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="qwen3-tts-1.7b-customvoice", help="a preset of models.qwen3_tts.config")
     p.add_argument("--batch", default="512", help="rows, comma-separated")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    p.add_argument("--layout", default="ncw,nwc,nwc+compile",
-                   help="step layouts, comma-separated (nwc+compile: codec_compile on)")
+    p.add_argument("--layout", default="ncw,nwc,nwc+compile,nwc-cudnn+compile",
+                   help="step layouts, comma-separated: LAYOUT[-CONV][+compile] (codec_layout, "
+                        "codec_conv, codec_compile on)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--top", type=int, default=25, help="kernels listed")
     args = p.parse_args(argv)
@@ -41,9 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(x) for x in args.batch.split(",")]
     layouts = args.layout.split(",")
     loaded = load_qwen3_tts(args.model, device=dev, dtype=torch.bfloat16, codec_dtype=dtype, load_format="dummy")
-    streams = {lay: make_codec_stream(loaded.codec, max(batches), layout=lay.removesuffix("+compile"),
-                                      compile=lay.endswith("+compile"), device=dev, dtype=dtype)
-               for lay in layouts}
+    def build(spec: str) -> Any:  # "nwc-cudnn+compile": layout, dense convolutions' kind, compile
+        base = spec.removesuffix("+compile")
+        layout, _, conv = base.partition("-")
+        return make_codec_stream(loaded.codec, max(batches), layout=layout, conv=conv or None,
+                                 compile=spec.endswith("+compile"), device=dev, dtype=dtype)
+
+    streams = {lay: build(lay) for lay in layouts}
     groups = loaded.config.talker.num_code_groups
     if len(streams) > 1:  # the same frames through each layout: their audio against the first's
         g = torch.Generator(device=dev).manual_seed(0)

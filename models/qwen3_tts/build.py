@@ -18,7 +18,8 @@ def load(ctx: LoadContext) -> ProgramModel:
     ("auto": bfloat16 on CUDA, float32 on the CPU; "float32", "bfloat16"); the speaker encoder on
     Base checkpoints. Setting (``ctx.setting``): ``codec_layout`` ("ncw", the default, or "nwc":
     the codec step on channels-last activations, models/qwen3_tts/codec_nwc.py; the same audio)
-    and ``codec_compile`` (False; True: that step's SnakeBeta fused by ``torch.compile``)."""
+    ``codec_compile`` (False; True: that step's SnakeBeta fused by ``torch.compile``) and
+    ``codec_conv`` ("gemm", its default, or "cudnn": its dense convolutions' kind)."""
     from engine.llm.fp8 import quantise_decoder_linears_
     from models.qwen3_tts.codec_nwc import make_codec_stream
     from models.qwen3_tts.loader import load_qwen3_tts
@@ -27,6 +28,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     codec_dtype = program_codec_dtype(ctx)
     layout = str(ctx.setting("codec_layout", "ncw"))
     compile_codec = bool(ctx.setting("codec_compile", False))
+    conv = ctx.setting("codec_conv", None)  # (None: the layout's own)
     model_id = ctx.model_id
     loaded = load_qwen3_tts(model_id, device=ctx.device, dtype=ctx.dtype, codec_dtype=codec_dtype,
                             load_format=ctx.load_format)
@@ -37,7 +39,8 @@ def load(ctx: LoadContext) -> ProgramModel:
     tokenizer = loaded.tokenizer or StandInTokenizer(config)
     slots = Qwen3Slots(talker, ctx.max_num_seqs, ctx.device)
     codec_stream = make_codec_stream(loaded.codec, ctx.max_num_seqs, layout=layout, compile=compile_codec,
-                                     device=ctx.device, dtype=codec_dtype)
+                                     conv=None if conv is None else str(conv), device=ctx.device,
+                                     dtype=codec_dtype)
     program = Qwen3Program(talker, config, tokenizer, codec_stream, model_name=model_id, slots=slots,
                            speaker_encoder=loaded.model.speaker_encoder)
     if ctx.use_graphs:

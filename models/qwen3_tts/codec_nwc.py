@@ -20,20 +20,26 @@ from torch import Tensor
 
 from models.qwen3_tts.codec import Codec, CodecStream, _CausalConv, _CausalTransConv, _ConvNeXt, _Snake
 
-__all__ = ["CodecStreamNWC", "CODEC_LAYOUTS", "make_codec_stream", "snake"]
+__all__ = ["CodecStreamNWC", "CODEC_CONVS", "CODEC_LAYOUTS", "make_codec_stream", "snake"]
 
 CODEC_LAYOUTS = ("ncw", "nwc")
+CODEC_CONVS = ("gemm", "cudnn")
 
 
 class _Dense:
-    """A causal conv (dense or depthwise) for [N, n, C] with its state [S, ctx, C_in]."""
+    """A causal conv (dense or depthwise) for [N, n, C] with its state [S, ctx, C_in]; a dense one
+    with k > 1 as a GEMM of its gathered taps (``conv="gemm"``) or as cuDNN's convolution on the
+    channels-last view of the same memory (``conv="cudnn"``: an implicit GEMM, no gathered copy)."""
 
-    def __init__(self, m: _CausalConv, state: Tensor | None, dtype: torch.dtype) -> None:
+    def __init__(self, m: _CausalConv, state: Tensor | None, dtype: torch.dtype, conv: str = "gemm") -> None:
         w = m.conv.weight.detach().to(dtype)  # [C_out, C_in / groups, k]
         c_out, c_in_g, k = w.shape
         self.k, self.dilation, self.context = k, m.conv.dilation[0], m.context
         self.bias = None if m.conv.bias is None else m.conv.bias.detach().to(dtype)
         self.depthwise = m.conv.groups > 1
+        self.cudnn = conv == "cudnn" and not self.depthwise and k > 1
+        if self.cudnn:  # [C_out, C_in, 1, k] channels-last: the layout of [N, 1, n, C] activations
+            self.weight4 = w[:, :, None, :].contiguous(memory_format=torch.channels_last)
         if self.depthwise:
             if m.conv.groups != c_out or c_in_g != 1:
                 raise ValueError(f"channels-last codec: grouped conv (groups={m.conv.groups}) not supported")
@@ -50,6 +56,9 @@ class _Dense:
         n, d = x.shape[1], self.dilation
         full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, ctx + n, C]
         state.index_copy_(0, slots, full[:, -self.context:])
+        if self.cudnn:  # [N, L, C] is [N, C, 1, L] in channels-last memory: no copy either way
+            y = F.conv2d(full.permute(0, 2, 1).unsqueeze(2), self.weight4, self.bias, dilation=(1, d))
+            return y.squeeze(2).permute(0, 2, 1)  # [N, n, C_out] (contiguous: channels-last out)
         if self.depthwise:
             out = full[:, :n] * self.weight[0]
             for j in range(1, self.k):
@@ -120,9 +129,13 @@ class CodecStreamNWC(CodecStream):
 
     def __init__(self, codec: Codec, max_slots: int, *, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None, compile: bool = False,
-                 compile_backend: str = "inductor") -> None:
+                 compile_backend: str = "inductor", conv: str = "gemm") -> None:
         """``compile``: SnakeBeta through ``torch.compile`` (dynamic shapes: one fused kernel for
-        every layer and batch size; compiled at the first step, so before any graph capture)."""
+        every layer and batch size; compiled at the first step, so before any graph capture).
+        ``conv``: the dense convolutions as GEMMs of their gathered taps ("gemm") or cuDNN's
+        channels-last convolution ("cudnn")."""
+        if conv not in CODEC_CONVS:
+            raise ValueError(f"codec_conv must be one of {', '.join(CODEC_CONVS)}, got {conv!r}")
         super().__init__(codec, max_slots, device=device, dtype=dtype)
         dt = self.k[0].dtype
         fn = torch.compile(snake, dynamic=True, fullgraph=True, backend=compile_backend) if compile else snake
@@ -133,7 +146,7 @@ class CodecStreamNWC(CodecStream):
         cd = codec
 
         def dense(m: _CausalConv) -> _Dense:
-            return _Dense(m, self._convs.get(id(m)), dt)
+            return _Dense(m, self._convs.get(id(m)), dt, conv)
 
         def trans(m: _CausalTransConv) -> _Trans:
             return _Trans(m, self._tconvs.get(id(m)), dt)
@@ -190,15 +203,17 @@ class CodecStreamNWC(CodecStream):
 
 
 def make_codec_stream(codec: Codec, max_slots: int, *, layout: str = "ncw", compile: bool = False,
-                      device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                      compile_backend: str = "inductor") -> CodecStream:
+                      conv: str | None = None, device: torch.device | str | None = None,
+                      dtype: torch.dtype | None = None, compile_backend: str = "inductor") -> CodecStream:
     """The per-slot codec stream in ``layout`` ("ncw": ``CodecStream``; "nwc": ``CodecStreamNWC``,
-    with ``compile`` its SnakeBeta fused by ``torch.compile``)."""
+    with ``compile`` its SnakeBeta fused by ``torch.compile``, ``conv`` its dense convolutions'
+    kind: "gemm", the default, or "cudnn")."""
     if layout not in CODEC_LAYOUTS:
         raise ValueError(f"codec_layout must be one of {', '.join(CODEC_LAYOUTS)}, got {layout!r}")
     if layout == "nwc":
         return CodecStreamNWC(codec, max_slots, device=device, dtype=dtype, compile=compile,
-                              compile_backend=compile_backend)
-    if compile:
-        raise ValueError("codec_compile needs codec_layout=nwc (the channels-first step is not compiled)")
+                              compile_backend=compile_backend, conv=conv or "gemm")
+    if compile or conv is not None:
+        raise ValueError("codec_compile and codec_conv need codec_layout=nwc (the channels-first step "
+                         "runs the reference's modules)")
     return CodecStream(codec, max_slots, device=device, dtype=dtype)

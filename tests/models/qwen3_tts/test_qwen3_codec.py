@@ -8,7 +8,11 @@ import pytest
 import torch
 from tests.models.qwen3_tts.qwen3_fixtures import JOBS, load_ours
 
-from models.qwen3_tts.codec_nwc import CODEC_LAYOUTS, make_codec_stream
+from models.qwen3_tts.codec_nwc import make_codec_stream
+
+# (layout, the dense convolutions' kind): the channels-first step, the channels-last one with
+# GEMMs of gathered taps, and with cuDNN's channels-last convolution
+STEPS = [("ncw", None), ("nwc", "gemm"), ("nwc", "cudnn")]
 
 REL = 1e-5
 
@@ -44,12 +48,12 @@ def test_prefix_decode_is_a_prefix_of_the_whole(reference):
     assert _rel(ref["prefix"], ref["whole"][:n]) < REL
 
 
-@pytest.mark.parametrize("layout", CODEC_LAYOUTS)
-def test_streaming_equals_reference_whole_decode(ckpt_root, reference, layout):
+@pytest.mark.parametrize(("layout", "conv"), STEPS)
+def test_streaming_equals_reference_whole_decode(ckpt_root, reference, layout, conv):
     """Frame-by-frame streamed output concatenated equals the reference's whole decode
     (the window of 8 frames is crossed: 30 frames)."""
     codec = load_ours(ckpt_root, "custom").codec
-    stream = make_codec_stream(codec, 2, layout=layout)
+    stream = make_codec_stream(codec, 2, layout=layout, conv=conv)
     slots = torch.tensor([1])
     stream.reset(slots)
     codes = _codes()
@@ -59,8 +63,8 @@ def test_streaming_equals_reference_whole_decode(ckpt_root, reference, layout):
     assert _rel(pcm, reference["codec"]["whole"]) < REL
 
 
-@pytest.mark.parametrize("layout", CODEC_LAYOUTS)
-def test_slots_at_different_positions_equal_each_alone(ckpt_root, layout):
+@pytest.mark.parametrize(("layout", "conv"), STEPS)
+def test_slots_at_different_positions_equal_each_alone(ckpt_root, layout, conv):
     """Three slots joining at different frames, batched with a padding row on the scratch slot,
     each equal their own solo stream; reset restarts a slot."""
     codec = load_ours(ckpt_root, "custom").codec
@@ -69,7 +73,7 @@ def test_slots_at_different_positions_equal_each_alone(ckpt_root, layout):
     starts = [0, 6, 11]
     with torch.no_grad():
         solo = [codec(s[None])[0] for s in seqs]
-        stream = make_codec_stream(codec, 4, layout=layout)
+        stream = make_codec_stream(codec, 4, layout=layout, conv=conv)
         out = {i: [] for i in range(3)}
         slot_of = {0: 3, 1: 0, 2: 2}
         stream.reset(torch.tensor([1]))  # slot 1 is used by nobody; resets are idempotent
@@ -87,12 +91,12 @@ def test_slots_at_different_positions_equal_each_alone(ckpt_root, layout):
         assert _rel(torch.cat(out[i]), solo[i]) < REL, i
 
 
-@pytest.mark.parametrize("layout", CODEC_LAYOUTS)
-def test_reset_slot_decodes_afresh(ckpt_root, layout):
+@pytest.mark.parametrize(("layout", "conv"), STEPS)
+def test_reset_slot_decodes_afresh(ckpt_root, layout, conv):
     """After reset a slot's stream equals a fresh decode (no state leaks across turns)."""
     codec = load_ours(ckpt_root, "custom").codec
     codes = _codes()
-    stream = make_codec_stream(codec, 1, layout=layout)
+    stream = make_codec_stream(codec, 1, layout=layout, conv=conv)
     slots = torch.tensor([0])
     with torch.no_grad():
         for t in range(12):
@@ -121,3 +125,7 @@ def test_an_unknown_layout_is_refused_naming_the_layouts(ckpt_root):
     codec = load_ours(ckpt_root, "custom").codec
     with pytest.raises(ValueError, match="ncw, nwc"):
         make_codec_stream(codec, 1, layout="nhwc")
+    with pytest.raises(ValueError, match="gemm, cudnn"):
+        make_codec_stream(codec, 1, layout="nwc", conv="winograd")
+    with pytest.raises(ValueError, match="need codec_layout=nwc"):
+        make_codec_stream(codec, 1, conv="cudnn")

@@ -119,8 +119,9 @@ def test_a_stream_alone_equals_the_same_stream_among_others(tiny) -> None:
 
 def test_the_channels_last_codec_serves_the_same_audio(tiny) -> None:
     """``codec_layout="nwc"`` (``--model-setting codec_layout=nwc``) runs the channels-last codec
-    step: the same frames, the same audio to float32 rounding, with ``codec_compile`` too; an
-    unknown layout is refused at load naming the layouts, ``codec_compile`` without it too."""
+    step: the same frames, the same audio to float32 rounding, with ``codec_compile`` and with
+    ``codec_conv="cudnn"`` too; an unknown layout is refused at load naming the layouts,
+    ``codec_compile`` without the channels-last layout too."""
     from models.qwen3_tts.codec_nwc import CodecStreamNWC
 
     text = "The same words through either codec layout."
@@ -139,7 +140,11 @@ def test_the_channels_last_codec_serves_the_same_audio(tiny) -> None:
     outs_c, frames_c = _run(compiled, [text], opts, job=1)
     assert frames_c == frames
     np.testing.assert_allclose(_audio(outs_c, 1), ref, rtol=0, atol=2e-6)
-    with pytest.raises(ValueError, match="codec_compile needs codec_layout=nwc"):
+    cudnn = _backend(codec_layout="nwc", codec_conv="cudnn")
+    outs_d, frames_d = _run(cudnn, [text], opts, job=1)
+    assert frames_d == frames
+    np.testing.assert_allclose(_audio(outs_d, 1), ref, rtol=0, atol=2e-6)
+    with pytest.raises(ValueError, match="need codec_layout=nwc"):
         _backend(codec_compile=True)
 
 
