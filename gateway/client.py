@@ -28,6 +28,9 @@ class StreamFailed(Exception):
         self.error = error
         self.code = error.get("code")
         self.retryable = bool(error.get("retryable"))
+        # a `capacity` refusal's hint: wait this long before starting the stream again (None: none)
+        retry = error.get("retry_after_s")
+        self.retry_after_s = None if retry is None else float(retry)
 
 
 class ClientStream:

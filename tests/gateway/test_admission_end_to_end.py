@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import pytest
 
-from gateway.client import ClientStream, VoxgateClient
+from gateway.client import ClientStream, StreamFailed, VoxgateClient
 from tests.conftest import VoxgateServer
 
 pytestmark = pytest.mark.slow
@@ -136,6 +136,8 @@ def test_once_the_engine_reports_it_is_full_the_gateway_refuses_without_it(serve
     [err] = out["b"]
     assert (err["type"], err["code"], err["retryable"]) == ("error", "capacity", True)
     assert err["retry_after_s"] > 0 and "no engine has room" in err["message"]
+    failed = StreamFailed(err)  # what the client library raises: the hint to wait
+    assert failed.code == "capacity" and failed.retryable and failed.retry_after_s == err["retry_after_s"]
     assert _metric(out["metrics"], "voxgate_admission_refused_at_gateway_total") == 1
     assert _metric(out["metrics"], 'voxgate_admission_refused_total{reason="capacity"}') == 0
 
