@@ -5,9 +5,11 @@ codec_layout=nwc``; docs/models/qwen3_tts.md, "Codec").
 Why: on an H200 the channels-first step spends more time in cuDNN's layout transposes, a legacy
 implicit-GEMM convolution and unfused elementwise work than in its arithmetic
 (docs/performance.md, the Qwen3-TTS codec profile). Here a dense convolution of kernel k is one
-GEMM of its k gathered taps [N*n, k*C_in] x [k*C_in, C_out], a transposed convolution of kernel
-2s and stride s one GEMM [N*(n+1), C_in] x [C_in, 2s*C_out] and an overlap-add, a depthwise
-one k shifted multiply-adds, and SnakeBeta takes its exponentials precomputed.
+GEMM of its k gathered taps [N*n, k*C_in] x [k*C_in, C_out] (or cuDNN's channels-last
+convolution: ``codec_conv=cudnn``), a transposed convolution of kernel 2s and stride s one GEMM
+of each input beside the one before it [N*n, 2*C_in] x [2*C_in, s*C_out], a depthwise one k
+shifted multiply-adds, and SnakeBeta takes its exponentials precomputed (and one fused kernel
+with ``codec_compile``).
 """
 
 from __future__ import annotations
