@@ -362,6 +362,8 @@ class Session:
                 retry_after_s = self._door.refused(msg.retry_after_s)
                 if retry_after_s != msg.retry_after_s:  # the crowd of retrying clients is large
                     message = f"{message.rsplit('; retry after', 1)[0]}; retry after {retry_after_s:.1f} s"
+            elif self._door is not None:  # a stream that fails frees its place like one that ends
+                self._door.stream_left()
             return [ToClient(p.error(msg.code, message, stream=stream.id,
                                      retryable=msg.retryable, retry_after_s=retry_after_s))]
         return []

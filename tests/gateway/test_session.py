@@ -198,6 +198,47 @@ def test_a_capacity_refusal_carries_its_retry_hint() -> None:
     assert "retry_after_s" not in err
 
 
+def test_the_door_hears_of_every_stream_that_frees_a_place() -> None:
+    """With the gateway's door (gateway.admission_door): a stream that ends or fails counts as a
+    place freed (the crowd's hint divides by that rate), a capacity refusal as a refusal, whose
+    hint and message the door may lengthen; a start the door refuses never reaches the engine."""
+    from gateway.admission_door import AdmissionDoor
+
+    class Door(AdmissionDoor):
+        def __init__(self) -> None:
+            super().__init__(lambda: None)
+            self.left, self.hints = 0, []
+            self.full: float | None = None
+
+        def check(self) -> float | None:
+            return self.full
+
+        def stream_left(self) -> None:
+            self.left += 1
+
+        def refused(self, engine_hint_s: float | None) -> float:
+            self.hints.append(engine_hint_s)
+            return 7.5
+
+    door = Door()
+    keys = itertools.count(1)
+    s = Session(hello=HELLO, limits=LIMITS, allocate_key=lambda: next(keys), is_engine_ready=lambda: True,
+                door=door)
+    for sid in ("a", "b"):  # (two streams a connection)
+        _send(s, type="start", stream=sid)
+    s.on_engine(em.Done(1, "end", 0))
+    s.on_engine(em.Error(2, "model_error", "boom", False))
+    _send(s, type="start", stream="c")
+    [err] = _client(s.on_engine(em.Error(3, "capacity", "server at capacity: full; retry after 0.1 s", True, 0.1)))
+    assert door.left == 2 and door.hints == [0.1]
+    assert err["retry_after_s"] == 7.5 and err["message"] == "server at capacity: full; retry after 7.5 s"
+    door.full = 3.0
+    actions = _send(s, type="start", stream="d")
+    assert _engine(actions) == []
+    [err] = _client(actions)
+    assert (err["code"], err["retryable"], err["retry_after_s"]) == ("capacity", True, 3.0)
+
+
 def test_done_says_how_long_a_stream_waited_for_admission() -> None:
     """An engine Done whose timings have queue_wait_ms passes it on in `done`."""
     s, _ = _session()
