@@ -41,8 +41,8 @@ class _Dense:
         self.depthwise = m.conv.groups > 1
         self.cudnn = conv == "cudnn" and not self.depthwise and k > 1
         if self.cudnn:  # [C_out, C_in, 1, k] channels-last: the layout of [N, 1, n, C] activations
-            self.weight4 = w[:, :, None, :].contiguous(memory_format=torch.channels_last)
-        if self.depthwise:
+            self.weight = w[:, :, None, :].contiguous(memory_format=torch.channels_last)
+        elif self.depthwise:
             if m.conv.groups != c_out or c_in_g != 1:
                 raise ValueError(f"channels-last codec: grouped conv (groups={m.conv.groups}) not supported")
             self.weight = w[:, 0, :].t().contiguous()  # [k, C]
@@ -59,7 +59,7 @@ class _Dense:
         full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, ctx + n, C]
         state.index_copy_(0, slots, full[:, -self.context:])
         if self.cudnn:  # [N, L, C] is [N, C, 1, L] in channels-last memory: no copy either way
-            y = F.conv2d(full.permute(0, 2, 1).unsqueeze(2), self.weight4, self.bias, dilation=(1, d))
+            y = F.conv2d(full.permute(0, 2, 1).unsqueeze(2), self.weight, self.bias, dilation=(1, d))
             return y.squeeze(2).permute(0, 2, 1)  # [N, n, C_out] (contiguous: channels-last out)
         if self.depthwise:
             out = full[:, :n] * self.weight[0]
