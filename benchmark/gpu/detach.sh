@@ -13,7 +13,8 @@ case "$cmd" in
   start)
     script=${3:?SCRIPT}
     mkdir -p "$dir"; rm -f "$dir/done"
-    setsid nohup bash -c "bash '$script' '$dir' > '$dir/queue.log' 2>&1; echo \$? > '$dir/done'" \
+    : > "$dir/queue.log"  # now, so that a `wait` in the same call finds the queue at once
+    setsid nohup bash -c "bash '$script' '$dir' >> '$dir/queue.log' 2>&1; echo \$? > '$dir/done'" \
       > /dev/null 2>&1 < /dev/null &
     echo "started $script into $dir" ;;
   wait)

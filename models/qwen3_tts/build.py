@@ -7,28 +7,31 @@ from typing import Any
 from engine.llm.backend import LMBackend
 from engine.llm.program import KVShape, LoadContext, ProgramModel, ServingDefaults, codec_dtype as program_codec_dtype
 
-__all__ = ["QWEN3_DEFAULTS", "build_qwen3_backend", "load"]
+__all__ = ["CODEC_DEFAULTS_CUDA", "QWEN3_DEFAULTS", "build_qwen3_backend", "codec_settings", "load"]
 
 # Not yet measured on a GPU: no decode cap (every running stream decodes each step).
 QWEN3_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0)
+# The codec step on CUDA: channels-last, SnakeBeta compiled (29.8 ms at 512 rows against 43.9 for
+# the reference's layout and 35.5 uncompiled, 9c8f0f3f; 576 streams served on time against 448,
+# docs/performance.md). On the CPU the reference's layout (inductor's C++ build is not required).
+CODEC_DEFAULTS_CUDA = ("nwc", True)
 
 
 def load(ctx: LoadContext) -> ProgramModel:
     """Talker + code predictor on ``ctx.device`` in ``ctx.dtype``; the codec in ``codec_dtype``
     ("auto": bfloat16 on CUDA, float32 on the CPU; "float32", "bfloat16"); the speaker encoder on
-    Base checkpoints. Setting (``ctx.setting``): ``codec_layout`` ("ncw", the default, or "nwc":
-    the codec step on channels-last activations, models/qwen3_tts/codec_nwc.py; the same audio)
-    ``codec_compile`` (False; True: that step's SnakeBeta fused by ``torch.compile``) and
-    ``codec_conv`` ("gemm", its default, or "cudnn": its dense convolutions' kind)."""
+    Base checkpoints. Setting (``ctx.setting``): ``codec_layout`` ("nwc": the codec step on
+    channels-last activations, models/qwen3_tts/codec_nwc.py; "ncw": the reference's modules;
+    the same audio), ``codec_compile`` (that step's SnakeBeta fused by ``torch.compile``) and
+    ``codec_conv`` ("gemm", its default, or "cudnn": its dense convolutions' kind). Defaults:
+    ``nwc`` compiled on CUDA (``CODEC_DEFAULTS_CUDA``), ``ncw`` on the CPU."""
     from engine.llm.fp8 import quantise_decoder_linears_
     from models.qwen3_tts.codec_nwc import make_codec_stream
     from models.qwen3_tts.loader import load_qwen3_tts
     from models.qwen3_tts.program import Qwen3Forward, Qwen3Head, Qwen3Program, Qwen3Slots, StandInTokenizer
 
     codec_dtype = program_codec_dtype(ctx)
-    layout = str(ctx.setting("codec_layout", "ncw"))
-    compile_codec = bool(ctx.setting("codec_compile", False))
-    conv = ctx.setting("codec_conv", None)  # (None: the layout's own)
+    layout, compile_codec, conv = codec_settings(ctx)
     model_id = ctx.model_id
     loaded = load_qwen3_tts(model_id, device=ctx.device, dtype=ctx.dtype, codec_dtype=codec_dtype,
                             load_format=ctx.load_format)
@@ -39,7 +42,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     tokenizer = loaded.tokenizer or StandInTokenizer(config)
     slots = Qwen3Slots(talker, ctx.max_num_seqs, ctx.device)
     codec_stream = make_codec_stream(loaded.codec, ctx.max_num_seqs, layout=layout, compile=compile_codec,
-                                     conv=None if conv is None else str(conv), device=ctx.device,
+                                     conv=conv, device=ctx.device,
                                      dtype=codec_dtype)
     program = Qwen3Program(talker, config, tokenizer, codec_stream, model_name=model_id, slots=slots,
                            speaker_encoder=loaded.model.speaker_encoder)
@@ -50,6 +53,16 @@ def load(ctx: LoadContext) -> ProgramModel:
     return ProgramModel(program=program, model=Qwen3Forward(talker, slots), kv_shape=shape,
                         head=Qwen3Head(talker, slots), uses_token_rows=True, supports_mixed_graphs=False,
                         defaults=QWEN3_DEFAULTS)
+
+
+def codec_settings(ctx: LoadContext) -> tuple[str, bool, str | None]:
+    """The codec step's (layout, compiled, convolution kind) from the settings, the device's
+    defaults for what is not set (a compiled SnakeBeta only with the channels-last layout)."""
+    layout_default, compile_default = CODEC_DEFAULTS_CUDA if ctx.device.startswith("cuda") else ("ncw", False)
+    layout = str(ctx.setting("codec_layout", layout_default))
+    compile_codec = bool(ctx.setting("codec_compile", compile_default if layout == "nwc" else False))
+    conv = ctx.setting("codec_conv", None)  # (None: the layout's own)
+    return layout, compile_codec, None if conv is None else str(conv)
 
 
 def build_qwen3_backend(model_path_or_id: str, **kwargs: Any) -> LMBackend:

@@ -100,3 +100,22 @@ def test_missing_weights_fail_clearly(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(PRESETS["tiny"].to_hf_dict()))
     with pytest.raises(FileNotFoundError, match="safetensors"):
         load_qwen3_tts(tmp_path, dtype=torch.float32)
+
+
+def test_codec_step_defaults_follow_the_device() -> None:
+    """On CUDA the codec step is channels-last with SnakeBeta compiled (the faster step served on
+    the H200s), on the CPU the reference's layout; a setting given wins, and asking for the
+    channels-first layout on CUDA turns the compile off with it rather than failing."""
+    from types import SimpleNamespace
+
+    from models.qwen3_tts.build import codec_settings
+
+    def ctx(device: str, **given):
+        return SimpleNamespace(device=device, setting=lambda name, default: given.get(name, default))
+
+    assert codec_settings(ctx("cuda")) == ("nwc", True, None)
+    assert codec_settings(ctx("cuda:1")) == ("nwc", True, None)
+    assert codec_settings(ctx("cpu")) == ("ncw", False, None)
+    assert codec_settings(ctx("cuda", codec_layout="ncw")) == ("ncw", False, None)
+    assert codec_settings(ctx("cuda", codec_compile=False)) == ("nwc", False, None)
+    assert codec_settings(ctx("cpu", codec_layout="nwc", codec_conv="cudnn")) == ("nwc", False, "cudnn")
