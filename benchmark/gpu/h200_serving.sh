@@ -45,6 +45,9 @@ export PYTHONUNBUFFERED=1
 [ "${SKIP_WHEELS:-0}" = 1 ] || python3 -m pip install -q --no-index --no-deps --no-compile \
   --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site
+# what the GPU machine lacks and the server imports at start: say so now, not in serve.log
+python3 -c "import flashinfer, soxr, websockets" 2>/dev/null \
+  || { echo "missing wheels: run ../shared/device/fetch-wheels.sh soxr here and carry .whl"; exit 1; }
 if [ -f .fi_cache/fi_cache.tgz ]; then tar -xzf .fi_cache/fi_cache.tgz -C ~; fi
 if [ -f .fi_cache/inductor.tgz ]; then tar -xzf .fi_cache/inductor.tgz -C /tmp; fi
 # which GPU this was (runs on two loans of "the same" machine differed by 6% per step: runs 24-26)
