@@ -31,7 +31,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     from models.qwen3_tts.program import Qwen3Forward, Qwen3Head, Qwen3Program, Qwen3Slots, StandInTokenizer
 
     codec_dtype = program_codec_dtype(ctx)
-    layout, compile_codec, conv = codec_settings(ctx)
+    layout, compile_codec, compile_fallback, conv = codec_settings(ctx)
     model_id = ctx.model_id
     loaded = load_qwen3_tts(model_id, device=ctx.device, dtype=ctx.dtype, codec_dtype=codec_dtype,
                             load_format=ctx.load_format)
@@ -42,7 +42,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     tokenizer = loaded.tokenizer or StandInTokenizer(config)
     slots = Qwen3Slots(talker, ctx.max_num_seqs, ctx.device)
     codec_stream = make_codec_stream(loaded.codec, ctx.max_num_seqs, layout=layout, compile=compile_codec,
-                                     conv=conv, device=ctx.device,
+                                     compile_fallback=compile_fallback, conv=conv, device=ctx.device,
                                      dtype=codec_dtype)
     program = Qwen3Program(talker, config, tokenizer, codec_stream, model_name=model_id, slots=slots,
                            speaker_encoder=loaded.model.speaker_encoder)
@@ -55,14 +55,21 @@ def load(ctx: LoadContext) -> ProgramModel:
                         defaults=QWEN3_DEFAULTS)
 
 
-def codec_settings(ctx: LoadContext) -> tuple[str, bool, str | None]:
-    """The codec step's (layout, compiled, convolution kind) from the settings, the device's
-    defaults for what is not set (a compiled SnakeBeta only with the channels-last layout)."""
+def codec_settings(ctx: LoadContext) -> tuple[str, bool, bool, str | None]:
+    """The codec step's (layout, compiled, fallback, convolution kind) from the settings, the
+    device's defaults for what is not set (a compiled SnakeBeta only with the channels-last
+    layout). ``fallback``: the compile is the default, not asked for, so a machine where it
+    cannot compile serves unfused rather than failing (``compiled_snake``)."""
+    from engine.llm.build import model_setting_value
+
     layout_default, compile_default = CODEC_DEFAULTS_CUDA if ctx.device.startswith("cuda") else ("ncw", False)
     layout = str(ctx.setting("codec_layout", layout_default))
-    compile_codec = bool(ctx.setting("codec_compile", compile_default if layout == "nwc" else False))
+    asked = ctx.setting("codec_compile", None)  # None: not given
+    if isinstance(asked, str):
+        asked = model_setting_value("codec_compile", asked, False)
+    compile_codec = bool(asked) if asked is not None else (compile_default and layout == "nwc")
     conv = ctx.setting("codec_conv", None)  # (None: the layout's own)
-    return layout, compile_codec, None if conv is None else str(conv)
+    return layout, compile_codec, asked is None, None if conv is None else str(conv)
 
 
 def build_qwen3_backend(model_path_or_id: str, **kwargs: Any) -> LMBackend:

@@ -14,6 +14,7 @@ with ``codec_compile``).
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
@@ -22,10 +23,12 @@ from torch import Tensor
 
 from models.qwen3_tts.codec import Codec, CodecStream, _CausalConv, _CausalTransConv, _ConvNeXt, _Snake
 
-__all__ = ["CodecStreamNWC", "CODEC_CONVS", "CODEC_LAYOUTS", "make_codec_stream", "snake"]
+__all__ = ["CodecStreamNWC", "CODEC_CONVS", "CODEC_LAYOUTS", "compiled_snake", "make_codec_stream", "snake"]
 
 CODEC_LAYOUTS = ("ncw", "nwc")
 CODEC_CONVS = ("gemm", "cudnn")
+
+log = logging.getLogger(__name__)
 
 
 class _Dense:
@@ -110,6 +113,31 @@ def snake(x: Tensor, alpha: Tensor, inv_beta: Tensor) -> Tensor:
     return torch.addcmul(x, inv_beta, torch.sin(x * alpha).square())
 
 
+def compiled_snake(backend: str, device: torch.device, dtype: torch.dtype, *,
+                   fallback: bool) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """``snake`` through ``torch.compile`` (dynamic shapes), compiled now on a small input of the
+    codec's device and dtype, so that a machine where it cannot compile (no Triton, no C
+    compiler) says so at load, not at the first frame served. With ``fallback`` (the compile was
+    a default, not asked for) such a failure logs a warning and gives the eager ``snake``;
+    without it, it raises."""
+    fn = torch.compile(snake, dynamic=True, fullgraph=True, backend=backend)
+    x = torch.zeros(2, 3, 4, device=device, dtype=dtype)  # (sizes 0 and 1 would be specialised)
+    ones = torch.ones(4, device=device, dtype=dtype)
+    try:
+        fn(x, ones, ones)
+    except Exception as exc:  # any backend failure: the eager form computes the same
+        if not fallback:
+            raise
+        root: BaseException = exc
+        while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None:
+            root = inner  # (torch wraps the backend's own error)
+        log.warning("the Qwen3-TTS codec's SnakeBeta did not compile here (%s: %s); running it "
+                    "unfused (a slower codec step; --model-setting codec_compile=false hides this)",
+                    type(root).__name__, (str(root).splitlines() or [""])[0])
+        return snake
+    return fn
+
+
 class _SnakeNWC:
     """SnakeBeta with its per-channel exponentials computed once (as ``_Snake.forward`` does);
     ``fn`` is ``snake`` or its ``torch.compile``d form (one fused kernel)."""
@@ -131,16 +159,19 @@ class CodecStreamNWC(CodecStream):
 
     def __init__(self, codec: Codec, max_slots: int, *, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None, compile: bool = False,
-                 compile_backend: str = "inductor", conv: str = "gemm") -> None:
+                 compile_backend: str = "inductor", compile_fallback: bool = False,
+                 conv: str = "gemm") -> None:
         """``compile``: SnakeBeta through ``torch.compile`` (dynamic shapes: one fused kernel for
-        every layer and batch size; compiled at the first step, so before any graph capture).
+        every layer and batch size; compiled here, so before any graph capture; where it cannot
+        compile, ``compile_fallback`` runs it unfused: ``compiled_snake``).
         ``conv``: the dense convolutions as GEMMs of their gathered taps ("gemm") or cuDNN's
         channels-last convolution ("cudnn")."""
         if conv not in CODEC_CONVS:
             raise ValueError(f"codec_conv must be one of {', '.join(CODEC_CONVS)}, got {conv!r}")
         super().__init__(codec, max_slots, device=device, dtype=dtype)
         dt = self.k[0].dtype
-        fn = torch.compile(snake, dynamic=True, fullgraph=True, backend=compile_backend) if compile else snake
+        fn = (compiled_snake(compile_backend, self.k[0].device, dt, fallback=compile_fallback)
+              if compile else snake)
         # the channels-first states as time-major ones (same zeros, other shape)
         for states in (self._convs, self._tconvs):
             for key, buf in list(states.items()):
@@ -206,15 +237,18 @@ class CodecStreamNWC(CodecStream):
 
 def make_codec_stream(codec: Codec, max_slots: int, *, layout: str = "ncw", compile: bool = False,
                       conv: str | None = None, device: torch.device | str | None = None,
-                      dtype: torch.dtype | None = None, compile_backend: str = "inductor") -> CodecStream:
+                      dtype: torch.dtype | None = None, compile_backend: str = "inductor",
+                      compile_fallback: bool = False) -> CodecStream:
     """The per-slot codec stream in ``layout`` ("ncw": ``CodecStream``; "nwc": ``CodecStreamNWC``,
-    with ``compile`` its SnakeBeta fused by ``torch.compile``, ``conv`` its dense convolutions'
-    kind: "gemm", the default, or "cudnn")."""
+    with ``compile`` its SnakeBeta fused by ``torch.compile`` (``compile_fallback``: unfused where
+    it cannot compile, rather than an error), ``conv`` its dense convolutions' kind: "gemm", the
+    default, or "cudnn")."""
     if layout not in CODEC_LAYOUTS:
         raise ValueError(f"codec_layout must be one of {', '.join(CODEC_LAYOUTS)}, got {layout!r}")
     if layout == "nwc":
         return CodecStreamNWC(codec, max_slots, device=device, dtype=dtype, compile=compile,
-                              compile_backend=compile_backend, conv=conv or "gemm")
+                              compile_backend=compile_backend, compile_fallback=compile_fallback,
+                              conv=conv or "gemm")
     if compile or conv is not None:
         raise ValueError("codec_compile and codec_conv need codec_layout=nwc (the channels-first step "
                          "runs the reference's modules)")

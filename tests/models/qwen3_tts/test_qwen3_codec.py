@@ -129,3 +129,31 @@ def test_an_unknown_layout_is_refused_naming_the_layouts(ckpt_root):
         make_codec_stream(codec, 1, layout="nwc", conv="winograd")
     with pytest.raises(ValueError, match="need codec_layout=nwc"):
         make_codec_stream(codec, 1, conv="cudnn")
+
+
+def test_a_snake_that_cannot_compile_fails_at_load_or_runs_unfused(ckpt_root, monkeypatch, caplog):
+    """Where ``torch.compile`` fails (no Triton or C compiler on the machine, simulated by a
+    backend that raises), a compile asked for fails when the codec is built, not at the first
+    frame; the default's compile (``compile_fallback``) logs why and runs SnakeBeta unfused, with
+    the same audio as the eager step."""
+    from models.qwen3_tts import codec_nwc
+
+    def broken_backend(gm, example_inputs):  # noqa: ANN001, ANN202 - a torch.compile backend
+        raise RuntimeError("no C compiler found")
+
+    codec = load_ours(ckpt_root, "custom").codec
+    with pytest.raises(Exception, match="no C compiler found"):
+        make_codec_stream(codec, 2, layout="nwc", compile=True, compile_backend=broken_backend)
+    torch._dynamo.reset()
+    with caplog.at_level("WARNING", logger=codec_nwc.__name__):
+        fallen = make_codec_stream(codec, 2, layout="nwc", compile=True, compile_backend=broken_backend,
+                                   compile_fallback=True)
+    assert fallen._last_snake.fn is codec_nwc.snake
+    assert "did not compile here" in caplog.text and "no C compiler found" in caplog.text
+    eager = make_codec_stream(codec, 2, layout="nwc")
+    codes = _codes()[:4]
+    slots = torch.tensor([0])
+    with torch.no_grad():
+        a = torch.cat([eager.step(slots, codes[t:t + 1])[0] for t in range(4)])
+        b = torch.cat([fallen.step(slots, codes[t:t + 1])[0] for t in range(4)])
+    assert torch.equal(a, b) and float(a.abs().max()) > 1e-3

@@ -104,18 +104,25 @@ def test_missing_weights_fail_clearly(tmp_path):
 
 def test_codec_step_defaults_follow_the_device() -> None:
     """On CUDA the codec step is channels-last with SnakeBeta compiled (the faster step served on
-    the H200s), on the CPU the reference's layout; a setting given wins, and asking for the
-    channels-first layout on CUDA turns the compile off with it rather than failing."""
+    the H200s), falling back to unfused where it cannot compile since nobody asked for it; on the
+    CPU the reference's layout; a setting given wins (a compile asked for has no fallback), and
+    asking for the channels-first layout on CUDA turns the compile off with it."""
     from types import SimpleNamespace
+
+    import pytest
 
     from models.qwen3_tts.build import codec_settings
 
     def ctx(device: str, **given):
         return SimpleNamespace(device=device, setting=lambda name, default: given.get(name, default))
 
-    assert codec_settings(ctx("cuda")) == ("nwc", True, None)
-    assert codec_settings(ctx("cuda:1")) == ("nwc", True, None)
-    assert codec_settings(ctx("cpu")) == ("ncw", False, None)
-    assert codec_settings(ctx("cuda", codec_layout="ncw")) == ("ncw", False, None)
-    assert codec_settings(ctx("cuda", codec_compile=False)) == ("nwc", False, None)
-    assert codec_settings(ctx("cpu", codec_layout="nwc", codec_conv="cudnn")) == ("nwc", False, "cudnn")
+    assert codec_settings(ctx("cuda")) == ("nwc", True, True, None)
+    assert codec_settings(ctx("cuda:1")) == ("nwc", True, True, None)
+    assert codec_settings(ctx("cpu")) == ("ncw", False, True, None)
+    assert codec_settings(ctx("cuda", codec_layout="ncw")) == ("ncw", False, True, None)
+    assert codec_settings(ctx("cuda", codec_compile="false")) == ("nwc", False, False, None)
+    assert codec_settings(ctx("cuda", codec_compile="on")) == ("nwc", True, False, None)
+    assert codec_settings(ctx("cpu", codec_layout="nwc", codec_compile=True)) == ("nwc", True, False, None)
+    assert codec_settings(ctx("cpu", codec_layout="nwc", codec_conv="cudnn")) == ("nwc", False, True, "cudnn")
+    with pytest.raises(ValueError, match="codec_compile=maybe: expects true or false"):
+        codec_settings(ctx("cuda", codec_compile="maybe"))
