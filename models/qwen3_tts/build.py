@@ -9,11 +9,13 @@ from engine.llm.program import KVShape, LoadContext, ProgramModel, ServingDefaul
 
 __all__ = ["CODEC_DEFAULTS_CUDA", "QWEN3_DEFAULTS", "build_qwen3_backend", "codec_settings", "load"]
 
-# Not yet measured on a GPU: no decode cap (every running stream decodes each step).
+# No decode cap: every running stream decodes each step (640 streams on time on two H200s with
+# the fill of 256; a fill of 512 did worse at 704: docs/performance.md).
 QWEN3_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0)
 # The codec step on CUDA: channels-last, SnakeBeta compiled (29.8 ms at 512 rows against 43.9 for
-# the reference's layout and 35.5 uncompiled, 9c8f0f3f; 576 streams served on time against 448,
-# docs/performance.md). On the CPU the reference's layout (inductor's C++ build is not required).
+# the reference's layout and 35.5 uncompiled, 9c8f0f3f; 640 streams served on time on two H200s
+# against 448 on one, docs/performance.md). On the CPU the reference's layout (inductor's C++
+# build is not required).
 CODEC_DEFAULTS_CUDA = ("nwc", True)
 
 

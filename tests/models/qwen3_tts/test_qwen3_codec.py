@@ -131,7 +131,7 @@ def test_an_unknown_layout_is_refused_naming_the_layouts(ckpt_root):
         make_codec_stream(codec, 1, conv="cudnn")
 
 
-def test_a_snake_that_cannot_compile_fails_at_load_or_runs_unfused(ckpt_root, monkeypatch, caplog):
+def test_a_snake_that_cannot_compile_fails_at_load_or_runs_unfused(ckpt_root, caplog):
     """Where ``torch.compile`` fails (no Triton or C compiler on the machine, simulated by a
     backend that raises), a compile asked for fails when the codec is built, not at the first
     frame; the default's compile (``compile_fallback``) logs why and runs SnakeBeta unfused, with

@@ -109,8 +109,6 @@ def test_codec_step_defaults_follow_the_device() -> None:
     asking for the channels-first layout on CUDA turns the compile off with it."""
     from types import SimpleNamespace
 
-    import pytest
-
     from models.qwen3_tts.build import codec_settings
 
     def ctx(device: str, **given):
