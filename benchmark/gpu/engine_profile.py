@@ -1,7 +1,9 @@
-"""Where one engine step's time goes, phase by phase, on the real Orpheus backend (GPU machine;
-``--model tiny --device cpu`` on the CPU); benchmark/gpu/README.md.
+"""Where one engine step's time goes, phase by phase, on a real LM backend (Orpheus by default,
+any ``--model`` the runtime serves; GPU machine, or ``--model tiny --device cpu`` on the CPU);
+benchmark/gpu/README.md.
 
-    python -m benchmark.gpu.engine_profile --batch 1,64,128,256 --steps 100 [--json F]"""
+    python -m benchmark.gpu.engine_profile --batch 1,64,128,256 --steps 100 [--json F]
+    python -m benchmark.gpu.engine_profile --model kyutai-tts --batch 64,128 --kernels 128"""
 
 from __future__ import annotations
 
@@ -67,7 +69,8 @@ def _uninstrument(backend: Any) -> None:
 
 
 def measure(backend: Any, batch: int, steps: int, *, max_tokens: int, profile: bool = False,
-            sync: Any = None, prompts_per_step: int = 0, kernels: bool = False) -> dict[str, Any]:
+            sync: Any = None, prompts_per_step: int = 0, kernels: bool = False,
+            text: str = TEXT) -> dict[str, Any]:
     """Keep ``batch`` jobs running (and ``prompts_per_step`` one-token jobs arriving each
     step); per-step wall time and phase medians in ms. ``kernels``: then 20 more steps under
     ``torch.profiler``, whose table of the ops with the most device time (CPU time without a
@@ -76,8 +79,11 @@ def measure(backend: Any, batch: int, steps: int, *, max_tokens: int, profile: b
     _, one_token = backend.validate(None, {"max_tokens": 7, "seed": 2})
     one_token["max_tokens"] = 1  # (below the options' floor: the prompt's own token ends it)
     next_id = batch
+    streaming = bool(getattr(backend.info, "input_streaming", False))
     for job in range(batch):
-        backend.add_job(job, TEXT, voice, options)
+        backend.add_job(job, text, voice, options)
+        if streaming:  # a turn's whole text at once, then its end
+            backend.push_text(job, "", final=True)
     for _ in range(60 + batch // 16):  # admission (16 prompts a step), prefill, the ramp's frames
         backend.step()
     store = _instrument(backend)
@@ -88,6 +94,8 @@ def measure(backend: Any, batch: int, steps: int, *, max_tokens: int, profile: b
         nonlocal next_id
         for _ in range(prompts_per_step):
             backend.add_job(next_id, TEXT, voice, one_token)
+            if streaming:
+                backend.push_text(next_id, "", final=True)
             next_id += 1
 
     for _ in range(steps):
@@ -176,16 +184,24 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from models.orpheus.build import build_orpheus_backend
+    from engine.llm.build import build_lm_backend
+    from models.registry import load_factory, resolve
 
-    backend = build_orpheus_backend(
-        args.model, device=args.device, load_format=args.load_format,
+    resolved = resolve(args.model)
+    if resolved.entry.kind != "lm":
+        parser.error(f"--model {args.model}: not served by the LM runtime")
+    backend = build_lm_backend(
+        load_factory(resolved.entry), resolved.model_id, device=args.device, load_format=args.load_format,
         max_model_len=2048, max_waiting=4 * max(batches) + 4 * args.prompts_per_step,
         async_steps=args.async_steps, mixed_graphs="on" if args.mixed_graphs == "compare" else args.mixed_graphs,
         max_num_seqs=max(batches) + 2 * args.prompts_per_step + 1,
         kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization, decode_attention=args.decode_attention,
         **({"prefill_wait_s": 0.0, "prefill_batch_seqs": 0} if args.prompts_per_step else {}),
     )
+    # A model that takes its text while it speaks ends its turn when the text runs out: enough
+    # words for the warm-up and the measured steps at any pace (Kyutai with random weights
+    # spends about 8 frames a word).
+    text = " ".join([TEXT] * (1 + args.steps // 25)) if backend.info.input_streaming else TEXT
     sync = torch.cuda.synchronize if args.device == "cuda" else None
     name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
     print(f"engine step on {name}; model {args.model} ({args.load_format}); torch {torch.__version__}; "
@@ -206,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             if set_plan is not None:
                 set_plan(use_plan)
             r = measure(backend, b, args.steps, max_tokens=args.max_tokens, profile=(b == args.profile), sync=sync,
-                        prompts_per_step=args.prompts_per_step, kernels=(b == args.kernels))
+                        prompts_per_step=args.prompts_per_step, kernels=(b == args.kernels), text=text)
             r["mixed_graphs"] = use_mixed and mixed is not None
             r["async_plan"] = use_plan and set_plan is not None
             results.append(r)

@@ -16,8 +16,10 @@
 # MAX_NUM_SEQS: the engine's jobs at once (default 1024: a stream holds two, its spoken segment
 # and the one generated ahead). SERVE_ARGS: more `voxgate serve` options (scheduling settings to compare). SINGLE_N=0 skips
 # the single-stream requests (SINGLE_MAX_TOKENS tokens each, default 84; SINGLE_TOKEN_RATE: the
-# same again with the text streamed word by word at that many words/s). STACKS_EVERY_S: with py-spy among the wheels, dump the server's
+# same again with the text streamed word by word at that many words/s; several, comma-separated:
+# one run each, single_words_RATE.json). STACKS_EVERY_S: with py-spy among the wheels, dump the server's
 # and the engine's Python stacks that often into stacks.txt (what a slow engine is doing).
+# PROFILE_KERNELS: with PROFILE_BATCHES, the kernel table of the steps at that batch size too.
 # SKIP_WHEELS=1: the wheels are in /tmp/site already (a second run in one call: data_parallel.sh).
 # COMMIT: the commit the JSON files name (VOXGATE_COMMIT), where the machine's copy of the tree
 # carries another .git (the GPU machine's does: give COMMIT=$(git rev-parse HEAD) from here).
@@ -62,9 +64,10 @@ if [ -n "${PROFILE_BATCHES:-}" ]; then
       | grep -v Warn | tail -3 | tee -a "$out/codec.txt"
   done
   echo "== engine step profile"
-  timeout 200 python3 -m benchmark.gpu.engine_profile --batch "$PROFILE_BATCHES" --steps 40 --json "$out/profile.json" \
+  timeout 400 python3 -m benchmark.gpu.engine_profile --model "${MODEL:-orpheus}" --batch "$PROFILE_BATCHES" --steps 40 \
+    ${PROFILE_KERNELS:+--kernels $PROFILE_KERNELS} --json "$out/profile.json" \
     > "$out/profile.log" 2>&1
-  grep -A12 "engine step on" "$out/profile.log" | tee "$out/profile.txt"
+  sed -n "/engine step on/,\$p" "$out/profile.log" | grep -v Warn | tee "$out/profile.txt"
 fi
 
 echo "== ${MODEL:-orpheus} serve"
@@ -97,12 +100,13 @@ if [ "${SINGLE_N:-50}" -gt 0 ]; then
   python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c 1 -n "${SINGLE_N:-50}" --warmup 2 \
     --option max_tokens="${SINGLE_MAX_TOKENS:-84}" --min-words 5 --max-words 12 --no-progress \
     --json "$out/single.json" 2>&1 | tail -8 | tee "$out/single.txt"
-  if [ -n "${SINGLE_TOKEN_RATE:-}" ]; then  # the same, text streamed word by word at that many words/s
-    echo "== single stream, text at ${SINGLE_TOKEN_RATE} words/s"
+  for rate in ${SINGLE_TOKEN_RATE//,/ }; do  # the same, text streamed word by word at that many words/s
+    name=single_words; [[ "$SINGLE_TOKEN_RATE" == *,* ]] && name=single_words_$rate
+    echo "== single stream, text at $rate words/s" | tee -a "$out/single.txt"
     python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c 1 -n "${SINGLE_N:-50}" --warmup 2 \
       --option max_tokens="${SINGLE_MAX_TOKENS:-84}" --min-words 5 --max-words 12 --no-progress \
-      --token-rate "$SINGLE_TOKEN_RATE" --json "$out/single_words.json" 2>&1 | tail -8 | tee -a "$out/single.txt"
-  fi
+      --token-rate "$rate" --json "$out/$name.json" 2>&1 | tail -8 | tee -a "$out/single.txt"
+  done
 fi
 sweep() {  # NAME LEVELS RAMP_S: one voxgate bench sweep into NAME.json.gz, NAME.txt, timeline of NAME
   echo "== levels $2, first starts spread over $3 s"

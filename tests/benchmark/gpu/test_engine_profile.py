@@ -49,3 +49,21 @@ def test_profile_refuses_a_negative_prompt_count_and_fp8_on_the_cpu() -> None:
         main(["--prompts-per-step", "-1"])
     with pytest.raises(ValueError, match="CUDA"):  # engine.llm.fp8: CUDA and bf16 only
         main(["--model", "tiny", "--device", "cpu", "--batch", "1", "--quantization", "fp8"])
+
+
+def test_profile_serves_a_model_that_takes_its_text_while_it_speaks(tmp_path) -> None:
+    """Any LM model, not only Orpheus: the tiny Kyutai TTS (input streaming) keeps its batch
+    running through the measured steps (each turn gets its whole text and its end at once)."""
+    out = tmp_path / "profile.json"
+    assert main(["--model", "kyutai-tts-tiny", "--device", "cpu", "--batch", "3", "--steps", "5",
+                 "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["model"] == "kyutai-tts-tiny"
+    (row,) = data["results"]
+    assert row["batch"] == 3 and row["running_median"] == 3
+    assert row["median_ms"]["launch"] > 0 and row["median_ms"]["audio_in"] > 0  # the codec runs: past the delay
+
+
+def test_profile_refuses_a_model_the_lm_runtime_does_not_serve() -> None:
+    with pytest.raises(SystemExit):
+        main(["--model", "synthetic", "--device", "cpu", "--batch", "1"])
