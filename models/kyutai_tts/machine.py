@@ -148,7 +148,23 @@ class HostMachine:
     def ready_to_run(self, num_steps: int) -> bool:
         """Whether the next ``num_steps`` frames can run whatever the model samples, without
         popping an entry that is not ready (see ``_ready_to_pop``)."""
+        if num_steps <= 0 or self.final:
+            return True  # (after the text's end every pop is ready)
+        if self._enough_entries(num_steps):
+            return True  # the common case, checked without the search: text is there ahead
         return self._ready(num_steps, set())
+
+    def _enough_entries(self, num_steps: int) -> bool:
+        """Whether every pop the next ``num_steps`` frames could make is ready however they go: a
+        frame pops at most one entry, so they pop from ``entries[next_entry : next_entry +
+        num_steps]`` only, and each pop's look-ahead word comes no later than the
+        ``second_stream_ahead``-th word after that range, if it has arrived."""
+        end = self.next_entry + num_steps
+        if end > len(self.entries):
+            return False
+        if not self.params.second_stream_ahead:
+            return True
+        return len(self._tokens_ahead(end)) > 0
 
     def _ready(self, n: int, seen: set) -> bool:
         if n <= 0:

@@ -123,3 +123,29 @@ def test_host_machine_readiness():
     assert not h.ready_to_run(2)  # frame 4 may pop word 1, whose look-ahead (word 3) is missing
     h.add([], final=True)
     assert h.ready_to_run(10)
+
+
+def test_host_machine_readiness_shortcut_agrees_with_the_search():
+    """The check without the search (entries enough for a pop per frame) never says ready where
+    the search over both samples of every frame says not, and it is taken where text is ahead."""
+    rng = random.Random(7)
+    params = MachineParams(card=161, second_stream_ahead=2, max_padding=4, initial_padding=2)
+    taken = 0
+    for _ in range(300):
+        h = HostMachine(params)
+        pool = [Entry(tuple(rng.randrange(4, 160) for _ in range(rng.randint(1, 3))), 1) if rng.random() < 0.85
+                else Entry((), rng.randint(1, 3)) for _ in range(rng.randint(0, 12))]
+        h.add(pool[: rng.randint(0, len(pool))])
+        for _ in range(rng.randint(0, 20)):  # frames that may run, sampled at random
+            if not h.ready_to_run(1):
+                h.add(pool[len(h.entries): len(h.entries) + 1])
+                if not h.ready_to_run(1):
+                    break
+            h.step(rng.choice([NEW_WORD, PAD, 9]))
+        for n in range(1, 7):
+            search = h._ready(n, set())
+            if h._enough_entries(n):
+                taken += 1
+                assert search, (n, h)
+            assert h.ready_to_run(n) == search
+    assert taken > 100
