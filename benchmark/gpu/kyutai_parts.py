@@ -1,0 +1,151 @@
+"""Kyutai TTS's step split on a GPU: the temporal transformer (input embedding, 16 layers with the
+voice cross-attention), the frame head (text sample, state machine, depth transformer, 24
+codebooks sampled) and the Mimi decode, each alone, with how many kernels each launches.
+
+    python -m benchmark.gpu.kyutai_parts --batch 1,64,128,256 [--kernels 128] [--json F]
+    python -m benchmark.gpu.kyutai_parts --model kyutai-tts-tiny --device cpu --batch 2   # a smoke run
+
+Each part is replayed in a CUDA graph (median ms); the kernel count is that of one eager call
+under torch.profiler. Self-attention is a dense stand-in over ``--context`` cached frames (the
+engine's is FlashInfer's paged decode), the rest is the served model's own code at random
+weights. ``--kernels B``: each part's ops with the most device time at B rows. On the CPU (a
+smoke run) the parts are timed eagerly and their kernels not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from benchmark.gpu.graph_timing import graph_median_ms
+
+__all__ = ["main"]
+
+
+class _DenseAttention:
+    """attn(layer, q, k, v) [B, H, D] each: one new frame per row over ``context`` cached ones."""
+
+    def __init__(self, layers: int, b: int, context: int, heads: int, head_dim: int, dtype, device) -> None:  # noqa: ANN001
+        import torch
+
+        self.k = [torch.randn(b, heads, context, head_dim, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.randn_like(t) for t in self.k]
+
+    def __call__(self, layer: int, q, k, v):  # noqa: ANN001, ANN204
+        import torch.nn.functional as F
+
+        kc, vc = self.k[layer], self.v[layer]
+        kc[:, :, -1] = k
+        vc[:, :, -1] = v
+        return F.scaled_dot_product_attention(q[:, :, None], kc, vc)[:, :, 0]  # [B, H, D]
+
+
+def _kernels(fn, top: int) -> tuple[int, str]:  # noqa: ANN001
+    """(kernels one eager call launches, the profiler's table of its ops by device time)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+    count = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=top, max_name_column_width=70) if top else ""
+    return count, table
+
+
+def _eager_median_ms(fn, iters: int) -> float:  # noqa: ANN001
+    import statistics
+    import time
+
+    import torch
+
+    times = []
+    with torch.inference_mode():
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="kyutai-tts", help="a --model name of Kyutai TTS")
+    p.add_argument("--batch", default="1,64,128,256", help="rows, comma-separated")
+    p.add_argument("--context", type=int, default=200, help="cached frames per row for the self-attention")
+    p.add_argument("--steps", type=int, default=100, help="frames each row has generated (past the delays)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--kernels", type=int, default=0, help="at this batch size, each part's top ops")
+    p.add_argument("--top", type=int, default=12, help="ops listed with --kernels")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--json", help="write the table here")
+    args = p.parse_args(argv)
+    import torch
+
+    from engine.llm.build import build_lm_backend
+    from engine.llm.token_head import RowInputs
+    from models.registry import load_factory, resolve
+
+    on_gpu = args.device == "cuda"
+    if on_gpu and not torch.cuda.is_available():
+        print("kyutai_parts needs a CUDA GPU (or --device cpu)", file=sys.stderr)
+        return 2
+    batches = [int(x) for x in args.batch.split(",")]
+    resolved = resolve(args.model)
+    backend = build_lm_backend(load_factory(resolved.entry), resolved.model_id, device=args.device,
+                               load_format="dummy", warmup=False, max_num_seqs=max(batches), num_pages=1024)
+    program, head = backend.program, backend.runner.head
+    lm, stream = program.lm, program.codec.stream
+    c = lm.config.lm
+    dev, i64 = torch.device(args.device), torch.int64
+    dtype = next(lm.parameters()).dtype
+    name = torch.cuda.get_device_name() if on_gpu else "cpu"
+    uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", "")) if on_gpu else ""
+    print(f"Kyutai TTS parts on {name} ({uuid}); torch {torch.__version__}; {lm.num_active} codebooks; "
+          f"self-attention over {args.context} frames (dense stand-in)", flush=True)
+    rows = []
+    for b in batches:
+        slots = torch.arange(b, dtype=i64, device=dev)
+        pos = torch.full((b,), args.steps, dtype=i64, device=dev)
+        attn = _DenseAttention(c.num_layers, b, args.context, c.num_heads, c.head_dim, dtype, dev)
+        r = RowInputs(temperature=torch.full((b,), 0.6, device=dev), top_p=torch.ones(b, device=dev),
+                      repetition_penalty=torch.ones(b, device=dev), seeds=slots.clone(), steps=pos.clone(),
+                      rows=slots, allowed_rows=torch.zeros(b, dtype=i64, device=dev),
+                      keep=torch.ones(b, dtype=torch.bool, device=dev), top_k=torch.full((b,), 50, dtype=i64, device=dev))
+        hidden = torch.randn(b, c.dim, dtype=dtype, device=dev)
+        codes = torch.randint(0, c.card, (b, lm.num_active), device=dev)
+        parts = {
+            "backbone": lambda: lm(pos, pos, attn, slots),  # noqa: B023
+            "head": lambda: head.sample(hidden, r),  # noqa: B023
+            "mimi": lambda: stream.step(slots, codes),  # noqa: B023
+        }
+        row: dict = {"rows": b}
+        tables = []
+        for part, fn in parts.items():
+            row[f"{part}_ms"] = graph_median_ms(fn, args.iters) if on_gpu else _eager_median_ms(fn, args.iters)
+            row[f"{part}_kernels"], table = _kernels(fn, args.top if b == args.kernels else 0) if on_gpu else (0, "")
+            if table:
+                tables.append(f"\n{part} at {b} rows, one eager call:\n{table}")
+        row["sum_ms"] = row["backbone_ms"] + row["head_ms"] + row["mimi_ms"]
+        rows.append(row)
+        print(f"{b:5d} rows: backbone {row['backbone_ms']:6.2f} ms ({row['backbone_kernels']} kernels)  "
+              f"head {row['head_ms']:6.2f} ms ({row['head_kernels']})  mimi {row['mimi_ms']:6.2f} ms "
+              f"({row['mimi_kernels']})  sum {row['sum_ms']:6.2f} ms", flush=True)
+        for t in tables:
+            print(t, flush=True)
+        attn = None
+        if on_gpu:
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "gpu": name, "uuid": uuid, "context": args.context,
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
