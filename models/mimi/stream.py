@@ -68,7 +68,16 @@ class MimiDecodeStream:
         return m.inner(full)
 
     def _tconv(self, m: StreamConvTr, x: Tensor, slots: Tensor) -> Tensor:
-        y = m.inner(x)  # [N, Cout, (n - 1) * stride + kernel]
+        inner = m.inner
+        if x.shape[-1] == 1 and inner.groups == inner.in_channels == inner.out_channels:
+            # One input step through a channel-wise transposed conv (the 12.5 -> 25 Hz upsample):
+            # each output is one product, so a broadcast multiply gives the convolution's values
+            # exactly, without cuDNN's grouped transposed-conv kernel (0.6 ms at 128 rows on an H200).
+            y = x * inner.weight[:, 0][None].to(x.dtype)  # [N, C, kernel]
+            if inner.bias is not None:
+                y = y + inner.bias[:, None]
+        else:
+            y = inner(x)  # [N, Cout, (n - 1) * stride + kernel]
         if not m.overlap:
             return y
         state = self._tconvs[id(m)]
