@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from models.kyutai_tts.conditioning import ConditionProvider, VoiceBank
 from models.kyutai_tts.config import KyutaiTTSConfig, LMConfig
 from models.kyutai_tts.layers import DemuxEmbedding, Gating, RMSNorm, ScaledEmbedding
-from models.mimi.modules import apply_rope
+from models.mimi.modules import rope_table, rotate
 
 __all__ = ["AttentionBackend", "KyutaiLM", "SlotInputs"]
 
@@ -62,11 +62,13 @@ class _Layer(nn.Module):
         self.norm2 = RMSNorm(c.dim)
         self.gating = Gating(c.dim, c.dim_feedforward)
 
-    def forward(self, x: Tensor, positions: Tensor, attn: AttentionBackend, voice_rows: Tensor | None,
+    def forward(self, x: Tensor, table: Tensor, attn: AttentionBackend, voice_rows: Tensor | None,
                 bank: VoiceBank | None) -> Tensor:
+        """x [T, dim], ``table`` the step's RoPE rotations (``rope_table`` of its positions)."""
         t, h, d = x.shape[0], self.heads, self.head_dim
-        q, k, v = self.self_attn.in_projs[0](self.norm1(x)).view(t, 3, h, d).unbind(1)
-        q, k = apply_rope(q, positions, self.max_period), apply_rope(k, positions, self.max_period)
+        qkv = self.self_attn.in_projs[0](self.norm1(x)).view(t, 3, h, d)
+        q, k = rotate(qkv[:, :2], table[:, None]).unbind(1)  # q and k in one rotation
+        v = qkv[:, 2]
         x = x + self.self_attn.out_projs[0](attn(self.index, q, k, v).reshape(t, h * d))
         if bank is not None:
             w = self.cross_attention.in_projs[0].weight
@@ -166,8 +168,10 @@ class KyutaiLM(nn.Module):
     def backbone(self, x: Tensor, positions: Tensor, attn: AttentionBackend, voice_rows: Tensor | None) -> Tensor:
         """x [T, dim] at positions [T] -> hidden [T, dim] (out_norm applied)."""
         bank = self.slots.bank if (self.slots is not None and self.config.lm.cross_attention) else None
+        c = self.config.lm
+        table = rope_table(positions, c.head_dim, c.max_period)  # [T, 1, D/2], shared by the layers
         for layer in self.transformer.layers:
-            x = layer(x, positions, attn, voice_rows, bank)
+            x = layer(x, table, attn, voice_rows, bank)
         return self.out_norm(x)
 
     def forward(self, ids: Tensor, positions: Tensor, attn: AttentionBackend, token_rows: Tensor) -> Tensor:

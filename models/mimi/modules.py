@@ -14,7 +14,7 @@ from models.mimi.config import QuantizerConfig, SEANetConfig, TransformerConfig
 
 __all__ = [
     "StreamConv", "StreamConvTr", "SEANetEncoder", "SEANetDecoder", "ProjectedTransformer", "SplitRVQ",
-    "apply_rope", "attend",
+    "apply_rope", "attend", "rope_table", "rotate",
 ]
 
 
@@ -128,18 +128,29 @@ class SEANetDecoder(nn.Module):
 
 
 # -- transformer ------------------------------------------------------------------------------
+def rope_table(positions: Tensor, dim: int, max_period: float) -> Tensor:
+    """RoPE's rotations for positions [..., T]: complex64 [..., T, 1, D/2], ``cos + i sin`` of
+    ``position * max_period ** (-2i / D)`` in float32 (moshi's). The same for every layer of a
+    step: made once, applied by ``rotate``."""
+    ds = torch.arange(dim // 2, device=positions.device, dtype=torch.float32)
+    freqs = torch.exp(ds * (-math.log(max_period) * 2 / dim))  # [D/2]
+    ang = positions.float()[..., None, None] * freqs  # [..., T, 1, D/2]
+    return torch.complex(torch.cos(ang), torch.sin(ang))
+
+
+def rotate(x: Tensor, table: Tensor) -> Tensor:
+    """moshi's RoPE on x [..., D] (interleaved pairs (x[2i], x[2i+1]) rotated in float32, rounded to
+    x's dtype) by ``rope_table``'s rotations, broadcast against x's pairs: one complex product,
+    ``(xr cos - xi sin, xr sin + xi cos)``, in three kernels rather than fourteen."""
+    d = x.shape[-1]
+    pairs = torch.view_as_complex(x.float().contiguous().view(*x.shape[:-1], d // 2, 2))
+    return torch.view_as_real(pairs * table).to(x.dtype).view(x.shape)
+
+
 def apply_rope(x: Tensor, positions: Tensor, max_period: float) -> Tensor:
     """moshi's RoPE on x [..., T, H, D] with positions broadcastable to [..., T] (interleaved
     pairs (x[2i], x[2i+1]), frequencies ``max_period ** (-2i / D)``, computed in float32)."""
-    d = x.shape[-1]
-    ds = torch.arange(d // 2, device=x.device, dtype=torch.float32)
-    freqs = torch.exp(ds * (-math.log(max_period) * 2 / d))  # [D/2]
-    ang = positions.float()[..., None, None] * freqs  # [..., T, 1, D/2]
-    cos, sin = torch.cos(ang), torch.sin(ang)
-    pairs = x.view(*x.shape[:-1], d // 2, 2)
-    xr, xi = pairs[..., 0].float(), pairs[..., 1].float()
-    out = torch.stack(((xr * cos - xi * sin).to(x.dtype), (xr * sin + xi * cos).to(x.dtype)), dim=-1)
-    return out.view(x.shape)
+    return rotate(x, rope_table(positions, x.shape[-1], max_period))
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, context: int | None) -> Tensor:
@@ -182,11 +193,15 @@ class TransformerLayer(nn.Module):
         self.layer_scale_1 = _LayerScale(c.d_model, c.layer_scale) if c.layer_scale is not None else nn.Identity()
         self.layer_scale_2 = _LayerScale(c.d_model, c.layer_scale) if c.layer_scale is not None else nn.Identity()
 
-    def qkv(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """x [B, T, C] (normed), positions [B, T] -> q, k (rotated), v, each [B, T, H, D]."""
+    def qkv(self, x: Tensor, positions: Tensor, table: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """x [B, T, C] (normed), positions [B, T] (or their ``rope_table``) -> q, k (rotated), v,
+        each [B, T, H, D]."""
         c = self.config
-        q, k, v = self.self_attn.in_projs[0](x).view(*x.shape[:2], 3, c.num_heads, c.head_dim).unbind(2)
-        return apply_rope(q, positions, c.max_period), apply_rope(k, positions, c.max_period), v
+        qkv = self.self_attn.in_projs[0](x).view(*x.shape[:2], 3, c.num_heads, c.head_dim)
+        if table is None:
+            table = rope_table(positions, c.head_dim, c.max_period)
+        q, k = rotate(qkv[:, :, :2], table[:, :, None]).unbind(2)  # q and k in one rotation
+        return q, k, qkv[:, :, 2]
 
     def finish(self, x: Tensor, o: Tensor) -> Tensor:
         """x the layer input, o the attention output [B, T, C] -> the layer output."""
