@@ -10,16 +10,39 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from engine.llm.sampler import RowSettings, Sampler, gumbel_noise_salts
+from engine.llm.sampler import RowSettings, Sampler, gumbel_noise, gumbel_noise_salts
 from engine.llm.token_head import RowInputs
 from models.kyutai_tts.depformer import decode_frame
 from models.kyutai_tts.device_machine import DeviceMachine
 from models.kyutai_tts.lm import KyutaiLM, SlotInputs
 from models.kyutai_tts.machine import PAD
 
-__all__ = ["KyutaiHead", "STOP"]
+__all__ = ["KyutaiHead", "STOP", "sample_top_k"]
 
 STOP = -2  # the first column's value on a row that ends its sequence
+
+
+def sample_top_k(logits: Tensor, k: int, rs: RowSettings, noise: Tensor | None, top_p: Tensor, *,
+                 all_greedy: bool = False) -> Tensor:
+    """One sample per row among its ``k`` largest logits (a constant of the model: Kyutai's 25
+    for text, 250 for audio), with top-p over those ``k`` renormalised (``top_p`` [B, 1], inf
+    for none): logits float32 [B, V], ``noise`` the row's Gumbel noise [B, V] (keyed by
+    column, as the runtime's sampler draws it) -> ids [B].
+
+    The runtime's sampler takes a per-row top-k, so it sorts every column and, with top-p,
+    scatters the sorted decision back (about 27 kernels a sample, 25 samples a frame); with a
+    constant k the ``k`` largest are enough (13). Among the kept columns the sample is the
+    same argmax of scaled logits plus noise; only ties with the k-th value may be kept
+    differently (the runtime's sampler keeps them all, ``torch.topk`` one of them, as moshi's
+    ``sample_top_k``)."""
+    greedy = logits.argmax(dim=-1)
+    if all_greedy or noise is None:
+        return greedy
+    vals, idx = (logits / rs.divisor).topk(min(k, logits.shape[1]), dim=-1)  # [B, k], descending
+    probs = vals.softmax(dim=-1)
+    drop = (probs.cumsum(dim=-1) - probs) >= top_p  # the top one is always kept
+    pick = (vals + noise.gather(1, idx)).masked_fill(drop, float("-inf")).argmax(dim=-1)  # [B]
+    return torch.where(rs.is_greedy, greedy, idx.gather(1, pick[:, None])[:, 0])
 
 
 class KyutaiHead:
@@ -64,17 +87,24 @@ class KyutaiHead:
         depth transformer, 2 (before ``first_acoustic_step``) runs it for codebook 0 only: the
         same tokens as the whole frame, a shorter step."""
         ones = torch.ones_like(r.temperature)  # no repetition penalty; shared by every sample
+        # Top-p's threshold, none (inf) where top_p is 1: the same for every sample of the step.
+        top_p = torch.where(r.top_p < 1, r.top_p, torch.full_like(r.top_p, float("inf")))[:, None]
 
-        def draw(logits: Tensor, settings: RowSettings, salt: int, noise: Tensor | None = None) -> Tensor:
+        def draw(logits: Tensor, settings: RowSettings, salt: int, noise: Tensor | None = None,
+                 top_k: int = 0) -> Tensor:
+            if top_k > 0:
+                if noise is None and not r.all_greedy:
+                    noise = gumbel_noise(r.seeds, r.steps, logits.shape[1], salt=salt)
+                return sample_top_k(logits, top_k, settings, noise, top_p, all_greedy=r.all_greedy)
             return self.sampler(logits, settings=settings, repetition_penalty=ones,
                                 seeds=r.seeds, steps=r.steps, all_greedy=r.all_greedy, any_top_p=r.any_top_p,
                                 salt=salt, noise=noise)
 
-        top_k_text = torch.full_like(r.seeds, self.top_k_text) if self.top_k_text > 0 else None
         logits = self.lm.text_logits(hidden)  # [B, text_card]
         if self.padding_bonus:
             logits[:, PAD] += self.padding_bonus
-        sampled = draw(logits, self.sampler.rows(r.temperature, r.top_p, top_k_text), 0)  # [B]
+        text_rows = self.sampler.rows(r.temperature, r.top_p)
+        sampled = draw(logits, text_rows, 0, top_k=self.top_k_text)  # [B]
         stop = self.machine.stop_due(r.rows, r.steps, self.tail)
         text_out = self.machine.step(r.rows, sampled, r.steps, r.keep)  # [B]
 
@@ -84,11 +114,12 @@ class KyutaiHead:
         noise = None
         if num_codebooks and not r.all_greedy:
             noise = gumbel_noise_salts(r.seeds, r.steps, self.lm.config.lm.card, range(1, 1 + num_codebooks))
-        top_k_audio = torch.full_like(r.seeds, self.top_k_audio) if num_codebooks and self.top_k_audio > 0 else None
-        audio = self.sampler.rows(r.temperature, r.top_p, top_k_audio) if num_codebooks else None  # every codebook's
+        # (a constant top-k is sample_top_k's, not a per-row setting of the runtime's sampler)
+        audio = self.sampler.rows(r.temperature, r.top_p) if num_codebooks else None  # every codebook's
 
         def sample_audio(audio_logits: Tensor, salt: int) -> Tensor:
-            return draw(audio_logits, audio, salt, None if noise is None else noise[salt - 1])  # type: ignore[arg-type]
+            return draw(audio_logits, audio, salt, None if noise is None else noise[salt - 1],  # type: ignore[arg-type]
+                        top_k=self.top_k_audio)
 
         if variant == 0:
             codes = decode_frame(self.lm, hidden, text_out, sample_audio, self.n_q)  # [B, n_q]

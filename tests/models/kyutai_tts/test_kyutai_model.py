@@ -149,3 +149,31 @@ def test_host_machine_readiness_shortcut_agrees_with_the_search():
                 assert search, (n, h)
             assert h.ready_to_run(n) == search
     assert taken > 100
+
+
+@pytest.mark.parametrize("k", [1, 25, 250])
+def test_constant_top_k_sampling_equals_the_runtime_sampler(k):
+    """``sample_top_k`` (the head's constant top-k) draws what the runtime's sampler draws with
+    that top-k per row and the same noise, top-p and temperatures (greedy rows included), on
+    logits without ties; and a row's draw does not depend on the rows beside it."""
+    from engine.llm.sampler import Sampler, gumbel_noise
+    from models.kyutai_tts.head import sample_top_k
+
+    g = torch.Generator().manual_seed(k)
+    b, v = 64, 2048
+    logits = torch.randn(b, v, generator=g) * 3
+    temperature = torch.rand(b, generator=g) + 0.2
+    temperature[::7] = 0.0  # greedy rows
+    top_p = torch.where(torch.rand(b, generator=g) < 0.5, torch.rand(b, generator=g) * 0.9 + 0.05, torch.ones(b))
+    seeds, steps = torch.arange(b) * 7919, torch.full((b,), 12)
+    noise = gumbel_noise(seeds, steps, v, salt=3)
+    sampler = Sampler()
+    want = sampler(logits, temperature=temperature, top_p=top_p, top_k=torch.full((b,), k), repetition_penalty=torch.ones(b),
+                   seeds=seeds, steps=steps, salt=3)
+    thr = torch.where(top_p < 1, top_p, torch.full_like(top_p, float("inf")))[:, None]
+    got = sample_top_k(logits, k, Sampler.rows(temperature, top_p), noise, thr)
+    assert torch.equal(got, want)
+    assert len(set(got.tolist())) > 10  # (not one token for every row)
+    rows = [3, 10, 41]
+    alone = sample_top_k(logits[rows], k, Sampler.rows(temperature[rows], top_p[rows]), noise[rows], thr[rows])
+    assert torch.equal(alone, got[rows])
