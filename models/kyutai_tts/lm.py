@@ -69,12 +69,15 @@ class _Layer(nn.Module):
         qkv = self.self_attn.in_projs[0](self.norm1(x)).view(t, 3, h, d)
         q, k = rotate(qkv[:, :2], table[:, None]).unbind(1)  # q and k in one rotation
         v = qkv[:, 2]
-        x = x + self.self_attn.out_projs[0](attn(self.index, q, k, v).reshape(t, h * d))
+        # Each residual sum in its projection's matmul (addmm: one kernel, not two).
+        x = torch.addmm(x, attn(self.index, q, k, v).reshape(t, h * d), self.self_attn.out_projs[0].weight.t())
         if bank is not None:
             w = self.cross_attention.in_projs[0].weight
             cq = F.linear(self.norm_cross(x), w[: h * d]).view(t, h, d)
-            x = x + self.cross_attention.out_projs[0](bank.attend(self.index, cq, voice_rows))
-        return x + self.gating(self.norm2(x))
+            x = torch.addmm(x, bank.attend(self.index, cq, voice_rows), self.cross_attention.out_projs[0].weight.t())
+        u = self.gating.linear_in(self.norm2(x))
+        u = u.view(t, 2, -1)
+        return torch.addmm(x, F.silu(u[:, 0]) * u[:, 1], self.gating.linear_out.weight.t())
 
 
 class _Transformer(nn.Module):
