@@ -110,6 +110,8 @@ class KyutaiLM(nn.Module):
             c.text_card + 1, c.depformer_dim, low_rank=r)
         # Filled by ``join_depformer_in`` (at load): the input projections' weights as one tensor.
         self.register_buffer("depformer_in_joint", None, persistent=False)
+        # Filled by ``join_audio_emb`` (at load): the audio embeddings' tables as one, plus a zero row.
+        self.register_buffer("audio_emb_joint", None, persistent=False)
         self.depformer = DepformerLayers(c)
         self.linears = nn.ModuleList(nn.Linear(c.depformer_dim, c.card, bias=False) for _ in range(c.dep_q))
         self.condition_provider = ConditionProvider(config.condition, c.dim)
@@ -129,6 +131,19 @@ class KyutaiLM(nn.Module):
         for i, lin in enumerate(self.depformer_in):
             lin.weight = nn.Parameter(joint[i * d:(i + 1) * d], requires_grad=lin.weight.requires_grad)
         self.depformer_in_joint = joint
+
+    @torch.no_grad()
+    def join_audio_emb(self) -> None:
+        """The audio codebooks' embedding tables as consecutive rows of one tensor plus a last
+        row of zeros, ``audio_emb_joint`` [n_q * (card + 1) + 1, dim], each ``emb.<k>.weight`` a
+        view of it (no second copy): ``embed`` looks up a frame's 32 codes in one gather and sums
+        them in one reduction (three kernels, not about 130)."""
+        zero = self.emb[0].weight.new_zeros(1, self.emb[0].weight.shape[1])
+        joint = torch.cat([e.weight for e in self.emb] + [zero])
+        n = self.config.lm.card + 1
+        for k, e in enumerate(self.emb):
+            e.weight = nn.Parameter(joint[k * n:(k + 1) * n], requires_grad=e.weight.requires_grad)
+        self.audio_emb_joint = joint
 
     def attach(self, slots: SlotInputs, num_active: int | None = None) -> None:
         self.slots = slots
@@ -162,9 +177,16 @@ class KyutaiLM(nn.Module):
         initial = torch.full_like(inputs, c.card)
         initial[:, 0] = c.text_card
         inputs = torch.where(is_init, initial, inputs)
-        x = self.emb[0](inputs[:, 1])
-        for k in range(1, c.n_q):
-            x = x + self.emb[k](inputs[:, 1 + k])
+        joint = self.audio_emb_joint
+        if joint is not None:  # one gather, one sum (float32 accumulation, rounded once)
+            audio = inputs[:, 1:]  # [T, n_q]
+            offsets = torch.arange(c.n_q, device=audio.device) * (c.card + 1)
+            rows = torch.where(audio < 0, joint.shape[0] - 1, audio + offsets)  # -1: the zero row
+            x = F.embedding(rows, joint).sum(dim=1)
+        else:
+            x = self.emb[0](inputs[:, 1])
+            for k in range(1, c.n_q):
+                x = x + self.emb[k](inputs[:, 1 + k])
         x = x + self.text_emb(inputs[:, 0])
         return x if cond is None else x + cond.to(x.dtype)
 

@@ -106,6 +106,7 @@ def load_lm_weights(lm: KyutaiLM, file: Path, *, device: torch.device | str, dty
 def _finish(lm: KyutaiLM, device: torch.device | str) -> KyutaiLM:
     lm.delays = torch.tensor(lm.config.lm.delays, dtype=torch.int64, device=device)  # (non-persistent)
     lm.join_depformer_in()  # one input projection per frame (decode_frame)
+    lm.join_audio_emb()  # one look-up of a frame's codes (KyutaiLM.embed)
     return lm.eval().requires_grad_(False)
 
 
