@@ -25,7 +25,7 @@ from models.kyutai_tts.layers import Gating, RMSNorm, ScaledEmbedding
 
 __all__ = ["DepformerLayers", "SampleFn", "decode_frame"]
 
-SampleFn = Callable[[Tensor, int], Tensor]  # logits [B, V] float32, salt -> ids [B] int64 in [0, V)
+SampleFn = Callable[[Tensor, int], Tensor]  # logits [B, V] (the model's dtype), salt -> ids [B] int64 in [0, V)
 
 
 class _StepAttention(nn.Module):
@@ -101,5 +101,5 @@ def decode_frame(lm: nn.Module, hidden: Tensor, text_in: Tensor, sample: SampleF
         x = x + (lm.depformer_text_emb(text_in) if k == 0 else _embed_code(lm.depformer_emb[k - 1], codes[-1]))
         for layer, cache in zip(layers, caches):
             x = layer(x, k, w, cache)
-        codes.append(sample(lm.linears[k](x).float(), k + 1))  # [B]
+        codes.append(sample(lm.linears[k](x), k + 1))  # [B] (the sampler scales the logits in float32)
     return torch.stack(codes, dim=1)

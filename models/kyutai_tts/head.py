@@ -26,23 +26,23 @@ def sample_top_k(logits: Tensor, k: int, rs: RowSettings, noise: Tensor | None, 
                  all_greedy: bool = False) -> Tensor:
     """One sample per row among its ``k`` largest logits (a constant of the model: Kyutai's 25
     for text, 250 for audio), with top-p over those ``k`` renormalised (``top_p`` [B, 1], inf
-    for none): logits float32 [B, V], ``noise`` the row's Gumbel noise [B, V] (keyed by
-    column, as the runtime's sampler draws it) -> ids [B].
+    for none): logits [B, V] (any float dtype; scaled in float32), ``noise`` the row's Gumbel
+    noise [B, V] (keyed by column, as the runtime's sampler draws it) and **zero on greedy
+    rows** (``rs.is_greedy``), which then take their largest logit -> ids [B].
 
     The runtime's sampler takes a per-row top-k, so it sorts every column and, with top-p,
     scatters the sorted decision back (about 27 kernels a sample, 25 samples a frame); with a
-    constant k the ``k`` largest are enough (13). Among the kept columns the sample is the
+    constant k the ``k`` largest are enough (10). Among the kept columns the sample is the
     same argmax of scaled logits plus noise; only ties with the k-th value may be kept
     differently (the runtime's sampler keeps them all, ``torch.topk`` one of them, as moshi's
     ``sample_top_k``)."""
-    greedy = logits.argmax(dim=-1)
     if all_greedy or noise is None:
-        return greedy
-    vals, idx = (logits / rs.divisor).topk(min(k, logits.shape[1]), dim=-1)  # [B, k], descending
+        return logits.argmax(dim=-1)
+    vals, idx = (logits / rs.divisor).topk(min(k, logits.shape[1]), dim=-1)  # float32 [B, k], descending
     probs = vals.softmax(dim=-1)
     drop = (probs.cumsum(dim=-1) - probs) >= top_p  # the top one is always kept
     pick = (vals + noise.gather(1, idx)).masked_fill(drop, float("-inf")).argmax(dim=-1)  # [B]
-    return torch.where(rs.is_greedy, greedy, idx.gather(1, pick[:, None])[:, 0])
+    return idx.gather(1, pick[:, None])[:, 0]
 
 
 class KyutaiHead:
@@ -95,8 +95,9 @@ class KyutaiHead:
             if top_k > 0:
                 if noise is None and not r.all_greedy:
                     noise = gumbel_noise(r.seeds, r.steps, logits.shape[1], salt=salt)
+                    noise.masked_fill_(settings.is_greedy[:, None], 0.0)  # (sample_top_k's greedy rows)
                 return sample_top_k(logits, top_k, settings, noise, top_p, all_greedy=r.all_greedy)
-            return self.sampler(logits, settings=settings, repetition_penalty=ones,
+            return self.sampler(logits.float(), settings=settings, repetition_penalty=ones,
                                 seeds=r.seeds, steps=r.steps, all_greedy=r.all_greedy, any_top_p=r.any_top_p,
                                 salt=salt, noise=noise)
 
@@ -114,6 +115,8 @@ class KyutaiHead:
         noise = None
         if num_codebooks and not r.all_greedy:
             noise = gumbel_noise_salts(r.seeds, r.steps, self.lm.config.lm.card, range(1, 1 + num_codebooks))
+            if self.top_k_audio > 0:  # sample_top_k's greedy rows: no noise (one kernel a step)
+                noise.masked_fill_((r.temperature <= 0)[None, :, None], 0.0)
         # (a constant top-k is sample_top_k's, not a per-row setting of the runtime's sampler)
         audio = self.sampler.rows(r.temperature, r.top_p) if num_codebooks else None  # every codebook's
 
