@@ -14,7 +14,7 @@ from models.mimi.config import QuantizerConfig, SEANetConfig, TransformerConfig
 
 __all__ = [
     "StreamConv", "StreamConvTr", "SEANetEncoder", "SEANetDecoder", "ProjectedTransformer", "SplitRVQ",
-    "apply_rope", "attend", "rope_table", "rotate",
+    "apply_rope", "attend", "attend_mask", "rope_table", "rotate",
 ]
 
 
@@ -153,13 +153,23 @@ def apply_rope(x: Tensor, positions: Tensor, max_period: float) -> Tensor:
     return rotate(x, rope_table(positions, x.shape[-1], max_period))
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, context: int | None) -> Tensor:
-    """q [B, T, H, D], k/v [B, S, H, D], q_pos [B, T], k_pos [B, S] (-1: empty) -> [B, T, H * D]."""
+def attend_mask(q_pos: Tensor, k_pos: Tensor, context: int | None) -> Tensor:
+    """``attend``'s mask [B, 1, T, S] for q_pos [B, T] and k_pos [B, S] (-1: empty): a key is seen
+    when it is filled, not after the query and, with ``context``, fewer than it steps before."""
     delta = q_pos[:, :, None] - k_pos[:, None, :]  # [B, T, S]
     mask = (k_pos[:, None, :] >= 0) & (delta >= 0)
     if context is not None:
         mask = mask & (delta < context)
-    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask[:, None])
+    return mask[:, None]
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, context: int | None,
+           mask: Tensor | None = None) -> Tensor:
+    """q [B, T, H, D], k/v [B, S, H, D], q_pos [B, T], k_pos [B, S] (-1: empty) -> [B, T, H * D]
+    (``mask``: ``attend_mask(q_pos, k_pos, context)`` made once for several layers)."""
+    if mask is None:
+        mask = attend_mask(q_pos, k_pos, context)
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
     return o.transpose(1, 2).flatten(2)
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from models.mimi.codec import Mimi
-from models.mimi.modules import ProjectedTransformer, StreamConv, StreamConvTr, _ResBlock, attend, rope_table
+from models.mimi.modules import ProjectedTransformer, StreamConv, StreamConvTr, _ResBlock, attend, attend_mask, rope_table
 
 __all__ = ["MimiDecodeStream"]
 
@@ -103,11 +103,12 @@ class MimiDecodeStream:
         k_pos = last - (last - j) % w  # [N, W] the position each ring entry holds (< 0: empty)
         rows = slots[:, None].expand(-1, n)
         table = rope_table(q_pos, c.head_dim, c.max_period)  # every layer's rotations
+        mask = attend_mask(q_pos, k_pos, w)  # and mask
         for layer, kc, vc in zip(tr.transformer.layers, self.k, self.v):
             q, k, v = layer.qkv(layer.norm1(z), q_pos, table)
             kc[rows, ring] = k
             vc[rows, ring] = v
-            o = attend(q, kc.index_select(0, slots), vc.index_select(0, slots), q_pos, k_pos, w)
+            o = attend(q, kc.index_select(0, slots), vc.index_select(0, slots), q_pos, k_pos, w, mask)
             z = layer.finish(z, o)
         self.pos.index_copy_(0, slots, pos0 + n)
         return tr.project_out(z)
