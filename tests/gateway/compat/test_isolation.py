@@ -31,7 +31,10 @@ def test_misbehaving_clients_leave_a_deepgram_stream_whole(compat_server: Voxgat
         dg.send(json.dumps({"type": "Flush"}))
         with connect(f"{base}/v1/text-to-speech/x/multi-stream-input?output_format=pcm_16000",
                      additional_headers=auth, max_size=None) as el:
-            el.send(json.dumps({"text": "a" * (2 << 20), "context_id": "big"}))
+            # Just over the 1 MiB frame limit: a frame the sockets' buffers take whole, so the
+            # server's close (1009) is not raced by the client still writing (2 MiB once was:
+            # the client's send met a reset and never read the close code).
+            el.send(json.dumps({"text": "a" * ((1 << 20) + (64 << 10)), "context_id": "big"}))
             with pytest.raises(ConnectionClosed):
                 el.recv()
             assert el.close_code == 1009
