@@ -47,6 +47,12 @@ class Gating(nn.Module):
         h = h.view(*h.shape[:-1], 2, -1)
         return self.linear_out(F.silu(h[..., 0, :]) * h[..., 1, :])
 
+    def add_to(self, residual: Tensor, x: Tensor) -> Tensor:
+        """``residual + self(x)`` for 2-D [T, dim] inputs, the sum in the output matmul (addmm)."""
+        h = self.linear_in(x)
+        h = h.view(h.shape[0], 2, -1)
+        return torch.addmm(residual, F.silu(h[:, 0]) * h[:, 1], self.linear_out.weight.t())
+
 
 class ScaledEmbedding(nn.Module):
     """``weight`` [N, r or D] (+ ``low_rank`` [D, r]); id -1 -> 0."""

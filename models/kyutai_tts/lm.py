@@ -53,7 +53,7 @@ class _Attention(nn.Module):
 class _Layer(nn.Module):
     def __init__(self, c: LMConfig, index: int) -> None:
         super().__init__()
-        self.index, self.heads, self.head_dim, self.max_period = index, c.num_heads, c.head_dim, c.max_period
+        self.index, self.heads, self.head_dim = index, c.num_heads, c.head_dim
         self.norm1 = RMSNorm(c.dim)
         self.self_attn = _Attention(c.dim)
         if c.cross_attention:
@@ -75,9 +75,7 @@ class _Layer(nn.Module):
             w = self.cross_attention.in_projs[0].weight
             cq = F.linear(self.norm_cross(x), w[: h * d]).view(t, h, d)
             x = torch.addmm(x, bank.attend(self.index, cq, voice_rows), self.cross_attention.out_projs[0].weight.t())
-        u = self.gating.linear_in(self.norm2(x))
-        u = u.view(t, 2, -1)
-        return torch.addmm(x, F.silu(u[:, 0]) * u[:, 1], self.gating.linear_out.weight.t())
+        return self.gating.add_to(x, self.norm2(x))
 
 
 class _Transformer(nn.Module):

@@ -14,7 +14,7 @@ from models.mimi.config import QuantizerConfig, SEANetConfig, TransformerConfig
 
 __all__ = [
     "StreamConv", "StreamConvTr", "SEANetEncoder", "SEANetDecoder", "ProjectedTransformer", "SplitRVQ",
-    "apply_rope", "attend", "attend_mask", "rope_table", "rotate",
+    "attend", "attend_mask", "rope_table", "rotate",
 ]
 
 
@@ -145,12 +145,6 @@ def rotate(x: Tensor, table: Tensor) -> Tensor:
     d = x.shape[-1]
     pairs = torch.view_as_complex(x.float().contiguous().view(*x.shape[:-1], d // 2, 2))
     return torch.view_as_real(pairs * table).to(x.dtype).view(x.shape)
-
-
-def apply_rope(x: Tensor, positions: Tensor, max_period: float) -> Tensor:
-    """moshi's RoPE on x [..., T, H, D] with positions broadcastable to [..., T] (interleaved
-    pairs (x[2i], x[2i+1]), frequencies ``max_period ** (-2i / D)``, computed in float32)."""
-    return rotate(x, rope_table(positions, x.shape[-1], max_period))
 
 
 def attend_mask(q_pos: Tensor, k_pos: Tensor, context: int | None) -> Tensor:
