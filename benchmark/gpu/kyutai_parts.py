@@ -1,6 +1,7 @@
 """Kyutai TTS's step split on a GPU: the temporal transformer (input embedding, 16 layers with the
 voice cross-attention), the frame head (text sample, state machine, depth transformer, 24
-codebooks sampled) and the Mimi decode, each alone, with how many kernels each launches.
+codebooks sampled) and the Mimi decode, each alone, with how many kernels each launches; and
+the head's two cheaper variants that a turn's first 18 steps run (text only, codebook 0 only).
 
     python -m benchmark.gpu.kyutai_parts --batch 1,64,128,256 [--kernels 128] [--json F]
     python -m benchmark.gpu.kyutai_parts --model kyutai-tts-tiny --device cpu --batch 2   # a smoke run
@@ -122,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             "backbone": lambda: lm(pos, pos, attn, slots),  # noqa: B023
             "head": lambda: head.sample(hidden, r),  # noqa: B023
             "mimi": lambda: stream.step(slots, codes),  # noqa: B023
+            # the head's cheaper variants, which a turn's first 18 steps run: text only, codebook 0 only
+            "head_text": lambda: head.sample(hidden, r, variant=1),  # noqa: B023
+            "head_cb0": lambda: head.sample(hidden, r, variant=2),  # noqa: B023
         }
         row: dict = {"rows": b}
         tables = []
@@ -134,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"{b:5d} rows: backbone {row['backbone_ms']:6.2f} ms ({row['backbone_kernels']} kernels)  "
               f"head {row['head_ms']:6.2f} ms ({row['head_kernels']})  mimi {row['mimi_ms']:6.2f} ms "
-              f"({row['mimi_kernels']})  sum {row['sum_ms']:6.2f} ms", flush=True)
+              f"({row['mimi_kernels']})  sum {row['sum_ms']:6.2f} ms; head variants: text only "
+              f"{row['head_text_ms']:5.2f} ms ({row['head_text_kernels']}), codebook 0 {row['head_cb0_ms']:5.2f} ms "
+              f"({row['head_cb0_kernels']})", flush=True)
         for t in tables:
             print(t, flush=True)
         attn = None
