@@ -43,6 +43,11 @@ class AdmissionConfig:
     # backend that is not step-based (0: no cap).
     initial_capacity: int = 0
     min_samples: int = 100  # steps measured before the estimate is used
+    # The decode cap from measured step times (0: off, the backend's own cap stands): the most
+    # decode rows whose step the fit predicts within this fraction of the real-time step (one
+    # token's worth of audio, 1 / tokens per audio second), within the backend's own cap; the
+    # engine core applies it as the fit moves (docs/scheduling.md, "A measured decode cap").
+    decode_cap_budget: float = 0.0
 
     def __post_init__(self) -> None:
         if self.policy not in ADMISSION_POLICIES:
@@ -57,6 +62,8 @@ class AdmissionConfig:
         if self.initial_capacity < 0:
             raise ValueError(f"admission initial_capacity must be >= 0 (0: no cap), got "
                              f"{self.initial_capacity}")
+        if not (math.isfinite(self.decode_cap_budget) and 0.0 <= self.decode_cap_budget <= 1.0):
+            raise ValueError(f"decode_cap_budget must be in [0, 1] (0: off), got {self.decode_cap_budget}")
         if self.min_samples < 1:
             raise ValueError(f"admission min_samples must be >= 1, got {self.min_samples}")
 
@@ -152,6 +159,28 @@ class Admission:
             self._capacity = self._estimate()
             self._capacity_stale = False
         return self._capacity
+
+    def measured_decode_cap(self, limit: int) -> int | None:
+        """The decode cap ``decode_cap_budget`` asks for: the most decode rows, at most ``limit``
+        (the backend's own cap, or its batch slots), whose decode-only step the fit predicts
+        within that fraction of the real-time step; at least 1. None while it is off, before the
+        estimate is measured, or without a limit."""
+        frac = self.config.decode_cap_budget
+        if not frac or limit <= 0 or not self.is_measured:
+            return None
+        budget_s = frac / self.tokens_per_audio_second  # type: ignore[operator]
+        if self.model.predict(limit) <= budget_s:
+            return limit
+        lo, hi = 1, limit  # predict(hi) over the budget; the answer is in [1, hi)
+        if self.model.predict(lo) > budget_s:
+            return 1
+        while hi - lo > 1:  # predict(lo) within the budget, predict(hi) not (the fit is a line)
+            mid = (lo + hi) // 2
+            if self.model.predict(mid) <= budget_s:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def prefill_share(self) -> float:
         """Engine time per second that one stream's prompts take while it speaks in real time

@@ -140,6 +140,12 @@ class EngineCore:
         self._job_owner: dict[int, int] = {}  # job id -> stream key
         self._next_job_id = 1
         self._set_deadline = getattr(backend, "set_deadline", None)
+        # The measured decode cap (``AdmissionConfig.decode_cap_budget``), for a backend that can
+        # take one: never above the backend's own cap (or its batch slots) as it starts.
+        self._decode_cap_limit = 0
+        if self.admission.config.decode_cap_budget and hasattr(backend, "set_decode_cap"):
+            self._decode_cap_limit = int(getattr(backend, "max_decode_rows", 0) or 0)
+        self._decode_cap = self._decode_cap_limit
         # Stream key -> PCM format of the Audio made in the current step, whose ``pcm`` holds
         # the samples until ``step`` encodes them all at once (``_encode_step_audio``).
         self._step_formats: dict[int, str] = {}
@@ -259,6 +265,12 @@ class EngineCore:
         beside the spoken ones)."""
         self.admission.observe_step(rows, prompt_tokens, seconds, max_rows=max_rows, fill_rows=fill_rows,
                                     jobs=len(self._job_owner))
+        if self._decode_cap_limit:  # the measured decode cap (AdmissionConfig.decode_cap_budget)
+            cap = self.admission.measured_decode_cap(self._decode_cap_limit)
+            # (a change under 2% is left for the next: each one makes the capacity estimate anew)
+            if cap is not None and abs(cap - self._decode_cap) > self._decode_cap // 50:
+                self._decode_cap = cap
+                self.backend.set_decode_cap(cap)  # type: ignore[attr-defined]
 
     def _request_admission(self, stream: _Stream) -> list[Message]:
         """At a stream's first job: admitted (``is_admitted``), waiting, or refused (gone)."""

@@ -263,6 +263,12 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                      help="streams admitted until the engine has measured enough steps, and the "
                           "only limit for a model that is not step-based (hibari, synthetic); "
                           "0: no cap")
+    adm.add_argument("--decode-cap-budget", type=float, metavar="FRACTION",
+                     default=AdmissionConfig.decode_cap_budget,
+                     help="the decode cap from this engine's measured step times: the most decode "
+                          "rows whose step takes at most this fraction of the real-time step (0.8: "
+                          "80%%), never above --max-num-decode-seqs (or the batch slots); 0: off, "
+                          "the cap stays a constant")
 
     st.add_argument("--lookahead-jobs", type=int, default=CoreConfig.lookahead_jobs, metavar="N",
                     help="segments of a stream generated ahead of the one being spoken")
@@ -463,7 +469,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[GatewayConfig, EngineCo
     core = CoreConfig(lookahead_jobs=args.lookahead_jobs, max_streams=args.max_streams)
     admission = AdmissionConfig(policy=args.admission_policy, max_queue=args.admission_max_queue,
                                 max_wait_s=args.admission_max_wait_s, headroom=args.admission_headroom,
-                                initial_capacity=args.admission_initial_capacity)
+                                initial_capacity=args.admission_initial_capacity,
+                                decode_cap_budget=args.decode_cap_budget)
     engine = EngineConfig(core=core, admission=admission,
                           **{f.name: values[f.name] for f in fields(EngineConfig)
                              if f.name in values and f.name not in ("core", "admission")})

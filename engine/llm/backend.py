@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -177,6 +177,14 @@ class LMBackend:
     def max_decode_rows(self) -> int:
         """The most decode rows one step runs: the decode cap, else the batch slots."""
         return self.scheduler.config.max_num_decode_seqs or self.scheduler.config.max_num_seqs
+
+    def set_decode_cap(self, rows: int) -> None:
+        """At most ``rows`` decode rows a step from now on (0: no cap): the engine core's cap
+        from measured step times (``AdmissionConfig.decode_cap_budget``). Only the row count
+        changes; the CUDA graphs captured for the batch sizes up to the slots stay."""
+        if rows < 0:
+            raise ValueError(f"a decode cap must be >= 0, got {rows}")
+        self.scheduler.config = replace(self.scheduler.config, max_num_decode_seqs=rows)
 
     @property
     def decode_fill_rows(self) -> int:

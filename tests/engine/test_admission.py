@@ -179,6 +179,30 @@ def test_the_capacity_follows_a_slower_device() -> None:
     assert adm.capacity() < before  # type: ignore[operator]
 
 
+def _true_cap(budget: float, *, scale: float = 1.0) -> float:
+    """Rows B with t(B) = budget x the real-time step (1 / ORPHEUS_TOKENS_PER_S)."""
+    return (budget / ORPHEUS_TOKENS_PER_S / scale - 0.0032) / 20.6e-6
+
+
+def test_the_measured_decode_cap_keeps_steps_within_the_budget_and_follows_the_device() -> None:
+    """``decode_cap_budget`` 0.8: the cap is the most rows whose fitted step takes at most 80%
+    of the real-time step (9.75 ms for 82 tokens a second: 318 rows here), within the limit
+    given; on a device 30% slower it moves down with the fit; off or unmeasured, there is none."""
+    adm = _measured(_config(decode_cap_budget=0.8))
+    cap = adm.measured_decode_cap(1024)
+    assert cap == pytest.approx(_true_cap(0.8), rel=0.02)
+    assert adm.model.predict(cap) <= 0.8 / ORPHEUS_TOKENS_PER_S < adm.model.predict(cap + 1)  # type: ignore[operator]
+    assert adm.measured_decode_cap(200) == 200  # the backend's own cap bounds it
+    _run_steps(adm, 4000, scale=1.3)
+    slower = adm.measured_decode_cap(1024)
+    assert slower == pytest.approx(_true_cap(0.8, scale=1.3), rel=0.03) and slower < cap  # type: ignore[operator]
+    assert _measured().measured_decode_cap(1024) is None  # off by default
+    young = Admission(_config(decode_cap_budget=0.8), tokens_per_audio_second=ORPHEUS_TOKENS_PER_S)
+    assert young.measured_decode_cap(1024) is None  # not measured yet
+    tight = _measured(_config(decode_cap_budget=0.2))  # even one row's step is over 20% of 12.2 ms
+    assert tight.measured_decode_cap(1024) == 1
+
+
 def test_cold_start_admits_up_to_the_initial_capacity() -> None:
     """Before min_samples steps are measured the initial capacity holds (none by default)."""
     assert Admission(AdmissionConfig(), tokens_per_audio_second=82.0).capacity() is None
@@ -298,7 +322,9 @@ def test_config_is_validated() -> None:
     """Bad settings name the setting."""
     for kw, word in ((dict(policy="maybe"), "policy"), (dict(max_queue=-1), "max_queue"),
                      (dict(max_wait_s=-1.0), "max_wait_s"), (dict(headroom=1.0), "headroom"),
-                     (dict(initial_capacity=-1), "initial_capacity"), (dict(min_samples=0), "min_samples")):
+                     (dict(initial_capacity=-1), "initial_capacity"), (dict(min_samples=0), "min_samples"),
+                     (dict(decode_cap_budget=1.5), "decode_cap_budget"),
+                     (dict(decode_cap_budget=float("nan")), "decode_cap_budget")):
         with pytest.raises(ValueError, match=word):
             AdmissionConfig(**kw)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tokens_per_audio_second"):

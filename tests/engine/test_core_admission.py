@@ -270,3 +270,34 @@ def test_segments_generated_ahead_take_their_rows_of_the_capacity() -> None:
     assert core.admission.capacity() == 2
     errors = [x for x in _speak(core, 3, text) if isinstance(x, m.Error)]
     assert [(e.key, e.code) for e in errors] == [(3, "capacity")]
+
+
+class CappedSim(SimBackend):
+    """A backend with a decode cap the core may set (``LMBackend.set_decode_cap``)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.max_decode_rows = 64
+        self.caps: list[int] = []
+
+    def set_decode_cap(self, rows: int) -> None:
+        self.caps.append(rows)
+        self.max_decode_rows = rows
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.8])
+def test_the_measured_decode_cap_reaches_the_backend(budget: float) -> None:
+    """With ``decode_cap_budget`` the core sets the backend's cap from the measured step times
+    (2 ms + 1.5 ms a row against 12.2 ms of audio a token: 80% of it holds 5 rows), as the fit
+    settles, not at every step; with it off the backend's own cap stands."""
+    clock = FakeClock()
+    backend = CappedSim(clock)
+    core = EngineCore(backend, CoreConfig(), admission=AdmissionConfig(decode_cap_budget=budget), clock=clock)
+    for i in range(400):
+        rows = 1 + i % 20
+        core.note_step(rows, 0, step_s(rows), max_rows=backend.max_decode_rows)
+    if budget:
+        assert backend.caps[-1] == 5 and len(backend.caps) <= 3 and backend.max_decode_rows == 5
+        assert core.admission.max_rows_per_step == 5  # the capacity estimate counts the new cap
+    else:
+        assert backend.caps == [] and backend.max_decode_rows == 64

@@ -169,6 +169,24 @@ def test_admission_hears_the_decode_cap_and_the_fill_of_rows_not_yet_due(llm_mod
     assert figures(decode_horizon_s=1.0, decode_fill_seqs=0) == (8, 1)  # the scheduler keeps one row
 
 
+def test_a_decode_cap_set_while_serving_bounds_the_next_steps(llm_model):
+    """``set_decode_cap`` (the engine core's measured cap): later steps run at most that many
+    decode rows, the rest deferred, and every job still finishes; a negative cap is refused."""
+    backend = make_backend(llm_model, runner_kw=dict(num_pages=64, page_size=4),
+                           sched_kw=dict(max_num_seqs=8, max_num_batched_tokens=32))
+    for job in range(3):
+        _add(backend, job, n=4, max_tokens=10)
+    backend.step()
+    backend.set_decode_cap(1)
+    assert backend.max_decode_rows == 1
+    before = backend.totals()["deferred_decodes"]
+    outs = drain(backend)
+    assert sorted(o.job_id for o in outs if o.is_finished) == [0, 1, 2]
+    assert backend.totals()["deferred_decodes"] > before
+    with pytest.raises(ValueError, match="decode cap"):
+        backend.set_decode_cap(-1)
+
+
 def test_the_program_hears_how_soon_each_jobs_audio_is_due(llm_model):
     """``set_deadline`` passes the deadline on to the program as seconds from the scheduler's
     clock (the engine core's); unknown and finished jobs are ignored."""
