@@ -191,18 +191,22 @@ def test_admission_flags_map_onto_the_engine_config() -> None:
     args = cli.build_parser().parse_args([
         "serve", "--model", "synthetic", "--admission", "refuse", "--admission-max-queue", "8",
         "--admission-max-wait-s", "0.25", "--admission-headroom", "0.2",
-        "--admission-initial-capacity", "3"])
+        "--admission-initial-capacity", "3", "--decode-cap-budget", "0.8"])
     _, engine = cli.configs_from_args(args)
     a = engine.admission
     assert (a.policy, a.max_queue, a.max_wait_s, a.headroom, a.initial_capacity) == ("refuse", 8, 0.25, 0.2, 3)
+    assert a.decode_cap_budget == 0.8
     _, default = cli.configs_from_args(cli.build_parser().parse_args(["serve", "--model", "synthetic"]))
     assert default.admission.policy == "queue" and default.admission.initial_capacity == 0
+    assert default.admission.decode_cap_budget == 0.0  # off: the constant cap stands
 
 
 def test_a_bad_admission_setting_is_a_one_line_error(no_serving: None, capsys: pytest.CaptureFixture[str]) -> None:
     """A headroom of 1 (no time left for streams) exits 2 naming the setting."""
     assert cli.main(["serve", "--model", "synthetic", "--admission-headroom", "1"]) == 2
     assert "admission headroom must be in [0, 1)" in capsys.readouterr().err
+    assert cli.main(["serve", "--model", "synthetic", "--decode-cap-budget", "1.5"]) == 2
+    assert "decode_cap_budget must be in [0, 1]" in capsys.readouterr().err
 
 
 def _health(server: VoxgateServer) -> tuple[int, dict[str, Any]]:
