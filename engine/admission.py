@@ -418,6 +418,7 @@ class Admission:
             "waits_s": self.take_waits(),
             "room": self.room(),
             "retry_after_s": self._retry_after_s(1),
+            "decode_cap": self.max_rows_per_step,  # the backend's cap in force (0: none)
         }
         if coef is not None:
             out.update(step_base_ms=1e3 * coef[0], step_row_us=1e6 * coef[1],

@@ -50,7 +50,7 @@ def parse_gauges(text: str) -> dict[str, float]:
     """The engine's gauges (streams, queued_jobs, running_jobs; the admission's capacity,
     demand and queued streams where known; the capacity estimate's terms, ``step_base_ms``,
     ``step_per_row_us``, ``step_per_prompt_token_us``, ``prefill_share``, ``jobs_per_stream``,
-    ``step_scale``, once it has them) from an exposition."""
+    ``step_scale``, ``decode_cap``, once it has them) from an exposition."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         name = _GAUGES.get(family.name)
