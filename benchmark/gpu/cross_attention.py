@@ -18,7 +18,7 @@ import argparse
 import json
 import sys
 
-from benchmark.gpu.graph_timing import graph_median_ms
+from benchmark.gpu.graph_timing import eager_median_ms, graph_median_ms
 
 __all__ = ["main"]
 
@@ -46,18 +46,6 @@ def _ways(k, v, owner, head_dim: int) -> dict:  # noqa: ANN001
         return o[0].transpose(0, 1).flatten(1)
 
     return {"explicit": explicit, "sdpa3": sdpa3, "sdpa4": sdpa4}
-
-
-def _eager_median_ms(fn, iters: int) -> float:  # noqa: ANN001
-    import statistics
-    import time
-
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             for way, fn in ways.items():
                 call = lambda fn=fn: fn(q, rows)  # noqa: E731
                 row[f"{way}_us"] = 1e3 * (graph_median_ms(call, args.iters) if on_gpu
-                                          else _eager_median_ms(call, args.iters))
+                                          else eager_median_ms(call, args.iters))
                 row[f"{way}_err"] = float((call().float() - ref).abs().max())
             table.append(row)
             print(f"{t:5d} rows: " + "  ".join(f"{w} {row[f'{w}_us']:8.1f} µs (err {row[f'{w}_err']:.1e})"

@@ -1,11 +1,23 @@
-"""Timing a piece of GPU work the way the engine runs it: captured once in a CUDA graph, replayed."""
+"""Timing a piece of GPU work the way the engine runs it: captured once in a CUDA graph, replayed
+(``graph_median_ms``); ``eager_median_ms`` times the same call eagerly, for a tool's CPU smoke run."""
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 
-__all__ = ["graph_median_ms"]
+__all__ = ["eager_median_ms", "graph_median_ms"]
+
+
+def eager_median_ms(fn: Callable[[], object], iters: int) -> float:
+    """Median milliseconds of ``iters`` eager calls of ``fn`` (wall clock: on the CPU, the work)."""
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
 
 
 def graph_median_ms(fn: Callable[[], object], iters: int) -> float:

@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from benchmark.gpu.graph_timing import graph_median_ms
+from benchmark.gpu.graph_timing import eager_median_ms, graph_median_ms
 
 __all__ = ["main"]
 
@@ -56,21 +56,6 @@ def _kernels(fn, top: int) -> tuple[int, str]:  # noqa: ANN001
     count = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=top, max_name_column_width=70) if top else ""
     return count, table
-
-
-def _eager_median_ms(fn, iters: int) -> float:  # noqa: ANN001
-    import statistics
-    import time
-
-    import torch
-
-    times = []
-    with torch.inference_mode():
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         row: dict = {"rows": b}
         tables = []
         for part, fn in parts.items():
-            row[f"{part}_ms"] = graph_median_ms(fn, args.iters) if on_gpu else _eager_median_ms(fn, args.iters)
+            row[f"{part}_ms"] = graph_median_ms(fn, args.iters) if on_gpu else eager_median_ms(fn, args.iters)
             row[f"{part}_kernels"], table = _kernels(fn, args.top if b == args.kernels else 0) if on_gpu else (0, "")
             if table:
                 tables.append(f"\n{part} at {b} rows, one eager call:\n{table}")
