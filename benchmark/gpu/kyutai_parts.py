@@ -1,7 +1,8 @@
 """Kyutai TTS's step split on a GPU: the temporal transformer (input embedding, 16 layers with the
 voice cross-attention), the frame head (text sample, state machine, depth transformer, 24
 codebooks sampled) and the Mimi decode, each alone, with how many kernels each launches; and
-the head's two cheaper variants that a turn's first 18 steps run (text only, codebook 0 only).
+the head's two cheaper variants that a turn's first 18 steps run (text only, codebook 0 only),
+and the head with its depth-transformer step uncompiled (the A/B of `kyutai_compile`).
 
     python -m benchmark.gpu.kyutai_parts --batch 1,64,128,256 [--kernels 128] [--json F]
     python -m benchmark.gpu.kyutai_parts --model kyutai-tts-tiny --device cpu --batch 2   # a smoke run
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
 from benchmark.gpu.graph_timing import eager_median_ms, graph_median_ms
 
@@ -56,6 +58,17 @@ def _kernels(fn, top: int) -> tuple[int, str]:  # noqa: ANN001
     count = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=top, max_name_column_width=70) if top else ""
     return count, table
+
+
+def _uncompiled(head: object, fn: Callable[[], object]) -> object:
+    """``fn()`` with the head's codebook step as plain PyTorch (``kyutai_compile`` off)."""
+    from models.kyutai_tts.depformer import codebook_step
+
+    step, head.step = head.step, codebook_step  # type: ignore[attr-defined]
+    try:
+        return fn()
+    finally:
+        head.step = step  # type: ignore[attr-defined]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             # the head's cheaper variants, which a turn's first 18 steps run: text only, codebook 0 only
             "head_text": lambda: head.sample(hidden, r, variant=1),  # noqa: B023
             "head_cb0": lambda: head.sample(hidden, r, variant=2),  # noqa: B023
+            # the head with its depth-transformer step uncompiled (same GPU, same run: the A/B)
+            "head_uncompiled": lambda: _uncompiled(head, lambda: head.sample(hidden, r)),  # noqa: B023
         }
         row: dict = {"rows": b}
         tables = []
@@ -125,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
               f"head {row['head_ms']:6.2f} ms ({row['head_kernels']})  mimi {row['mimi_ms']:6.2f} ms "
               f"({row['mimi_kernels']})  sum {row['sum_ms']:6.2f} ms; head variants: text only "
               f"{row['head_text_ms']:5.2f} ms ({row['head_text_kernels']}), codebook 0 {row['head_cb0_ms']:5.2f} ms "
-              f"({row['head_cb0_kernels']})", flush=True)
+              f"({row['head_cb0_kernels']}); uncompiled step {row['head_uncompiled_ms']:5.2f} ms "
+              f"({row['head_uncompiled_kernels']})", flush=True)
         for t in tables:
             print(t, flush=True)
         attn = None

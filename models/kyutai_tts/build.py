@@ -1,6 +1,6 @@
 """Loading the Kyutai TTS program for the runtime (``--model kyutai-tts``, ``kyutai/tts-...``).
 
-Its settings (``kyutai_n_q``, ``voice_dir``, ``voice_bank_size``, ``codec_dtype``; read with
+Its settings (``kyutai_n_q``, ``voice_dir``, ``voice_bank_size``, ``codec_dtype``, ``kyutai_compile``; read with
 ``LoadContext.setting``) are in docs/models/kyutai_tts.md, "Serving".
 """
 
@@ -47,7 +47,15 @@ def load(ctx: LoadContext) -> ProgramModel:
     params = MachineParams(card=config.text_card_in, second_stream_ahead=tts.second_stream_ahead,
                            max_padding=tts.max_padding, initial_padding=tts.initial_padding)
     machine = DeviceMachine(params, ctx.max_num_seqs, ctx.device)
-    head = KyutaiHead(lm, slots, machine)
+    # The depth transformer's codebook step through torch.compile (one fused program for every
+    # codebook; default with CUDA graphs: it fuses norms, residual sums and the sampling's
+    # pointwise work, a frame of some 1,930 kernels being bound by their number).
+    compiled = ctx.setting("kyutai_compile", ctx.use_graphs)  # True/"on", False/"off", or a backend
+    if isinstance(compiled, str) and compiled in ("on", "off", "true", "false", "1", "0"):
+        compiled = compiled in ("on", "true", "1")
+    backend = "inductor" if compiled is True else compiled
+    head = KyutaiHead(lm, slots, machine, compile=bool(compiled), compile_backend=backend or "inductor")
+    head.warm_compiled()  # (before the runtime captures its graphs: no compile during serving)
     codec = MimiDecodeStream(loaded.mimi, ctx.max_num_seqs, num_codebooks=tts.n_q, device=ctx.device,
                              dtype=codec_dtype)
     program = KyutaiProgram(lm, config, loaded.tokenizer, slots=slots, machine=machine,

@@ -12,10 +12,11 @@ from torch import Tensor
 
 from engine.llm.sampler import RowSettings, Sampler, gumbel_noise, gumbel_noise_salts
 from engine.llm.token_head import RowInputs
-from models.kyutai_tts.depformer import decode_frame
+from models.kyutai_tts.depformer import GREEDY, AudioSampling, codebook_step, decode_frame
 from models.kyutai_tts.device_machine import DeviceMachine
 from models.kyutai_tts.lm import KyutaiLM, SlotInputs
 from models.kyutai_tts.machine import PAD
+from models.kyutai_tts.sampling import top_k_draw
 
 __all__ = ["KyutaiHead", "STOP", "sample_top_k"]
 
@@ -38,15 +39,14 @@ def sample_top_k(logits: Tensor, k: int, rs: RowSettings, noise: Tensor | None, 
     ``sample_top_k``)."""
     if all_greedy or noise is None:
         return logits.argmax(dim=-1)
-    vals, idx = (logits / rs.divisor).topk(min(k, logits.shape[1]), dim=-1)  # float32 [B, k], descending
-    probs = vals.softmax(dim=-1)
-    drop = (probs.cumsum(dim=-1) - probs) >= top_p  # the top one is always kept
-    pick = (vals + noise.gather(1, idx)).masked_fill(drop, float("-inf")).argmax(dim=-1)  # [B]
-    return idx.gather(1, pick[:, None])[:, 0]
+    return top_k_draw(logits, k, rs.divisor, noise, top_p)
 
 
 class KyutaiHead:
-    def __init__(self, lm: KyutaiLM, slots: SlotInputs, machine: DeviceMachine, *, padding_bonus: float = 0.0) -> None:
+    def __init__(self, lm: KyutaiLM, slots: SlotInputs, machine: DeviceMachine, *, padding_bonus: float = 0.0,
+                 compile: bool = False, compile_backend: str = "inductor") -> None:
+        """``compile``: the depth transformer's codebook step through ``torch.compile`` (dynamic
+        batch; ``compile_backend`` "aot_eager" in tests traces it without code generation)."""
         cfg = lm.config
         self.lm, self.slots, self.machine = lm, slots, machine
         self.n_q = lm.num_active
@@ -63,11 +63,39 @@ class KyutaiHead:
         self.first_audio_step = int(self.silent_until.min())
         self.first_acoustic_step = int(self.silent_until[:, 1:].min()) if self.n_q > 1 else 1 << 62
         self.sampler = Sampler()
+        self.step = (torch.compile(codebook_step, dynamic=True, fullgraph=True, backend=compile_backend)
+                     if compile else codebook_step)
+        self._frozen = False  # (``warm_compiled``)
 
     # Variants 1 (text only) and 2 (codebook 0 only), for the first steps of a turn, captured up
     # to this many rows: they shorten the first audio of a stream that starts alone or nearly
     # (docs/models/kyutai_tts.md, "Time to first audio").
     variants = (16, 16)
+
+    def warm_compiled(self) -> None:
+        """Compile the codebook step now, for a batch of two or more rows (dynamic) and for one,
+        sampled (the captured steps always sample: greedy rows with zero noise); after this a
+        call it was not compiled for (an eager step whose rows are all greedy) runs eagerly
+        rather than compiling again in the middle of serving. No-op without ``compile``."""
+        if self.step is codebook_step or self._frozen:
+            return
+        lm, dev = self.lm, self.slots.frame_in.device
+        dtype = next(lm.parameters()).dtype
+        card = lm.config.lm.card
+        with torch.inference_mode():  # (as the runtime's steps)
+            for b in (2, 1):
+                sampling = AudioSampling(self.top_k_audio or card, torch.ones(b, 1, device=dev),
+                                         torch.zeros(self.n_q, b, card, device=dev),
+                                         torch.full((b, 1), float("inf"), device=dev))
+                hidden = torch.zeros(b, lm.config.lm.dim, dtype=dtype, device=dev)
+                decode_frame(lm, hidden, torch.zeros(b, dtype=torch.int64, device=dev), sampling, self.n_q, self.step)
+        self._frozen = True
+
+    def _decode(self, hidden: Tensor, text_out: Tensor, sampling: AudioSampling, n: int) -> Tensor:
+        if not self._frozen:
+            return decode_frame(self.lm, hidden, text_out, sampling, n, self.step)
+        with torch.compiler.set_stance("eager_on_recompile"):
+            return decode_frame(self.lm, hidden, text_out, sampling, n, self.step)
 
     def variant(self, steps: Tensor) -> int:
         """The step variant for decode rows at ``steps``: 1 while no row makes a code yet, 2
@@ -115,21 +143,19 @@ class KyutaiHead:
         noise = None
         if num_codebooks and not r.all_greedy:
             noise = gumbel_noise_salts(r.seeds, r.steps, self.lm.config.lm.card, range(1, 1 + num_codebooks))
-            if self.top_k_audio > 0:  # sample_top_k's greedy rows: no noise (one kernel a step)
-                noise.masked_fill_((r.temperature <= 0)[None, :, None], 0.0)
-        # (a constant top-k is sample_top_k's, not a per-row setting of the runtime's sampler)
-        audio = self.sampler.rows(r.temperature, r.top_p) if num_codebooks else None  # every codebook's
-
-        def sample_audio(audio_logits: Tensor, salt: int) -> Tensor:
-            return draw(audio_logits, audio, salt, None if noise is None else noise[salt - 1],  # type: ignore[arg-type]
-                        top_k=self.top_k_audio)
-
+            noise.masked_fill_((r.temperature <= 0)[None, :, None], 0.0)  # greedy rows: no noise
+        # (a constant top-k: ``top_k_draw``'s, not a per-row setting of the runtime's sampler; none
+        # configured is every column)
+        sampling = GREEDY
+        if num_codebooks and noise is not None:
+            audio = self.sampler.rows(r.temperature, r.top_p)
+            sampling = AudioSampling(self.top_k_audio or self.lm.config.lm.card, audio.divisor, noise, top_p)
         if variant == 0:
-            codes = decode_frame(self.lm, hidden, text_out, sample_audio, self.n_q)  # [B, n_q]
+            codes = self._decode(hidden, text_out, sampling, self.n_q)  # [B, n_q]
         else:  # the codebooks a variant leaves out are silent at its steps
             codes = torch.full((hidden.shape[0], self.n_q), -1, dtype=torch.int64, device=hidden.device)
             if variant == 2:
-                codes[:, :1] = decode_frame(self.lm, hidden, text_out, sample_audio, 1)
+                codes[:, :1] = self._decode(hidden, text_out, sampling, 1)
         codes = torch.where(r.steps[:, None] < self.silent_until, -1, codes)
         frame = torch.cat((text_out[:, None], codes), dim=1)  # [B, 1 + n_q]
         fi = self.slots.frame_in

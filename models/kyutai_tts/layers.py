@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["RMSNorm", "Gating", "ScaledEmbedding", "DemuxEmbedding", "gating_hidden"]
+__all__ = ["RMSNorm", "rms_norm", "Gating", "ScaledEmbedding", "DemuxEmbedding", "gating_hidden"]
 
 
 class RMSNorm(nn.Module):
@@ -25,10 +25,14 @@ class RMSNorm(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, 1, dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        alpha = self.alpha.reshape(-1)
-        if alpha.dtype == x.dtype:  # fused only when the dtypes match
-            return F.rms_norm(x, alpha.shape, alpha, self.eps)
-        return F.rms_norm(x.float(), alpha.shape, alpha.float(), self.eps).to(x.dtype)
+        return rms_norm(x, self.alpha.reshape(-1), self.eps)
+
+
+def rms_norm(x: Tensor, alpha: Tensor, eps: float) -> Tensor:
+    """``RMSNorm`` with its weight ``alpha`` [dim] given (the depth transformer's step passes it)."""
+    if alpha.dtype == x.dtype:  # fused only when the dtypes match
+        return F.rms_norm(x, alpha.shape, alpha, eps)
+    return F.rms_norm(x.float(), alpha.shape, alpha.float(), eps).to(x.dtype)
 
 
 def gating_hidden(dim: int, dim_feedforward: int) -> int:

@@ -10,7 +10,7 @@ import torch
 from tests.models.kyutai_tts.kyutai_fixtures import JOBS, load_ours, voice_file
 
 from models.kyutai_tts.config import TTS_1_6B_EN_FR, KyutaiTTSConfig
-from models.kyutai_tts.depformer import decode_frame
+from models.kyutai_tts.depformer import GREEDY, AudioSampling, codebook_step, decode_frame
 from models.kyutai_tts.device_machine import DeviceMachine
 from models.kyutai_tts.lm import KyutaiLM
 from models.kyutai_tts.loader import load_voice
@@ -52,21 +52,61 @@ def test_config_round_trip():
         KyutaiTTSConfig.from_hf_dict(bad)
 
 
-def test_depth_step_is_batch_invariant(tts_ckpt):
-    """decode_frame on a batch gives each row the codes it gets alone (greedy; all 32 codebooks)."""
-    lm = load_ours(tts_ckpt).lm
+def _frame_inputs(lm: KyutaiLM, b: int, sampled: bool) -> tuple[torch.Tensor, torch.Tensor, AudioSampling]:
+    """A batch of ``b`` temporal hiddens and text outputs, and how to sample their codebooks."""
+    from engine.llm.sampler import gumbel_noise_salts
+
     g = torch.Generator().manual_seed(3)
-    hidden = torch.randn(4, lm.config.lm.dim, generator=g)
-    text = torch.tensor([3, 163, 8000 + 161 * 5, 44])
+    hidden = torch.randn(b, lm.config.lm.dim, generator=g)
+    text = torch.tensor([3, 163, 8000 + 161 * 5, 44, 7, 1200, 9][:b])
+    if not sampled:
+        return hidden, text, GREEDY
+    noise = gumbel_noise_salts(torch.arange(b) * 31, torch.full((b,), 5), lm.config.lm.card, range(1, 33))
+    temperature = torch.rand(b, 1, generator=g) + 0.5
+    top_p = torch.where(torch.arange(b)[:, None] % 2 == 0, 0.8, float("inf"))
+    return hidden, text, AudioSampling(250, temperature, noise, top_p)
 
-    def argmax(logits: torch.Tensor, salt: int) -> torch.Tensor:
-        return logits.argmax(-1)
 
+def _rows(s: AudioSampling, i: int) -> AudioSampling:
+    if s.noise is None:
+        return s
+    return AudioSampling(s.top_k, s.divisor[i:i + 1], s.noise[:, i:i + 1], s.top_p[i:i + 1])
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_depth_step_is_batch_invariant(tts_ckpt, sampled):
+    """decode_frame on a batch gives each row the codes it gets alone (all 32 codebooks; argmax,
+    and top-k sampling with noise, temperatures and top-p per row)."""
+    lm = load_ours(tts_ckpt).lm
+    hidden, text, sampling = _frame_inputs(lm, 4, sampled)
     with torch.no_grad():
-        batch = decode_frame(lm, hidden, text, argmax, 32)
-        rows = [decode_frame(lm, hidden[i:i + 1], text[i:i + 1], argmax, 32) for i in range(4)]
+        batch = decode_frame(lm, hidden, text, sampling, 32)
+        rows = [decode_frame(lm, hidden[i:i + 1], text[i:i + 1], _rows(sampling, i), 32) for i in range(4)]
     assert batch.shape == (4, 32)
     assert batch.tolist() == torch.cat(rows).tolist()
+    assert len(set(batch.flatten().tolist())) > 20  # (not one code everywhere)
+
+
+def test_the_compiled_codebook_step_gives_the_eager_codes_with_one_program(tts_ckpt):
+    """``codebook_step`` traces whole (fullgraph) and, traced with a dynamic batch, takes every
+    codebook after the first and every batch of two or more rows without tracing again: one
+    program for codebook 0, one for the others (one more each for a single row)."""
+    from torch._dynamo.testing import CompileCounter
+
+    lm = load_ours(tts_ckpt).lm
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    step = torch.compile(codebook_step, dynamic=True, fullgraph=True, backend=counter)
+    with torch.no_grad():
+        for b in (4, 3, 7):
+            hidden, text, sampling = _frame_inputs(lm, b, True)
+            want = decode_frame(lm, hidden, text, sampling, 32)
+            assert torch.equal(decode_frame(lm, hidden, text, sampling, 32, step), want)
+        assert counter.frame_count == 2
+        hidden, text, sampling = _frame_inputs(lm, 1, False)
+        assert torch.equal(decode_frame(lm, hidden, text, sampling, 32, step), decode_frame(lm, hidden, text, sampling, 32))
+    assert counter.frame_count <= 4
+    torch._dynamo.reset()
 
 
 def _random_entries(rng: random.Random, n: int) -> list[Entry]:

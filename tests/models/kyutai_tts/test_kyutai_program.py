@@ -277,6 +277,36 @@ def test_the_text_only_variant_runs_the_silent_steps_and_changes_no_token(async_
     assert decodes[first + acoustic - silent:][:30] == ["decode"] * 30
 
 
+def test_the_compiled_depth_step_gives_the_eager_tokens_and_compiles_only_at_load() -> None:
+    """``kyutai_compile`` (here traced by a counting backend, no code generation): the served
+    tokens on the emulated graph path equal the eager runner's, with streams sampling and
+    greedy; the step is compiled at load (four programs: codebook 0 and the others, for one row
+    and for more) and never while serving (an eager step of greedy rows runs uncompiled)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from tests.engine.llm.graph_emulation import emulated_graph_runner
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    runs = []
+    for backend in (_backend(kyutai_n_q=4),
+                    _backend(kyutai_n_q=4, runner_factory=emulated_graph_runner(), kyutai_compile=counter)):
+        if len(runs):
+            assert counter.frame_count == 4
+        rows = _record(backend)
+        outs: list = []
+        _add(backend, 1, "Compiled or not, the same.", dict(SAMPLED, seed=7, max_tokens=30))
+        _add(backend, 2, "Greedy too.", {"temperature": 0.0, "max_tokens": 24})
+        for job in (1, 2):
+            backend.push_text(job, "", final=True)
+        _drain(backend, outs)
+        assert not [o.error for o in outs if o.error is not None]
+        runs.append(rows)
+    assert counter.frame_count == 4
+    assert runs[0] == runs[1] and len(runs[0]) == 2
+    torch._dynamo.reset()
+
+
 def test_the_registry_serves_kyutai_tts(tts_ckpt) -> None:
     """--model kyutai-tts, kyutai-tts-tiny, kyutai/tts-* hub ids and a local checkpoint folder
     (config.json's model_type "tts") resolve to this program."""
