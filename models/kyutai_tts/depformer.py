@@ -74,8 +74,9 @@ class _Consts:
     def __init__(self, n: int, schedule: list[int], device: torch.device) -> None:
         self.index = [torch.tensor([k], device=device) for k in range(n)]  # each its own tensor
         self.weight_set = [torch.tensor([w], device=device) for w in schedule]
-        keep = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        self.keep = [keep[k].clone() for k in range(n)]  # [n]: the positions codebook k sees
+        seen = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        # [n]: 0 at the positions codebook k sees, -inf after them
+        self.bias = [torch.zeros(n, device=device).masked_fill(~seen[k], float("-inf")) for k in range(n)]
 
 
 def layer_weights(layer: _DepLayer, w: int) -> tuple[Tensor, ...]:
@@ -85,8 +86,17 @@ def layer_weights(layer: _DepLayer, w: int) -> tuple[Tensor, ...]:
             layer.norm2.alpha.reshape(-1), g.linear_in.weight, g.linear_out.weight)
 
 
+def _attend(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
+    """One query per row over the frame's positions: q [B, H, D], keys / values [B, H, n, D],
+    bias [n] (0 or -inf) -> [B, H, D], in float32 as SDPA accumulates, rounded once. Spelled
+    out (products and sums over at most 32 positions) so that the compiler fuses it into a
+    couple of kernels, where SDPA with a mask took one attention kernel and five for the mask."""
+    scores = (q.float()[:, :, None] * keys.float()).sum(-1) * q.shape[-1] ** -0.5 + bias  # [B, H, n]
+    return (scores.softmax(-1)[..., None] * values.float()).sum(-2).to(q.dtype)
+
+
 def codebook_step(proj: Tensor, weight_set: Tensor, extra: Tensor | None, code: Tensor | None,
-                  table: Tensor | None, low_rank: Tensor | None, cache: Tensor, index: Tensor, keep: Tensor,
+                  table: Tensor | None, low_rank: Tensor | None, cache: Tensor, index: Tensor, bias: Tensor,
                   weights: list[tuple[Tensor, ...]], out: Tensor, divisor: Tensor | None,
                   noise: Tensor | None, top_p: Tensor | None, *, heads: int, eps: float, top_k: int) -> Tensor:
     """One codebook of a frame through the depth transformer, sampled: every input a tensor
@@ -97,9 +107,9 @@ def codebook_step(proj: Tensor, weight_set: Tensor, extra: Tensor | None, code: 
     [1]: this codebook's; ``extra`` [B, d] added to its input (codebook 0: the text
     embedding), else the previous codebook's ``code`` [B] looked up in ``table`` (times
     ``low_rank``); ``cache`` [layers, B, 2, H, n, D] keys and values, written at ``index``
-    [1] (positions not yet written are zero and masked: ``keep`` [n]); ``weights``: each
+    [1] (positions not yet written are zero and masked: ``bias`` [n], -inf there); ``weights``: each
     layer's ``layer_weights``; ``out`` the codebook's output projection [card, d];
-    ``divisor`` / ``noise`` [n, B, card] / ``top_p``: ``top_k_draw``'s -> ids [B]."""
+    ``divisor`` / ``noise`` [B, card] (this codebook's) / ``top_p``: ``top_k_draw``'s -> ids [B]."""
     b = proj.shape[0]
     x = proj.index_select(1, weight_set)[:, 0]
     if extra is not None:
@@ -107,19 +117,17 @@ def codebook_step(proj: Tensor, weight_set: Tensor, extra: Tensor | None, code: 
     else:
         y = F.embedding(code, table)
         x = x + (F.linear(y, low_rank) if low_rank is not None else y)
-    mask = keep[None, None, None, :]
     for layer, (norm1, w_in, w_out, norm2, g_in, g_out) in enumerate(weights):
         qkv = F.linear(rms_norm(x, norm1, eps), w_in).view(b, 3, heads, -1)
         c = cache[layer]
         c.index_copy_(3, index, qkv[:, 1:, :, None])  # keys and values in one write
-        o = F.scaled_dot_product_attention(qkv[:, 0, :, None], c[:, 0], c[:, 1], attn_mask=mask)  # [B, H, 1, D]
+        o = _attend(qkv[:, 0], c[:, 0], c[:, 1], bias)  # [B, H, D]
         x = x + F.linear(o.reshape(b, -1), w_out)
         h = F.linear(rms_norm(x, norm2, eps), g_in)
         h = h.view(b, 2, -1)
         x = x + F.linear(F.silu(h[:, 0]) * h[:, 1], g_out)
     logits = F.linear(x, out)
-    k_noise = None if noise is None else noise.index_select(0, index)[0]
-    return top_k_draw(logits, top_k, divisor, k_noise, top_p)
+    return top_k_draw(logits, top_k, divisor, noise, top_p)
 
 
 def decode_frame(lm: nn.Module, hidden: Tensor, text_in: Tensor, sampling: AudioSampling, num_codebooks: int,
@@ -154,8 +162,8 @@ def decode_frame(lm: nn.Module, hidden: Tensor, text_in: Tensor, sampling: Audio
         code = step(proj, consts.weight_set[k], lm.depformer_text_emb(text_in) if k == 0 else None, code,
                     None if emb is None else emb.weight,
                     None if emb is None or emb.low_rank is None else emb.low_rank.weight,
-                    cache, consts.index[k], consts.keep[k], weights[w], lm.linears[k].weight,
-                    sampling.divisor, sampling.noise, sampling.top_p,
+                    cache, consts.index[k], consts.bias[k], weights[w], lm.linears[k].weight,
+                    sampling.divisor, None if sampling.noise is None else sampling.noise[k], sampling.top_p,
                     heads=first.heads, eps=first.norm1.eps, top_k=sampling.top_k)
         codes.append(code)
     return torch.stack(codes, dim=1)

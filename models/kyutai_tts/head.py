@@ -63,9 +63,13 @@ class KyutaiHead:
         self.first_audio_step = int(self.silent_until.min())
         self.first_acoustic_step = int(self.silent_until[:, 1:].min()) if self.n_q > 1 else 1 << 62
         self.sampler = Sampler()
-        self.step = (torch.compile(codebook_step, dynamic=True, fullgraph=True, backend=compile_backend)
-                     if compile else codebook_step)
+        # (inductor's pattern passes off: they turn each residual sum and its matmul into one
+        # addmm, whose cuBLAS kernel took 9.1 us at one row on an H200, the matmul alone 4.6)
+        options = {"pattern_matcher": False} if compile_backend == "inductor" else None
+        self.step = (torch.compile(codebook_step, dynamic=True, fullgraph=True, backend=compile_backend,
+                                   options=options) if compile else codebook_step)
         self._frozen = False  # (``warm_compiled``)
+        self.frozen_stance = "eager_on_recompile"  # (tests: "fail_on_recompile")
 
     # Variants 1 (text only) and 2 (codebook 0 only), for the first steps of a turn, captured up
     # to this many rows: they shorten the first audio of a stream that starts alone or nearly
@@ -82,7 +86,11 @@ class KyutaiHead:
         lm, dev = self.lm, self.slots.frame_in.device
         dtype = next(lm.parameters()).dtype
         card = lm.config.lm.card
-        with torch.inference_mode():  # (as the runtime's steps)
+        from torch.fx.experimental import _config as fx_config
+
+        # (no duck sizing: it would tie the batch to any other dimension of the same size at the
+        # trace, the cache's key/value dimension for a batch of 2, and compile again for others)
+        with torch.inference_mode(), fx_config.patch(use_duck_shape=False):  # (as the runtime's steps)
             for b in (2, 1):
                 sampling = AudioSampling(self.top_k_audio or card, torch.ones(b, 1, device=dev),
                                          torch.zeros(self.n_q, b, card, device=dev),
@@ -94,7 +102,7 @@ class KyutaiHead:
     def _decode(self, hidden: Tensor, text_out: Tensor, sampling: AudioSampling, n: int) -> Tensor:
         if not self._frozen:
             return decode_frame(self.lm, hidden, text_out, sampling, n, self.step)
-        with torch.compiler.set_stance("eager_on_recompile"):
+        with torch.compiler.set_stance(self.frozen_stance):
             return decode_frame(self.lm, hidden, text_out, sampling, n, self.step)
 
     def variant(self, steps: Tensor) -> int:

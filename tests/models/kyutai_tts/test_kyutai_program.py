@@ -293,17 +293,19 @@ def test_the_compiled_depth_step_gives_the_eager_tokens_and_compiles_only_at_loa
                     _backend(kyutai_n_q=4, runner_factory=emulated_graph_runner(), kyutai_compile=counter)):
         if len(runs):
             assert counter.frame_count == 4
+            backend.runner.head.frozen_stance = "fail_on_recompile"  # (serving never compiles again)
         rows = _record(backend)
         outs: list = []
         _add(backend, 1, "Compiled or not, the same.", dict(SAMPLED, seed=7, max_tokens=30))
         _add(backend, 2, "Greedy too.", {"temperature": 0.0, "max_tokens": 24})
+        _add(backend, 3, "And a third.", dict(SAMPLED, seed=9, max_tokens=20))
         for job in (1, 2):
             backend.push_text(job, "", final=True)
         _drain(backend, outs)
         assert not [o.error for o in outs if o.error is not None]
         runs.append(rows)
     assert counter.frame_count == 4
-    assert runs[0] == runs[1] and len(runs[0]) == 2
+    assert runs[0] == runs[1] and len(runs[0]) == 3
     torch._dynamo.reset()
 
 
