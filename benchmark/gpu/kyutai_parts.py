@@ -2,7 +2,7 @@
 voice cross-attention), the frame head (text sample, state machine, depth transformer, 24
 codebooks sampled) and the Mimi decode, each alone, with how many kernels each launches; and
 the head's two cheaper variants that a turn's first 18 steps run (text only, codebook 0 only),
-and the head with its depth-transformer step uncompiled (the A/B of `kyutai_compile`).
+and the head with its depth transformer's fused pieces uncompiled (the A/B of `kyutai_compile`).
 
     python -m benchmark.gpu.kyutai_parts --batch 1,64,128,256 [--kernels 128] [--json F]
     python -m benchmark.gpu.kyutai_parts --model kyutai-tts-tiny --device cpu --batch 2   # a smoke run
@@ -61,14 +61,14 @@ def _kernels(fn, top: int) -> tuple[int, str]:  # noqa: ANN001
 
 
 def _uncompiled(head: object, fn: Callable[[], object]) -> object:
-    """``fn()`` with the head's codebook step as plain PyTorch (``kyutai_compile`` off)."""
-    from models.kyutai_tts.depformer import codebook_step
+    """``fn()`` with the head's depth-transformer pieces as plain PyTorch (``kyutai_compile`` off)."""
+    from models.kyutai_tts.depformer import PLAIN
 
-    step, head.step = head.step, codebook_step  # type: ignore[attr-defined]
+    fns, head.fns = head.fns, PLAIN  # type: ignore[attr-defined]
     try:
         return fn()
     finally:
-        head.step = step  # type: ignore[attr-defined]
+        head.fns = fns  # type: ignore[attr-defined]
 
 
 def main(argv: list[str] | None = None) -> int:

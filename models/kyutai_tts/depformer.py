@@ -25,7 +25,7 @@ from models.kyutai_tts.config import LMConfig
 from models.kyutai_tts.layers import Gating, RMSNorm, rms_norm
 from models.kyutai_tts.sampling import top_k_draw
 
-__all__ = ["GREEDY", "AudioSampling", "DepformerLayers", "codebook_step", "decode_frame", "layer_weights"]
+__all__ = ["GREEDY", "PLAIN", "AudioSampling", "DepformerLayers", "FrameFns", "add_norm", "decode_frame", "silu_mul"]
 
 
 class _StepAttention(nn.Module):
@@ -67,82 +67,52 @@ class AudioSampling(NamedTuple):
 GREEDY = AudioSampling(0, None, None, None)
 
 
-class _Consts:
-    """Small index tensors a frame of ``n`` codebooks reads, made once per device (a codebook
-    step takes its position and weight set as tensors, so one compiled step serves them all)."""
+class FrameFns(NamedTuple):
+    """The fused pieces of a codebook step: plain PyTorch, or each through ``torch.compile``
+    (``FrameFns.compiled``). Between them the step is eager code captured in the CUDA graph:
+    matmuls, the cache write and the attention over the codebooks written so far."""
 
-    def __init__(self, n: int, schedule: list[int], device: torch.device) -> None:
-        self.index = [torch.tensor([k], device=device) for k in range(n)]  # each its own tensor
-        self.weight_set = [torch.tensor([w], device=device) for w in schedule]
-        seen = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        # [n]: 0 at the positions codebook k sees, -inf after them
-        self.bias = [torch.zeros(n, device=device).masked_fill(~seen[k], float("-inf")) for k in range(n)]
+    add_norm: Callable[..., tuple[Tensor, Tensor]]
+    silu_mul: Callable[[Tensor], Tensor]
+    draw: Callable[..., Tensor]
 
+    @classmethod
+    def compiled(cls, backend: str | Callable = "inductor") -> FrameFns:
+        # (inductor's pattern passes off: they would make a residual sum and its matmul one
+        # addmm, whose cuBLAS kernel took 9.1 us at one row on an H200, the matmul alone 4.6)
+        options = {"pattern_matcher": False} if backend == "inductor" else None
 
-def layer_weights(layer: _DepLayer, w: int) -> tuple[Tensor, ...]:
-    """Weight set ``w`` of one layer: (norm1, in_proj, out_proj, norm2, linear_in, linear_out)."""
-    a, g = layer.self_attn, layer.gating[w]
-    return (layer.norm1.alpha.reshape(-1), a.in_projs[w].weight, a.out_projs[w].weight,
-            layer.norm2.alpha.reshape(-1), g.linear_in.weight, g.linear_out.weight)
+        def wrap(f: Callable) -> Callable:
+            return torch.compile(f, dynamic=True, fullgraph=True, backend=backend, options=options)
 
-
-def _attend(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
-    """One query per row over the frame's positions: q [B, H, D], keys / values [B, H, n, D],
-    bias [n] (0 or -inf) -> [B, H, D], in float32 as SDPA accumulates, rounded once. Spelled
-    out (products and sums over at most 32 positions) so that the compiler fuses it into a
-    couple of kernels, where SDPA with a mask took one attention kernel and five for the mask."""
-    scores = (q.float()[:, :, None] * keys.float()).sum(-1) * q.shape[-1] ** -0.5 + bias  # [B, H, n]
-    return (scores.softmax(-1)[..., None] * values.float()).sum(-2).to(q.dtype)
+        return cls(wrap(add_norm), wrap(silu_mul), wrap(top_k_draw))
 
 
-def codebook_step(proj: Tensor, weight_set: Tensor, extra: Tensor | None, code: Tensor | None,
-                  table: Tensor | None, low_rank: Tensor | None, cache: Tensor, index: Tensor, bias: Tensor,
-                  weights: list[tuple[Tensor, ...]], out: Tensor, divisor: Tensor | None,
-                  noise: Tensor | None, top_p: Tensor | None, *, heads: int, eps: float, top_k: int) -> Tensor:
-    """One codebook of a frame through the depth transformer, sampled: every input a tensor
-    (no module, no closure), so that ``torch.compile`` makes one program for every codebook
-    after the first (docs/models/kyutai_tts.md, "Depth transformer").
+def add_norm(x: Tensor, delta: Tensor, alpha: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(x + delta, its ``rms_norm``): a residual sum and the next norm, one kernel compiled."""
+    y = x + delta
+    return y, rms_norm(y, alpha, eps)
 
-    proj [B, sets, d]: the temporal hidden projected for every weight set; ``weight_set``
-    [1]: this codebook's; ``extra`` [B, d] added to its input (codebook 0: the text
-    embedding), else the previous codebook's ``code`` [B] looked up in ``table`` (times
-    ``low_rank``); ``cache`` [layers, B, 2, H, n, D] keys and values, written at ``index``
-    [1] (positions not yet written are zero and masked: ``bias`` [n], -inf there); ``weights``: each
-    layer's ``layer_weights``; ``out`` the codebook's output projection [card, d];
-    ``divisor`` / ``noise`` [B, card] (this codebook's) / ``top_p``: ``top_k_draw``'s -> ids [B]."""
-    b = proj.shape[0]
-    x = proj.index_select(1, weight_set)[:, 0]
-    if extra is not None:
-        x = x + extra
-    else:
-        y = F.embedding(code, table)
-        x = x + (F.linear(y, low_rank) if low_rank is not None else y)
-    for layer, (norm1, w_in, w_out, norm2, g_in, g_out) in enumerate(weights):
-        qkv = F.linear(rms_norm(x, norm1, eps), w_in).view(b, 3, heads, -1)
-        c = cache[layer]
-        c.index_copy_(3, index, qkv[:, 1:, :, None])  # keys and values in one write
-        o = _attend(qkv[:, 0], c[:, 0], c[:, 1], bias)  # [B, H, D]
-        x = x + F.linear(o.reshape(b, -1), w_out)
-        h = F.linear(rms_norm(x, norm2, eps), g_in)
-        h = h.view(b, 2, -1)
-        x = x + F.linear(F.silu(h[:, 0]) * h[:, 1], g_out)
-    logits = F.linear(x, out)
-    return top_k_draw(logits, top_k, divisor, noise, top_p)
+
+def silu_mul(h: Tensor) -> Tensor:
+    """The gating's hidden [B, 2, F] -> silu(h[:, 0]) * h[:, 1]."""
+    return F.silu(h[:, 0]) * h[:, 1]
+
+
+PLAIN = FrameFns(add_norm, silu_mul, top_k_draw)
 
 
 def decode_frame(lm: nn.Module, hidden: Tensor, text_in: Tensor, sampling: AudioSampling, num_codebooks: int,
-                 step: Callable[..., Tensor] = codebook_step) -> Tensor:
+                 fns: FrameFns = PLAIN) -> Tensor:
     """One frame's codebooks: temporal hidden [B, dim] and the machine's text output [B] ->
-    codes [B, num_codebooks] (codebook k drawn with ``sampling.noise[k]``); ``step``:
-    ``codebook_step`` or its ``torch.compile``d form."""
+    codes [B, num_codebooks] (codebook k drawn with ``sampling.noise[k]``); ``fns``: the fused
+    pieces, plain or compiled."""
     c: LMConfig = lm.config.lm
     layers = lm.depformer.layers
     b = hidden.shape[0]
     first = layers[0]
-    # Positions not yet written are read (masked): zero, so that no stale NaN reaches a sum. As
-    # long as a whole frame's even when fewer codebooks are decoded (one shape: one compiled step).
-    n = max(lm.num_active, num_codebooks)
-    cache = hidden.new_zeros((len(layers), b, 2, first.heads, n, first.head_dim))
+    h, dh, eps = first.heads, first.head_dim, first.norm1.eps
+    caches = [hidden.new_empty((b, 2, h, num_codebooks, dh)) for _ in layers]  # only positions written are read
     # Every weight set the whole frame uses (``lm.num_active`` codebooks), even when fewer are
     # decoded: a shorter decode (step variant 2) computes codebook 0's input by the same matmul.
     sets = max(c.schedule(k) for k in range(max(lm.num_active, num_codebooks))) + 1
@@ -152,34 +122,33 @@ def decode_frame(lm: nn.Module, hidden: Tensor, text_in: Tensor, sampling: Audio
         proj = F.linear(hidden, joint[: sets * d]).view(b, sets, d)  # [B, sets, d]
     else:
         proj = torch.stack([lm.depformer_in[w](hidden) for w in range(sets)], dim=1)
-    consts = _frame_consts(lm, n, hidden.device)
-    weights = _weights(lm)
-    code: Tensor | None = None
-    codes = []
+    codes: list[Tensor] = []
     for k in range(num_codebooks):
         w = c.schedule(k)
-        emb = lm.depformer_emb[k - 1] if k else None
-        code = step(proj, consts.weight_set[k], lm.depformer_text_emb(text_in) if k == 0 else None, code,
-                    None if emb is None else emb.weight,
-                    None if emb is None or emb.low_rank is None else emb.low_rank.weight,
-                    cache, consts.index[k], consts.bias[k], weights[w], lm.linears[k].weight,
-                    sampling.divisor, None if sampling.noise is None else sampling.noise[k], sampling.top_p,
-                    heads=first.heads, eps=first.norm1.eps, top_k=sampling.top_k)
-        codes.append(code)
+        y = lm.depformer_text_emb(text_in) if k == 0 else _embed_code(lm.depformer_emb[k - 1], codes[-1])
+        x, normed = fns.add_norm(proj[:, w], y, first.norm1.alpha.reshape(-1), eps)
+        for i, (layer, cache) in enumerate(zip(layers, caches)):
+            a, g = layer.self_attn, layer.gating[w]
+            qkv = F.linear(normed, a.in_projs[w].weight).view(b, 3, h, dh)
+            cache[:, :, :, k] = qkv[:, 1:]  # keys and values in one copy
+            if k == 0:  # one key: its softmax weight is exactly 1
+                o = qkv[:, 2]
+            else:  # [B, H, 1, D]: the one query sees every key written so far, no mask
+                o = F.scaled_dot_product_attention(qkv[:, 0, :, None], cache[:, 0, :, : k + 1],
+                                                   cache[:, 1, :, : k + 1])
+            x, normed = fns.add_norm(x, F.linear(o.reshape(b, h * dh), a.out_projs[w].weight),
+                                     layer.norm2.alpha.reshape(-1), eps)
+            delta = F.linear(fns.silu_mul(F.linear(normed, g.linear_in.weight).view(b, 2, -1)), g.linear_out.weight)
+            if i + 1 < len(layers):  # the residual sum and the next layer's norm in one
+                x, normed = fns.add_norm(x, delta, layers[i + 1].norm1.alpha.reshape(-1), eps)
+            else:
+                x = x + delta
+        noise = None if sampling.noise is None else sampling.noise[k]
+        codes.append(fns.draw(lm.linears[k](x), sampling.top_k, sampling.divisor, noise, sampling.top_p))
     return torch.stack(codes, dim=1)
 
 
-def _frame_consts(lm: nn.Module, n: int, device: torch.device) -> _Consts:
-    cache = getattr(lm, "_frame_consts", None)
-    if cache is None:
-        cache = lm._frame_consts = {}
-    key = (n, str(device))
-    if key not in cache:
-        cache[key] = _Consts(n, [lm.config.lm.schedule(k) for k in range(n)], device)
-    return cache[key]
-
-
-def _weights(lm: nn.Module) -> list[list[tuple[Tensor, ...]]]:
-    """Each weight set's per-layer weights (made on each call: cheap, and never stale after a load)."""
-    return [[layer_weights(layer, w) for layer in lm.depformer.layers]
-            for w in range(lm.config.lm.num_depformer_weights)]
+def _embed_code(emb: nn.Module, code: Tensor) -> Tensor:
+    """``emb(code)`` for a sampled code (never -1, the zero input): no clamp and no zeroing."""
+    y = F.embedding(code, emb.weight)
+    return emb.low_rank(y) if emb.low_rank is not None else y

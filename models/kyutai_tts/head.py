@@ -12,7 +12,7 @@ from torch import Tensor
 
 from engine.llm.sampler import RowSettings, Sampler, gumbel_noise, gumbel_noise_salts
 from engine.llm.token_head import RowInputs
-from models.kyutai_tts.depformer import GREEDY, AudioSampling, codebook_step, decode_frame
+from models.kyutai_tts.depformer import GREEDY, PLAIN, AudioSampling, FrameFns, decode_frame
 from models.kyutai_tts.device_machine import DeviceMachine
 from models.kyutai_tts.lm import KyutaiLM, SlotInputs
 from models.kyutai_tts.machine import PAD
@@ -45,8 +45,8 @@ def sample_top_k(logits: Tensor, k: int, rs: RowSettings, noise: Tensor | None, 
 class KyutaiHead:
     def __init__(self, lm: KyutaiLM, slots: SlotInputs, machine: DeviceMachine, *, padding_bonus: float = 0.0,
                  compile: bool = False, compile_backend: str = "inductor") -> None:
-        """``compile``: the depth transformer's codebook step through ``torch.compile`` (dynamic
-        batch; ``compile_backend`` "aot_eager" in tests traces it without code generation)."""
+        """``compile``: the depth transformer's fused pieces through ``torch.compile`` (dynamic
+        batch; ``compile_backend``: tests trace them without code generation)."""
         cfg = lm.config
         self.lm, self.slots, self.machine = lm, slots, machine
         self.n_q = lm.num_active
@@ -63,11 +63,7 @@ class KyutaiHead:
         self.first_audio_step = int(self.silent_until.min())
         self.first_acoustic_step = int(self.silent_until[:, 1:].min()) if self.n_q > 1 else 1 << 62
         self.sampler = Sampler()
-        # (inductor's pattern passes off: they turn each residual sum and its matmul into one
-        # addmm, whose cuBLAS kernel took 9.1 us at one row on an H200, the matmul alone 4.6)
-        options = {"pattern_matcher": False} if compile_backend == "inductor" else None
-        self.step = (torch.compile(codebook_step, dynamic=True, fullgraph=True, backend=compile_backend,
-                                   options=options) if compile else codebook_step)
+        self.fns = FrameFns.compiled(compile_backend) if compile else PLAIN
         self._frozen = False  # (``warm_compiled``)
         self.frozen_stance = "eager_on_recompile"  # (tests: "fail_on_recompile")
 
@@ -77,11 +73,11 @@ class KyutaiHead:
     variants = (16, 16)
 
     def warm_compiled(self) -> None:
-        """Compile the codebook step now, for a batch of two or more rows (dynamic) and for one,
+        """Compile the depth transformer's pieces now, for two or more rows (dynamic) and for one,
         sampled (the captured steps always sample: greedy rows with zero noise); after this a
         call it was not compiled for (an eager step whose rows are all greedy) runs eagerly
         rather than compiling again in the middle of serving. No-op without ``compile``."""
-        if self.step is codebook_step or self._frozen:
+        if self.fns is PLAIN or self._frozen:
             return
         lm, dev = self.lm, self.slots.frame_in.device
         dtype = next(lm.parameters()).dtype
@@ -89,21 +85,21 @@ class KyutaiHead:
         from torch.fx.experimental import _config as fx_config
 
         # (no duck sizing: it would tie the batch to any other dimension of the same size at the
-        # trace, the cache's key/value dimension for a batch of 2, and compile again for others)
+        # trace, and compile again for every other batch)
         with torch.inference_mode(), fx_config.patch(use_duck_shape=False):  # (as the runtime's steps)
             for b in (2, 1):
                 sampling = AudioSampling(self.top_k_audio or card, torch.ones(b, 1, device=dev),
                                          torch.zeros(self.n_q, b, card, device=dev),
                                          torch.full((b, 1), float("inf"), device=dev))
                 hidden = torch.zeros(b, lm.config.lm.dim, dtype=dtype, device=dev)
-                decode_frame(lm, hidden, torch.zeros(b, dtype=torch.int64, device=dev), sampling, self.n_q, self.step)
+                decode_frame(lm, hidden, torch.zeros(b, dtype=torch.int64, device=dev), sampling, self.n_q, self.fns)
         self._frozen = True
 
     def _decode(self, hidden: Tensor, text_out: Tensor, sampling: AudioSampling, n: int) -> Tensor:
         if not self._frozen:
-            return decode_frame(self.lm, hidden, text_out, sampling, n, self.step)
+            return decode_frame(self.lm, hidden, text_out, sampling, n, self.fns)
         with torch.compiler.set_stance(self.frozen_stance):
-            return decode_frame(self.lm, hidden, text_out, sampling, n, self.step)
+            return decode_frame(self.lm, hidden, text_out, sampling, n, self.fns)
 
     def variant(self, steps: Tensor) -> int:
         """The step variant for decode rows at ``steps``: 1 while no row makes a code yet, 2

@@ -10,7 +10,7 @@ import torch
 from tests.models.kyutai_tts.kyutai_fixtures import JOBS, load_ours, voice_file
 
 from models.kyutai_tts.config import TTS_1_6B_EN_FR, KyutaiTTSConfig
-from models.kyutai_tts.depformer import GREEDY, AudioSampling, codebook_step, decode_frame
+from models.kyutai_tts.depformer import GREEDY, AudioSampling, decode_frame
 from models.kyutai_tts.device_machine import DeviceMachine
 from models.kyutai_tts.lm import KyutaiLM
 from models.kyutai_tts.loader import load_voice
@@ -87,25 +87,29 @@ def test_depth_step_is_batch_invariant(tts_ckpt, sampled):
     assert len(set(batch.flatten().tolist())) > 20  # (not one code everywhere)
 
 
-def test_the_compiled_codebook_step_gives_the_eager_codes_with_one_program(tts_ckpt):
-    """``codebook_step`` traces whole (fullgraph) and, traced with a dynamic batch, takes every
-    codebook after the first and every batch of two or more rows without tracing again: one
-    program for codebook 0, one for the others (one more each for a single row)."""
+def test_the_compiled_depth_pieces_give_the_eager_codes_with_one_trace_each(tts_ckpt):
+    """``FrameFns.compiled``: each fused piece traces whole (fullgraph) and, traced with a
+    dynamic batch, serves every codebook and every batch of two or more rows without tracing
+    again (a single row is one more trace each); the codes equal the plain pieces'."""
     from torch._dynamo.testing import CompileCounter
+
+    from models.kyutai_tts.depformer import FrameFns
 
     lm = load_ours(tts_ckpt).lm
     torch._dynamo.reset()
     counter = CompileCounter()
-    step = torch.compile(codebook_step, dynamic=True, fullgraph=True, backend=counter)
+    fns = FrameFns.compiled(counter)
+    traces = []
     with torch.no_grad():
         for b in (4, 3, 7):
             hidden, text, sampling = _frame_inputs(lm, b, True)
             want = decode_frame(lm, hidden, text, sampling, 32)
-            assert torch.equal(decode_frame(lm, hidden, text, sampling, 32, step), want)
-        assert counter.frame_count == 2
-        hidden, text, sampling = _frame_inputs(lm, 1, False)
-        assert torch.equal(decode_frame(lm, hidden, text, sampling, 32, step), decode_frame(lm, hidden, text, sampling, 32))
-    assert counter.frame_count <= 4
+            assert torch.equal(decode_frame(lm, hidden, text, sampling, 32, fns), want)
+            traces.append(counter.frame_count)
+        hidden, text, sampling = _frame_inputs(lm, 1, True)
+        assert torch.equal(decode_frame(lm, hidden, text, sampling, 32, fns), decode_frame(lm, hidden, text, sampling, 32))
+    # three pieces, the residual sum traced twice (its first input strided at a layer's start)
+    assert traces == [4, 4, 4] and counter.frame_count <= 8
     torch._dynamo.reset()
 
 

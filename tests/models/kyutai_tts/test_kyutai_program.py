@@ -280,8 +280,8 @@ def test_the_text_only_variant_runs_the_silent_steps_and_changes_no_token(async_
 def test_the_compiled_depth_step_gives_the_eager_tokens_and_compiles_only_at_load() -> None:
     """``kyutai_compile`` (here traced by a counting backend, no code generation): the served
     tokens on the emulated graph path equal the eager runner's, with streams sampling and
-    greedy; the step is compiled at load (four programs: codebook 0 and the others, for one row
-    and for more) and never while serving (an eager step of greedy rows runs uncompiled)."""
+    greedy; the depth transformer's pieces are compiled at load and never while serving (an
+    eager step of greedy rows runs them uncompiled)."""
     from torch._dynamo.testing import CompileCounter
 
     from tests.engine.llm.graph_emulation import emulated_graph_runner
@@ -292,7 +292,8 @@ def test_the_compiled_depth_step_gives_the_eager_tokens_and_compiles_only_at_loa
     for backend in (_backend(kyutai_n_q=4),
                     _backend(kyutai_n_q=4, runner_factory=emulated_graph_runner(), kyutai_compile=counter)):
         if len(runs):
-            assert counter.frame_count == 4
+            traced = counter.frame_count
+            assert traced >= 6
             backend.runner.head.frozen_stance = "fail_on_recompile"  # (serving never compiles again)
         rows = _record(backend)
         outs: list = []
@@ -304,7 +305,7 @@ def test_the_compiled_depth_step_gives_the_eager_tokens_and_compiles_only_at_loa
         _drain(backend, outs)
         assert not [o.error for o in outs if o.error is not None]
         runs.append(rows)
-    assert counter.frame_count == 4
+    assert counter.frame_count == traced
     assert runs[0] == runs[1] and len(runs[0]) == 3
     torch._dynamo.reset()
 
