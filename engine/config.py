@@ -65,6 +65,11 @@ class EngineConfig:
     # Under load, prompts not due within the decode horizon (segments generated ahead) wait
     # (engine.llm.scheduler hold_undue_prompts): "on" / "off" (default: not measured on a GPU).
     hold_undue_prompts: str = "off"
+    # Light steps (engine.llm.scheduler light_steps_max): a new sequence's first steps, which a
+    # head runs in a cheaper variant (TokenHead.light_until_step: Kyutai TTS), take up to this
+    # many steps in a row of their own while the other due rows can wait: -1 = auto (the
+    # program's default on CUDA: 0, none measured yet), 0 = off.
+    light_steps: int = -1
     # Launch each LM step before the previous one's tokens reach the host (engine.llm.backend
     # LMBackend.step), so the device does not wait for the host between steps: "auto" = on
     # with CUDA graphs (measured on an H200: 224 streams on time, 192 without), "on", "off".
@@ -167,6 +172,8 @@ class EngineConfig:
             raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_KERNELS)}")
         if self.hold_undue_prompts not in ("on", "off"):
             raise ValueError("hold_undue_prompts must be on or off")
+        if self.light_steps < -1:
+            raise ValueError("light_steps must be -1 (auto), 0 (off) or a step count")
         if self.prefill_batch_seqs < -1:
             raise ValueError("prefill_batch_seqs must be -1 (auto), 0 or a prompt count")
         if not 0 <= self.ramp_step_samples <= 8192:

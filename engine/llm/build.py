@@ -34,6 +34,18 @@ def _resolve_async(value: bool | str, runner: Any) -> bool:
     return value == "on" or (value == "auto" and bool(getattr(runner, "use_graphs", False)))
 
 
+def _light_steps(asked: int, head: Any, defaults: ServingDefaults, device: str) -> dict[str, Any]:
+    """The scheduler's light-step settings: ``asked`` (-1 = the program's default on CUDA, off
+    on the CPU), for a head that names its light steps (``light_until_step``) and captures its
+    cheaper variants up to some rows (``variants``); none for another head."""
+    until = int(getattr(head, "light_until_step", 0) or 0)
+    variants = tuple(getattr(head, "variants", ()) or ())
+    n = asked if asked >= 0 else (defaults.light_steps if device == "cuda" else 0)
+    if n <= 0 or until <= 0:
+        return {}
+    return {"light_steps_max": n, "light_until_step": until, "light_max_rows": min(variants) if variants else 16}
+
+
 def _prefill_batching(wait_s: float, batch_seqs: int, runner: Any,
                       defaults: ServingDefaults = ServingDefaults()) -> tuple[float, int]:
     """``prefill_wait_s`` and ``prefill_batch_seqs``, -1 resolved: with prefill graphs the
@@ -124,6 +136,7 @@ def build_lm_backend(
     decode_fill_seqs: int | None = None,
     prefill_wait_s: float | None = None,
     prefill_batch_seqs: int | None = None,
+    light_steps: int | None = None,
     hold_undue_prompts: bool | str | None = None,
     async_steps: bool | str | None = None,
     mixed_graphs: bool | str | None = None,
@@ -295,6 +308,7 @@ def build_lm_backend(
     fill = pick(decode_fill_seqs, "decode_fill_seqs", -1)
     if fill < 0:
         fill = defaults.decode_fill_seqs if device == "cuda" else 0
+    light = _light_steps(pick(light_steps, "light_steps", -1), loaded.head, defaults, device)
     prefill_wait, prefill_batch = _prefill_batching(pick(prefill_wait_s, "prefill_wait_s", -1.0),
                                                     pick(prefill_batch_seqs, "prefill_batch_seqs", -1), runner, defaults)
     scheduler = Scheduler(
@@ -312,6 +326,7 @@ def build_lm_backend(
             prefill_wait_s=prefill_wait,
             prefill_batch_seqs=prefill_batch,
             hold_undue_prompts=pick(hold_undue_prompts, "hold_undue_prompts", "off") in (True, "on"),
+            **light,
             whole_prompts=prefill_graphs is not None,
         ),
         PageAllocator(allocator_pages, page_size),

@@ -60,6 +60,15 @@ class SchedulerConfig:
     # within the decode horizon wait (a segment generated ahead is prefilled once it is due, or
     # when the step has room), so a burst of starts pays for the prompts that are needed now.
     hold_undue_prompts: bool = False
+    # Light steps (0 = off): rows that have generated fewer than light_until_step tokens (a head
+    # whose first steps of a sequence run a cheaper step variant: ``TokenHead.light_until_step``)
+    # take up to light_steps_max steps in a row of their own, at most light_max_rows of them,
+    # while every other due row's deadline is at least light_slack_s away; then a step of every
+    # due row. A new sequence's first steps then wait for cheap steps, not whole loaded ones.
+    light_steps_max: int = 0
+    light_until_step: int = 0
+    light_max_rows: int = 16
+    light_slack_s: float = 0.25
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -87,6 +96,10 @@ class SchedulerConfig:
             raise ValueError(f"prefill_wait_s must be >= 0, got {self.prefill_wait_s}")
         if self.prefill_batch_seqs < 0:
             raise ValueError(f"prefill_batch_seqs must be >= 0, got {self.prefill_batch_seqs}")
+        if self.light_steps_max < 0 or self.light_until_step < 0 or self.light_max_rows < 1:
+            raise ValueError("light_steps_max and light_until_step must be >= 0, light_max_rows >= 1")
+        if not self.light_slack_s >= 0.0:
+            raise ValueError(f"light_slack_s must be >= 0, got {self.light_slack_s}")
 
 
 @dataclass
@@ -135,6 +148,8 @@ class Scheduler:
         self._num_paused = 0  # running sequences with is_paused set
         self._num_growing = 0  # running sequences with a reservation (they take pages as they grow)
         self.num_page_waits = 0  # decodes skipped because no page was free to grow into
+        self._light_run = 0  # light steps in a row (``SchedulerConfig.light_steps_max``)
+        self.num_light_steps = 0  # steps that ran light rows alone
 
     def set_deadline(self, seq_id: int, deadline_s: float) -> Sequence | None:
         """When this sequence's next audio is needed (unknown or finished ids are ignored);
@@ -315,7 +330,11 @@ class Scheduler:
 
     def _pick_decodes(self, decodes: list[Sequence]) -> list[Sequence]:
         """This step's decode rows: the cap and the horizon, earliest deadlines first (stable:
-        ties keep running order)."""
+        ties keep running order); then, with light steps, the light rows alone when they may."""
+        rows = self._due_decodes(decodes)
+        return self._light_rows(rows) if self.config.light_steps_max else rows
+
+    def _due_decodes(self, decodes: list[Sequence]) -> list[Sequence]:
         cfg = self.config
         cap = cfg.max_num_decode_seqs or len(decodes)
         if cfg.decode_horizon_s <= 0.0:
@@ -330,6 +349,23 @@ class Scheduler:
         if len(rows) < keep:
             rows += ordered[due:no_deadline][:keep - len(rows)]
         return rows[:cap]
+
+    def _light_rows(self, rows: list[Sequence]) -> list[Sequence]:
+        """``rows``, or its light rows alone (``SchedulerConfig.light_steps_max``): when some
+        rows are light and some not, fewer than light_steps_max light steps ran just before,
+        and no other row is due within light_slack_s. Earliest deadlines first."""
+        cfg = self.config
+        light = [s for s in rows if s.num_output_tokens < cfg.light_until_step]
+        if (not light or len(light) == len(rows) or self._light_run >= cfg.light_steps_max
+                or min(s.deadline_s for s in rows if s.num_output_tokens >= cfg.light_until_step)
+                < self._clock() + cfg.light_slack_s):
+            self._light_run = 0
+            return rows
+        self._light_run += 1
+        self.num_light_steps += 1
+        if len(light) > cfg.light_max_rows:
+            light = sorted(light, key=_by_deadline)[:cfg.light_max_rows]
+        return light
 
     def _grow(self, decodes: list[Sequence]) -> list[Sequence]:
         """Give each decode row whose next token starts a page that page; rows that find none

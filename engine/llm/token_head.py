@@ -40,7 +40,9 @@ class TokenHead(Protocol):
     "Step variants"): ``variants`` (a tuple: variant ``i + 1`` is captured in the decode graphs
     up to ``variants[i]`` rows), ``variant(steps)`` (host side: the variant for decode rows that
     have generated ``steps`` (int64 [B]) so far, 0 for the full step) and ``sample(..., variant=v)``.
-    A variant must give exactly the tokens of variant 0 for the rows it is chosen for."""
+    A variant must give exactly the tokens of variant 0 for the rows it is chosen for. With
+    them, ``light_until_step`` (int): a row that has generated fewer tokens runs a variant, so
+    the scheduler may give such rows steps of their own (``SchedulerConfig.light_steps_max``)."""
 
     num_columns: int  # tokens sampled per row (1, or the codebooks of a frame)
 

@@ -62,6 +62,8 @@ class KyutaiHead:
         # alone. The codes they leave out are discarded by the full step too.
         self.first_audio_step = int(self.silent_until.min())
         self.first_acoustic_step = int(self.silent_until[:, 1:].min()) if self.n_q > 1 else 1 << 62
+        # Rows before it run a cheaper variant: the scheduler may give them light steps of their own.
+        self.light_until_step = self.first_acoustic_step if self.n_q > 1 else self.first_audio_step
         self.sampler = Sampler()
         self.fns = FrameFns.compiled(compile_backend) if compile else PLAIN
         self._frozen = False  # (``warm_compiled``)

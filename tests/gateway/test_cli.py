@@ -209,6 +209,29 @@ def test_a_bad_admission_setting_is_a_one_line_error(no_serving: None, capsys: p
     assert "decode_cap_budget must be in [0, 1]" in capsys.readouterr().err
 
 
+def test_light_steps_map_onto_the_engine_and_its_scheduler(no_serving: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """--light-steps N becomes EngineConfig.light_steps (default -1: the program's, off) and,
+    for a head that names its light steps, the scheduler's; a negative one exits 2."""
+    from engine.llm.build import _light_steps
+    from engine.llm.program import ServingDefaults
+
+    _, engine = cli.configs_from_args(cli.build_parser().parse_args(["serve", "--model", "synthetic", "--light-steps", "4"]))
+    assert engine.light_steps == 4
+    _, default = cli.configs_from_args(cli.build_parser().parse_args(["serve", "--model", "synthetic"]))
+    assert default.light_steps == -1
+
+    class Head:
+        light_until_step, variants = 18, (16, 12)
+
+    assert _light_steps(4, Head(), ServingDefaults(), "cuda") == {
+        "light_steps_max": 4, "light_until_step": 18, "light_max_rows": 12}
+    assert _light_steps(-1, Head(), ServingDefaults(), "cuda") == {}  # no program default yet
+    assert _light_steps(-1, Head(), ServingDefaults(light_steps=2), "cpu") == {}  # auto: off on the CPU
+    assert _light_steps(4, object(), ServingDefaults(), "cuda") == {}  # a head without light steps
+    assert cli.main(["serve", "--model", "synthetic", "--light-steps", "-2"]) == 2
+    assert "light_steps must be" in capsys.readouterr().err
+
+
 def _health(server: VoxgateServer) -> tuple[int, dict[str, Any]]:
     try:
         with urllib.request.urlopen(server.base_url + "health", timeout=10) as r:

@@ -344,3 +344,46 @@ def test_hold_undue_prompts_keeps_segments_ahead_out_of_busy_steps_until_due():
     s.add(_seq(1, 3, max_tokens=40))
     s.set_deadline(1, 109.0)
     assert prompts(_run_step(s)) == [1]
+
+
+def test_light_rows_take_steps_of_their_own_while_the_others_can_wait():
+    """Light steps: rows below ``light_until_step`` tokens run alone (earliest deadlines first,
+    at most ``light_max_rows``) for up to ``light_steps_max`` steps in a row, then a step of
+    every due row; never while another due row's deadline is within ``light_slack_s``; rows
+    all light, or none, make ordinary steps; off by default."""
+    now = [100.0]
+    cfg = dict(max_num_seqs=8, max_num_batched_tokens=32, max_model_len=64, max_waiting=8,
+               decode_horizon_s=1.0, decode_fill_seqs=8)
+    s = Scheduler(SchedulerConfig(**cfg, light_steps_max=2, light_until_step=3, light_max_rows=2, light_slack_s=0.25),
+                  PageAllocator(128, 4), clock=lambda: now[0])
+    for i in (0, 1):
+        s.add(_seq(i, 2, max_tokens=40))
+    for _ in range(3):
+        assert [q.seq_id for q in _run_step(s).seqs] == [0, 1]  # all full (or all light): ordinary
+    s.set_deadline(0, 100.9)
+    s.set_deadline(1, 100.8)
+    for i in (2, 3, 4):
+        s.add(_seq(i, 2, max_tokens=40))
+    assert sorted(q.seq_id for q in _run_step(s).seqs) == [0, 1, 2, 3, 4]  # 0, 1 decode; the prefills
+    for i, due in ((2, 100.1), (3, 100.05), (4, 100.2)):
+        s.set_deadline(i, due)
+    picked = [[q.seq_id for q in _run_step(s).seqs] for _ in range(3)]
+    # two light steps (3 and 2, the earliest two of three light rows), then every row
+    assert picked == [[3, 2], [3, 2], [0, 1, 2, 3, 4]]
+    s.set_deadline(2, 100.7)  # 2 and 3 have 3 tokens now (full rows); their audio grew
+    s.set_deadline(3, 100.6)
+    assert [q.seq_id for q in _run_step(s).seqs] == [4]  # 4 (2 tokens) alone
+    s.add(_seq(5, 2, max_tokens=40))
+    assert sorted(q.seq_id for q in _run_step(s).seqs) == [0, 1, 2, 3, 4, 5]  # none light; 5's prefill
+    s.set_deadline(5, 100.05)
+    s.set_deadline(1, 100.1)  # a full row due within the slack: no light step
+    assert sorted(q.seq_id for q in _run_step(s).seqs) == [0, 1, 2, 3, 4, 5]
+    s.set_deadline(1, 100.8)
+    s.set_deadline(4, 100.5)
+    assert [q.seq_id for q in _run_step(s).seqs] == [5]
+    assert s.num_light_steps == 4
+    off = Scheduler(SchedulerConfig(**cfg), PageAllocator(128, 4), clock=lambda: now[0])
+    assert off.config.light_steps_max == 0
+    for bad in ({"light_steps_max": -1}, {"light_max_rows": 0}, {"light_slack_s": float("nan")}):
+        with pytest.raises(ValueError):
+            SchedulerConfig(**bad)

@@ -277,6 +277,44 @@ def test_the_text_only_variant_runs_the_silent_steps_and_changes_no_token(async_
     assert decodes[first + acoustic - silent:][:30] == ["decode"] * 30
 
 
+@pytest.mark.parametrize("async_steps", [False, True], ids=["sync", "async-steps"])
+def test_light_steps_run_a_new_turn_in_its_cheap_variants_beside_a_speaking_one(async_steps: bool) -> None:
+    """``light_steps``: while one stream makes audio (full steps), a second stream's first steps
+    (text only, then codebook 0) run in steps of their own, replaying the head's cheaper
+    variants, at most 3 in a row between full steps; the tokens equal the eager runner's."""
+    from tests.engine.llm.graph_emulation import emulated_graph_runner
+
+    record: list[str] = []
+    runners: list = []
+    runs = []
+    for backend in (_backend(kyutai_n_q=4),
+                    _backend(kyutai_n_q=4, runner_factory=emulated_graph_runner(record=record, runners=runners),
+                             async_steps=async_steps, light_steps=3)):
+        rows = _record(backend)
+        outs: list = []
+        _add(backend, 1, "Alone at first, then with company.", dict(SAMPLED, seed=41, max_tokens=40))
+        backend.push_text(1, "", final=True)
+        for _ in range(25):
+            outs.extend(backend.step())
+        mark = len(record)
+        _add(backend, 2, "The second one joins.", dict(SAMPLED, seed=42, max_tokens=30))
+        backend.push_text(2, "", final=True)
+        _drain(backend, outs)
+        assert not [o.error for o in outs if o.error is not None]
+        runs.append(rows)
+    assert runs[0] == runs[1]
+    head = runners[0].head
+    assert backend.scheduler.config.light_until_step == head.light_until_step == head.first_acoustic_step
+    after = [r for r in record[mark:] if r.startswith("decode")][: head.first_acoustic_step + 10]
+    light = [r for r in after if r in ("decode:1", "decode:2")]
+    assert len(light) >= head.first_acoustic_step - 4  # the second stream's first steps, nearly all light
+    run = 0
+    for r in after:  # never more than 3 light steps in a row
+        run = run + 1 if r in ("decode:1", "decode:2") else 0
+        assert run <= 3
+    assert backend.scheduler.num_light_steps >= len(light)
+
+
 def test_the_compiled_depth_step_gives_the_eager_tokens_and_compiles_only_at_load() -> None:
     """``kyutai_compile`` (here traced by a counting backend, no code generation): the served
     tokens on the emulated graph path equal the eager runner's, with streams sampling and
