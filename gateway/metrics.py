@@ -76,8 +76,8 @@ class GatewayMetrics:
         self.engine_totals = Gauge(
             "voxgate_engine_totals",
             "Engine counters since the engine (re)started, by name: steps and busy_s (seconds in "
-            "steps) from its loop; lm_steps, decode_rows, deferred_decodes, prefill_rows and "
-            "prefill_tokens from the LM backend; gc_collections, gc_full_collections, gc_pause_s "
+            "steps) from its loop; lm_steps, decode_rows, deferred_decodes, prefill_rows, "
+            "prefill_tokens, light_steps and light_rows from the LM backend; gc_collections, gc_full_collections, gc_pause_s "
             "(all collections' pauses), gc_max_pause_s and gc_frozen_objects from the engine "
             "process's garbage collector. Rates of these give rows per step and step time. "
             "Summed over the serving engines.",

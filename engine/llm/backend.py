@@ -46,7 +46,7 @@ class LMBackend:
         self._t_step = 0.0  # when the call that launched ``_running`` began
         # Counters since start (``totals``; the engine's Stats carry them to the gateway's metrics)
         self._totals = dict.fromkeys(("lm_steps", "decode_rows", "deferred_decodes", "prefill_steps",
-                                      "prefill_rows", "prefill_tokens"), 0)
+                                      "prefill_rows", "prefill_tokens", "light_steps", "light_rows"), 0)
         self._closed = False
         # Input streaming (``Program.input_streaming``): a job is one turn whose text arrives
         # while it speaks; the program chooses each decode row's input (``next_input``).
@@ -170,8 +170,10 @@ class LMBackend:
 
     def step_counts(self) -> tuple[int, int]:
         """Decode rows and prompt tokens launched since start: the engine loop pairs each
-        step's share with the step's time (``engine.admission``)."""
-        return self._totals["decode_rows"], self._totals["prefill_tokens"]
+        step's share with the step's time (``engine.admission``). Light steps' rows are left
+        out: a few rows in a cheap step variant are not what a row costs in a whole step (a
+        light step without prompts is then no sample at all)."""
+        return self._totals["decode_rows"] - self._totals["light_rows"], self._totals["prefill_tokens"]
 
     @property
     def max_decode_rows(self) -> int:
@@ -203,6 +205,9 @@ class LMBackend:
         t["prefill_rows"] += batch.num_seqs - batch.num_decode_seqs
         t["prefill_steps"] += batch.num_seqs > batch.num_decode_seqs
         t["prefill_tokens"] += batch.num_tokens - batch.num_decode_seqs
+        if batch.is_light:
+            t["light_steps"] += 1
+            t["light_rows"] += batch.num_decode_seqs
 
     def has_work(self) -> bool:
         return (bool(self._pending) or self._running is not None or self._inflight is not None

@@ -114,6 +114,7 @@ class ScheduledBatch:
     is_sampled: list[bool]
     num_decode_seqs: int
     num_deferred_decodes: int = 0  # decodes that skipped this step (cap, horizon)
+    is_light: bool = False  # its decode rows are light rows alone (``SchedulerConfig.light_steps_max``)
     output_index: list[int] = field(default_factory=list)  # per row, its output id's index (advance)
 
     @property
@@ -326,7 +327,7 @@ class Scheduler:
             budget -= n
         sampled = [s.num_computed_tokens + n == s.num_tokens for s, n in zip(seqs, counts)]
         return ScheduledBatch(seqs, counts, sampled, num_decode_seqs=len(decodes),
-                              num_deferred_decodes=len(ready) - len(decodes))
+                              num_deferred_decodes=len(ready) - len(decodes), is_light=self._light_run > 0)
 
     def _pick_decodes(self, decodes: list[Sequence]) -> list[Sequence]:
         """This step's decode rows: the cap and the horizon, earliest deadlines first (stable:

@@ -313,6 +313,10 @@ def test_light_steps_run_a_new_turn_in_its_cheap_variants_beside_a_speaking_one(
         run = run + 1 if r in ("decode:1", "decode:2") else 0
         assert run <= 3
     assert backend.scheduler.num_light_steps >= len(light)
+    totals = backend.totals()
+    assert totals["light_steps"] == backend.scheduler.num_light_steps and totals["light_rows"] >= totals["light_steps"]
+    # admission's step samples leave the light rows out (a light step alone is no sample)
+    assert backend.step_counts()[0] == totals["decode_rows"] - totals["light_rows"]
 
 
 def test_the_compiled_depth_step_gives_the_eager_tokens_and_compiles_only_at_load() -> None:
