@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,23 @@ def _run(backend: Any, pieces: list[str], options: dict[str, Any], *, job: int =
     _drain(backend, outs)
     assert not [o.error for o in outs if o.error is not None]
     return outs, rows.get(job, [])
+
+
+def _alone_then_joined(backend: Any, on_join: Callable[[], None] = lambda: None) -> dict:
+    """Stream 1 alone for 25 steps, then stream 2 joins (``on_join`` called first); both run to
+    their end: the rows each made."""
+    rows = _record(backend)
+    outs: list = []
+    _add(backend, 1, "Alone at first, then with company.", dict(SAMPLED, seed=41, max_tokens=40))
+    backend.push_text(1, "", final=True)
+    for _ in range(25):
+        outs.extend(backend.step())
+    on_join()
+    _add(backend, 2, "The second one joins.", dict(SAMPLED, seed=42, max_tokens=30))
+    backend.push_text(2, "", final=True)
+    _drain(backend, outs)
+    assert not [o.error for o in outs if o.error is not None]
+    return rows
 
 
 def _words(text: str) -> list[str]:
@@ -251,17 +269,7 @@ def test_the_text_only_variant_runs_the_silent_steps_and_changes_no_token(async_
 
     runs = []
     for backend in (_backend(kyutai_n_q=4), _backend(kyutai_n_q=4, runner_factory=factory, async_steps=async_steps)):
-        rows = _record(backend)
-        outs: list = []
-        _add(backend, 1, "Alone at first, then with company.", dict(SAMPLED, seed=41, max_tokens=40))
-        backend.push_text(1, "", final=True)
-        for _ in range(25):
-            outs.extend(backend.step())
-        _add(backend, 2, "The second one joins.", dict(SAMPLED, seed=42, max_tokens=30))
-        backend.push_text(2, "", final=True)
-        _drain(backend, outs)
-        assert not [o.error for o in outs if o.error is not None]
-        runs.append(rows)
+        runs.append(_alone_then_joined(backend))
     assert runs[0] == runs[1]
     head = runners[0].head
     silent, acoustic = head.first_audio_step, head.first_acoustic_step
@@ -287,25 +295,15 @@ def test_light_steps_run_a_new_turn_in_its_cheap_variants_beside_a_speaking_one(
     record: list[str] = []
     runners: list = []
     runs = []
+    marks: list[int] = []
     for backend in (_backend(kyutai_n_q=4),
                     _backend(kyutai_n_q=4, runner_factory=emulated_graph_runner(record=record, runners=runners),
                              async_steps=async_steps, light_steps=3)):
-        rows = _record(backend)
-        outs: list = []
-        _add(backend, 1, "Alone at first, then with company.", dict(SAMPLED, seed=41, max_tokens=40))
-        backend.push_text(1, "", final=True)
-        for _ in range(25):
-            outs.extend(backend.step())
-        mark = len(record)
-        _add(backend, 2, "The second one joins.", dict(SAMPLED, seed=42, max_tokens=30))
-        backend.push_text(2, "", final=True)
-        _drain(backend, outs)
-        assert not [o.error for o in outs if o.error is not None]
-        runs.append(rows)
+        runs.append(_alone_then_joined(backend, on_join=lambda: marks.append(len(record))))  # noqa: B023
     assert runs[0] == runs[1]
     head = runners[0].head
     assert backend.scheduler.config.light_until_step == head.light_until_step == head.first_acoustic_step
-    after = [r for r in record[mark:] if r.startswith("decode")][: head.first_acoustic_step + 10]
+    after = [r for r in record[marks[-1]:] if r.startswith("decode")][: head.first_acoustic_step + 10]
     light = [r for r in after if r in ("decode:1", "decode:2")]
     assert len(light) >= head.first_acoustic_step - 4  # the second stream's first steps, nearly all light
     run = 0
