@@ -175,7 +175,9 @@ def build_lm_backend(
     CUDA, off on the CPU. ``prefill_wait_s`` / ``prefill_batch_seqs``: under load, fresh prompts
     wait that long (once due) for that many to share one prefill pass; -1 (default) = the
     program's defaults with prefill graphs, off otherwise and with mixed graphs
-    (``_prefill_batching``). ``hold_undue_prompts`` (True / "on"; default off): under load,
+    (``_prefill_batching``). ``light_steps``: a new sequence's cheap first steps (the head's
+    ``light_until_step``) take up to that many steps in a row of their own (``_light_steps``; -1 =
+    the program's default on CUDA, 0 = off). ``hold_undue_prompts`` (True / "on"; default off): under load,
     prompts not due within the horizon wait. ``async_steps``: launch each step before the
     previous one's tokens reach the host (``LMBackend``): True / "on", False / "off", or "auto"
     (default): on when the runner replays CUDA graphs. ``mixed_graphs``: "on" / True captures

@@ -6,10 +6,11 @@ A frame runs up to 32 codebook steps in sequence, each a few small kernels: on t
 is bound by the number of kernels, not by FLOPs, so each codebook step launches as few as it
 can: one cache write for both keys and values (a cache [B, 2, H, K, D], left unfilled past the
 codebooks written: they are never read), attention without a mask (the one query sees every
-key written so far; none at all for the first codebook, whose one key has weight 1), fused
-RMSNorm, the embedding of a sampled code without the handling of a zero (-1) input (a sample is
-never one), and the input projection of every weight set in one matmul a frame
-(``KyutaiLM.join_depformer_in``).
+key written so far; none at all for the first codebook, whose one key has weight 1), the
+embedding of a sampled code without the handling of a zero (-1) input (a sample is never one),
+the input projection of every weight set in one matmul a frame (``KyutaiLM.join_depformer_in``),
+and three fused pieces (``FrameFns``: a residual sum with the next norm, the gating's silu-mul,
+the top-k draw), compiled by ``torch.compile`` when the head is (``kyutai_compile``).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ the program undelays them (docs/models/kyutai_tts.md, "The head").
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -44,7 +46,7 @@ def sample_top_k(logits: Tensor, k: int, rs: RowSettings, noise: Tensor | None, 
 
 class KyutaiHead:
     def __init__(self, lm: KyutaiLM, slots: SlotInputs, machine: DeviceMachine, *, padding_bonus: float = 0.0,
-                 compile: bool = False, compile_backend: str = "inductor") -> None:
+                 compile: bool = False, compile_backend: str | Callable = "inductor") -> None:
         """``compile``: the depth transformer's fused pieces through ``torch.compile`` (dynamic
         batch; ``compile_backend``: tests trace them without code generation)."""
         cfg = lm.config

@@ -25,7 +25,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     Base checkpoints. Setting (``ctx.setting``): ``codec_layout`` ("nwc": the codec step on
     channels-last activations, models/qwen3_tts/codec_nwc.py; "ncw": the reference's modules;
     the same audio), ``codec_compile`` (that step's SnakeBeta fused by ``torch.compile``) and
-    ``codec_conv`` ("gemm", its default, or "cudnn": its dense convolutions' kind). Defaults:
+    ``codec_conv`` ("gemm", its default, "cudnn" or "triton": its dense convolutions' kind). Defaults:
     ``nwc`` compiled on CUDA (``CODEC_DEFAULTS_CUDA``), ``ncw`` on the CPU."""
     from engine.llm.fp8 import quantise_decoder_linears_
     from models.qwen3_tts.codec_nwc import make_codec_stream

@@ -26,15 +26,16 @@ from models.qwen3_tts.codec import Codec, CodecStream, _CausalConv, _CausalTrans
 __all__ = ["CodecStreamNWC", "CODEC_CONVS", "CODEC_LAYOUTS", "compiled_snake", "make_codec_stream", "snake"]
 
 CODEC_LAYOUTS = ("ncw", "nwc")
-CODEC_CONVS = ("gemm", "cudnn")
+CODEC_CONVS = ("gemm", "cudnn", "triton")
 
 log = logging.getLogger(__name__)
 
 
 class _Dense:
     """A causal conv (dense or depthwise) for [N, n, C] with its state [S, ctx, C_in]; a dense one
-    with k > 1 as a GEMM of its gathered taps (``conv="gemm"``) or as cuDNN's convolution on the
-    channels-last view of the same memory (``conv="cudnn"``: an implicit GEMM, no gathered copy)."""
+    with k > 1 as a GEMM of its gathered taps (``conv="gemm"``), as cuDNN's convolution on the
+    channels-last view of the same memory (``conv="cudnn"``: an implicit GEMM, no gathered copy)
+    or as our Triton implicit GEMM over the same memory (``conv="triton"``, ``conv_triton``)."""
 
     def __init__(self, m: _CausalConv, state: Tensor | None, dtype: torch.dtype, conv: str = "gemm") -> None:
         w = m.conv.weight.detach().to(dtype)  # [C_out, C_in / groups, k]
@@ -43,7 +44,12 @@ class _Dense:
         self.bias = None if m.conv.bias is None else m.conv.bias.detach().to(dtype)
         self.depthwise = m.conv.groups > 1
         self.cudnn = conv == "cudnn" and not self.depthwise and k > 1
-        if self.cudnn:  # [C_out, C_in, 1, k] channels-last: the layout of [N, 1, n, C] activations
+        self.triton = conv == "triton" and not self.depthwise and k > 1
+        if self.triton:
+            from models.qwen3_tts.conv_triton import taps_weight
+
+            self.weight = taps_weight(w)  # [k * C_in, C_out]
+        elif self.cudnn:  # [C_out, C_in, 1, k] channels-last: the layout of [N, 1, n, C] activations
             self.weight = w[:, :, None, :].contiguous(memory_format=torch.channels_last)
         elif self.depthwise:
             if m.conv.groups != c_out or c_in_g != 1:
@@ -61,6 +67,10 @@ class _Dense:
         n, d = x.shape[1], self.dilation
         full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, ctx + n, C]
         state.index_copy_(0, slots, full[:, -self.context:])
+        if self.triton:  # the taps read where they lie: no gathered copy
+            from models.qwen3_tts.conv_triton import conv_taps
+
+            return conv_taps(full, self.weight, self.bias, n, d)
         if self.cudnn:  # [N, L, C] is [N, C, 1, L] in channels-last memory: no copy either way
             y = F.conv2d(full.permute(0, 2, 1).unsqueeze(2), self.weight, self.bias, dilation=(1, d))
             return y.squeeze(2).permute(0, 2, 1)  # [N, n, C_out] (contiguous: channels-last out)
@@ -152,6 +162,13 @@ class _SnakeNWC:
         return self.fn(x, self.alpha, self.inv_beta)
 
 
+def _interpreting() -> bool:
+    """Triton's CPU interpreter is on (TRITON_INTERPRET=1: the tests run the kernel on the CPU)."""
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
 class CodecStreamNWC(CodecStream):
     """``CodecStream``'s interface and per-slot state (conv states time-major, [S, ctx, C]),
     each step on activations [N, T, C] (module docstring). Equal to ``CodecStream`` and to
@@ -164,10 +181,12 @@ class CodecStreamNWC(CodecStream):
         """``compile``: SnakeBeta through ``torch.compile`` (dynamic shapes: one fused kernel for
         every layer and batch size; compiled here, so before any graph capture; where it cannot
         compile, ``compile_fallback`` runs it unfused: ``compiled_snake``).
-        ``conv``: the dense convolutions as GEMMs of their gathered taps ("gemm") or cuDNN's
-        channels-last convolution ("cudnn")."""
+        ``conv``: the dense convolutions as GEMMs of their gathered taps ("gemm"), cuDNN's
+        channels-last convolution ("cudnn") or the Triton implicit GEMM ("triton": CUDA only)."""
         if conv not in CODEC_CONVS:
             raise ValueError(f"codec_conv must be one of {', '.join(CODEC_CONVS)}, got {conv!r}")
+        if conv == "triton" and torch.device(device or "cpu").type != "cuda" and not _interpreting():
+            raise ValueError("codec_conv=triton needs a CUDA device (its kernel is Triton's)")
         super().__init__(codec, max_slots, device=device, dtype=dtype)
         dt = self.k[0].dtype
         fn = (compiled_snake(compile_backend, self.k[0].device, dt, fallback=compile_fallback)

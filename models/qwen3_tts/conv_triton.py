@@ -1,0 +1,87 @@
+"""A causal dense convolution of ``k`` taps on channels-last activations as one implicit GEMM in
+Triton (``codec_conv=triton``; docs/models/qwen3_tts.md, "Codec").
+
+The channels-last step (``codec_nwc._Dense``) makes a dense convolution one GEMM of its
+gathered taps: a [N, n, k * C_in] copy of the inputs, written and read again, seven times the
+inputs' size for the decoder's seven-tap convolutions, whose high-rate stages run hundreds of
+samples a frame per row. This kernel reads each tap where it lies, in the [N, ctx + n, C_in]
+tensor of the state's context followed by the new inputs: row ``(i, t)``'s column ``j * C_in +
+c`` is ``full[i, t + j * dilation, c]``, so a block of columns within one tap is a contiguous run
+of channels. Float32 accumulation; the bias added before the one rounding to the output dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["conv_taps", "taps_weight"]
+
+_KERNEL = None
+
+
+def taps_weight(weight: Tensor) -> Tensor:
+    """A conv weight [C_out, C_in, k] -> the kernel's [k * C_in, C_out] (tap-major rows)."""
+    c_out, c_in, k = weight.shape
+    return weight.permute(2, 1, 0).reshape(k * c_in, c_out).contiguous()
+
+
+def conv_taps(full: Tensor, weight: Tensor, bias: Tensor | None, n: int, dilation: int) -> Tensor:
+    """full [N, L, C_in] (contiguous; L = (k - 1) * dilation + n), weight [k * C_in, C_out]
+    (``taps_weight``), bias [C_out] or None -> [N, n, C_out] in ``full``'s dtype."""
+    import triton
+
+    kernel = _kernel()
+    batch, length, c_in = full.shape
+    k_total, c_out = weight.shape
+    if not full.is_contiguous() or not weight.is_contiguous():
+        raise ValueError("conv_taps needs contiguous inputs")
+    if k_total % c_in or (k_total // c_in - 1) * dilation + n != length:
+        raise ValueError(f"conv_taps: {k_total // c_in} taps of dilation {dilation} and {n} outputs "
+                         f"do not fit {length} inputs")
+    out = torch.empty(batch, n, c_out, dtype=full.dtype, device=full.device)
+    m = batch * n
+    block_m, block_n = 64, (32 if c_out <= 32 else 64 if c_out <= 64 else 128)
+    block_k = 64 if c_in % 64 == 0 else 32 if c_in % 32 == 0 else 16
+    grid = (triton.cdiv(m, block_m), triton.cdiv(c_out, block_n))
+    kernel[grid](full, weight, bias if bias is not None else weight, out, m, n, length, c_in, c_out, k_total,
+                 dilation, HAS_BIAS=bias is not None,
+                 IEEE=full.dtype == torch.float32,  # (float32 as torch computes it: no TF32)
+                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4 if block_n < 128 else 8, num_stages=3)
+    return out
+
+
+def _kernel():  # noqa: ANN202  (a Triton JIT function)
+    """The kernel, made at first use (Triton is imported only where this path is asked for)."""
+    global _KERNEL
+    if _KERNEL is not None:
+        return _KERNEL
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def conv_taps_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, n, L, C_in, C_out, K, dil,
+                         HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # output rows (i, t)
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output channels
+        row = rm.to(tl.int64)
+        base = (row // n) * L * C_in + (row % n) * C_in  # offset of full[i, t, 0]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)  # columns: tap rk // C_in, channel rk % C_in
+            col = (rk // C_in) * dil * C_in + rk % C_in
+            a = tl.load(x_ptr + base[:, None] + col[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+            w = tl.load(w_ptr + rk[:, None] * C_out + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < C_out),
+                        other=0.0)
+            if IEEE:
+                acc += tl.dot(a, w, input_precision="ieee")
+            else:
+                acc += tl.dot(a, w)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=rn < C_out, other=0.0).to(tl.float32)[None, :]
+        out = y_ptr + rm.to(tl.int64)[:, None] * C_out + rn[None, :]
+        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < C_out))
+
+    _KERNEL = conv_taps_kernel
+    return _KERNEL

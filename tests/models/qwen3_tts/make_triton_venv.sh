@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds a virtual environment with Triton beside the CPU torch, for the tests that run the
+# Qwen3-TTS codec's Triton convolution (models/qwen3_tts/conv_triton.py) in Triton's CPU
+# interpreter (TRITON_INTERPRET=1; tests/models/qwen3_tts/test_conv_triton.py). A test tool only:
+# on a GPU host Triton comes with CUDA torch. Kept apart from the project's venv so that the
+# other tests run without Triton installed, as on a CPU-only install.
+#
+#   VOXGATE_TRITON_VENV  where the venv goes (default: <repo>/.venvs/triton)
+#
+# Idempotent: an existing venv that imports triton is left as it is.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../../.." && pwd)"
+venv="${VOXGATE_TRITON_VENV:-$repo/.venvs/triton}"
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import torch, triton" >/dev/null 2>&1; then
+  echo "triton venv ready: $venv"
+  exit 0
+fi
+python3 -m venv "$venv"
+"$venv/bin/pip" install -q torch==2.13.0
+"$venv/bin/pip" install -q "triton>=3.4" "numpy>=1.26"
+"$venv/bin/python" -c "import torch, triton" && echo "triton venv built: $venv"

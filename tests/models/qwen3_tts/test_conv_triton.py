@@ -1,0 +1,61 @@
+"""The Qwen3-TTS codec's Triton convolution (``codec_conv=triton``): run in Triton's CPU
+interpreter, in the venv ``make_triton_venv.sh`` builds (CI builds it), against torch's
+convolution and the channels-last step with gathered taps (itself tested against the reference
+in test_qwen3_codec.py); and refused without CUDA outside the interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+VENV = Path(os.environ.get("VOXGATE_TRITON_VENV", REPO / ".venvs" / "triton"))
+PYTHON = VENV / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    if not PYTHON.is_file():
+        pytest.skip(f"the Triton venv is absent ({PYTHON}); build it with tests/models/qwen3_tts/make_triton_venv.sh")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+    done = subprocess.run([str(PYTHON), str(HERE / "triton_run.py")], env=env, capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_triton_convolution_equals_torchs(interpreted: dict) -> None:
+    """Taps read in place equal ``F.conv1d`` over odd channel counts, dilations 1, 3 and 9, with
+    and without bias: float32 within 1e-6 relative, float16 within its rounding."""
+    errors = interpreted["kernel"]
+    assert len(errors) == 5
+    for case, err in errors.items():
+        assert err < (2e-3 if "float16" in case else 1e-6), (case, err)
+
+
+def test_the_codec_step_with_it_equals_the_step_with_gathered_taps(interpreted: dict) -> None:
+    """The channels-last codec step streamed over 12 frames with ``conv="triton"`` (every dense
+    convolution of more than one tap through the kernel) equals ``conv="gemm"`` within 1e-5
+    relative, on audio that is neither silent nor clipped."""
+    assert interpreted["triton_calls"] >= 12
+    assert interpreted["codec_finite"]
+    assert 1e-3 < interpreted["codec_std"] and interpreted["codec_peak"] < 0.99
+    assert interpreted["codec"] < 1e-5
+
+
+def test_without_cuda_it_is_refused_at_load() -> None:
+    """Outside the interpreter, a CPU codec with ``conv="triton"`` fails at load, naming CUDA."""
+    from models.qwen3_tts.codec import Codec
+    from models.qwen3_tts.codec_nwc import make_codec_stream
+    from models.qwen3_tts.config import TINY
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter is on in this process")
+    with pytest.raises(ValueError, match="CUDA"):
+        make_codec_stream(Codec(TINY.codec), 1, layout="nwc", conv="triton", device=torch.device("cpu"))

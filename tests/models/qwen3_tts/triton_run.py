@@ -1,0 +1,71 @@
+"""Run by tests/models/qwen3_tts/test_conv_triton.py in the Triton venv with TRITON_INTERPRET=1:
+the Triton convolution against torch's on the CPU, and the channels-last codec step with it
+against the same step with gathered taps. Prints one JSON object of the largest relative errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+
+assert os.environ.get("TRITON_INTERPRET") == "1"
+from models.qwen3_tts.codec import Codec  # noqa: E402
+from models.qwen3_tts.codec_nwc import make_codec_stream  # noqa: E402
+from models.qwen3_tts.config import TINY  # noqa: E402
+from models.qwen3_tts.conv_triton import conv_taps, taps_weight  # noqa: E402
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+out: dict = {"kernel": {}}
+g = torch.Generator().manual_seed(0)
+# (rows, outputs, C_in, C_out, taps, dilation, bias, dtype): odd channel counts, dilations of
+# the decoder's residual units, one tap block spanning two taps (C_in 24 < the block of 32)
+for case in [(3, 5, 24, 40, 7, 3, True, torch.float32), (2, 9, 64, 96, 7, 1, False, torch.float32),
+             (1, 4, 16, 8, 3, 9, True, torch.float32), (4, 70, 32, 200, 7, 1, True, torch.float32),
+             (2, 12, 32, 48, 7, 1, False, torch.float16)]:
+    n_rows, n, c_in, c_out, k, d, bias, dt = case
+    full = torch.randn(n_rows, (k - 1) * d + n, c_in, generator=g).to(dt)
+    w = torch.randn(c_out, c_in, k, generator=g).to(dt)
+    b = torch.randn(c_out, generator=g).to(dt) if bias else None
+    want = F.conv1d(full.float().transpose(1, 2), w.float(), None if b is None else b.float(), dilation=d).transpose(1, 2)
+    got = conv_taps(full, taps_weight(w), b, n, d)
+    assert got.dtype == dt and got.shape == want.shape
+    out["kernel"][str(case[:7] + (str(dt),))] = rel(got, want)
+
+torch.manual_seed(1)
+codec = Codec(TINY.codec)
+with torch.no_grad():
+    for p in codec.parameters():  # (random weights: a codec initialised with zero codebooks is silent)
+        p.normal_(0.0, 0.05)
+codec.eval()
+codes = torch.randint(0, TINY.codec.codebook_size, (12, TINY.codec.num_quantizers), generator=g)
+calls = [0]
+_taps = conv_taps
+
+
+def counted(*args: object, **kw: object) -> torch.Tensor:
+    calls[0] += 1
+    return _taps(*args, **kw)  # type: ignore[arg-type]
+
+
+import models.qwen3_tts.conv_triton as conv_triton  # noqa: E402
+
+conv_triton.conv_taps = counted
+pcm = {}
+with torch.no_grad():
+    for conv in ("gemm", "triton"):
+        stream = make_codec_stream(codec, 2, layout="nwc", conv=conv)
+        slots = torch.tensor([1])
+        stream.reset(slots)
+        pcm[conv] = torch.cat([stream.step(slots, codes[t:t + 1])[0] for t in range(len(codes))])
+out["codec"] = rel(pcm["triton"], pcm["gemm"])
+out["codec_peak"] = float(pcm["gemm"].abs().max())
+out["codec_finite"] = bool(torch.isfinite(pcm["triton"]).all())
+out["codec_std"] = float(pcm["gemm"].std())
+out["triton_calls"] = calls[0]
+print(json.dumps(out))
