@@ -91,7 +91,7 @@ class _Trans:
     input before it: one GEMM of [input before, input] against the stacked taps, the bias in its
     epilogue, its output already in time order."""
 
-    def __init__(self, m: _CausalTransConv, state: Tensor | None, dtype: torch.dtype) -> None:
+    def __init__(self, m: _CausalTransConv, state: Tensor | None, dtype: torch.dtype, conv: str = "gemm") -> None:
         w = m.conv.weight.detach().to(dtype)  # [C_in, C_out, K]
         c_in, c_out, _ = w.shape
         s = m.stride
@@ -106,6 +106,13 @@ class _Trans:
         bias = None if m.conv.bias is None else m.conv.bias.detach().to(dtype)
         self.bias = None if bias is None else bias.repeat(s)  # [s*C_out], per (q, out channel)
         self.state = state  # [S, 1, C_in] with kernel 2s, else None
+        # conv="triton": (before, now) are two taps of dilation 1 over [state, inputs], read in
+        # place by the Triton GEMM (conv_triton), not a two-fold copy side by side
+        self.taps = None
+        if conv == "triton" and self.context:
+            from models.qwen3_tts.conv_triton import taps_weight
+
+            self.taps = taps_weight(self.weight.view(s * c_out, 2, c_in).transpose(1, 2))  # [2*C_in, s*C_out]
 
     def __call__(self, x: Tensor, slots: Tensor) -> Tensor:
         if self.context:
@@ -113,6 +120,11 @@ class _Trans:
             assert state is not None
             full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, 1 + n, C_in]
             state.index_copy_(0, slots, full[:, -1:])
+            if self.taps is not None:
+                from models.qwen3_tts.conv_triton import conv_taps
+
+                out = conv_taps(full, self.taps, self.bias, x.shape[1], 1)  # [N, n, s*C_out]
+                return out.view(out.shape[0], -1, self.c_out)
             x = torch.cat((full[:, :-1], full[:, 1:]), dim=2)  # [N, n, 2*C_in]: (before, now)
         out = F.linear(x, self.weight, self.bias)  # [N, n, s*C_out]
         return out.view(out.shape[0], -1, self.c_out)  # [N, n*s, C_out]
@@ -201,7 +213,7 @@ class CodecStreamNWC(CodecStream):
             return _Dense(m, self._convs.get(id(m)), dt, conv)
 
         def trans(m: _CausalTransConv) -> _Trans:
-            return _Trans(m, self._tconvs.get(id(m)), dt)
+            return _Trans(m, self._tconvs.get(id(m)), dt, conv)
 
         q = cd.quantizer
         self._tables = [[layer._codebook.table().detach().to(dt) for layer in rvq.vq.layers]

@@ -41,7 +41,8 @@ def test_the_triton_convolution_equals_torchs(interpreted: dict) -> None:
 
 def test_the_codec_step_with_it_equals_the_step_with_gathered_taps(interpreted: dict) -> None:
     """The channels-last codec step streamed over 12 frames with ``conv="triton"`` (every dense
-    convolution of more than one tap through the kernel) equals ``conv="gemm"`` within 1e-5
+    convolution of more than one tap and every transposed one with a state through the kernel)
+    equals ``conv="gemm"`` within 1e-5
     relative, on audio that is neither silent nor clipped."""
     assert interpreted["triton_calls"] >= 12
     assert interpreted["codec_finite"]
