@@ -405,7 +405,8 @@ class EngineCore:
             return
         cfg = self.config
         now = self._clock()
-        if stream.t_first_audio is None:
+        first = stream.t_first_audio is None
+        if first:
             due = now + cfg.first_audio_budget_s  # not yet speaking: soon
         else:  # when the client's playback, started at the first audio, runs dry
             due = stream.t_first_audio + stream.samples / self.backend.info.sample_rate
@@ -414,7 +415,8 @@ class EngineCore:
             # stream that is behind needs its head's audio, not the next segment's (which is
             # held until the head ends), so its segment ahead does not compete with heads
             due = max(due, now) + cfg.lookahead_slack_s
-        self._set_deadline(job.job_id, due)
+        # (first: a target for the first audio, not the moment a playing client runs dry)
+        self._set_deadline(job.job_id, due, first_audio=first and job is stream.jobs[0])
 
     def _on_output(self, stream: _Stream, result: JobOutput) -> list[Message]:
         if result.error is not None:

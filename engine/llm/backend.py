@@ -147,10 +147,12 @@ class LMBackend:
         if self._inflight is not None:
             self._inflight.dropped.add(job_id)  # its audio on the way is discarded
 
-    def set_deadline(self, job_id: int, deadline_s: float) -> None:
+    def set_deadline(self, job_id: int, deadline_s: float, first_audio: bool = False) -> None:
         """Admission, prefill and decode order (``engine.backend``; the scheduler's policy);
-        the program hears how soon the job's audio is due (``Program.note_due``)."""
-        seq = self.scheduler.set_deadline(job_id, deadline_s)
+        the program hears how soon the job's audio is due (``Program.note_due``).
+        ``first_audio``: the deadline is the stream's first-audio target, not when a playing
+        client runs dry (light steps may delay such a row; ``SchedulerConfig.light_slack_s``)."""
+        seq = self.scheduler.set_deadline(job_id, deadline_s, first_audio=first_audio)
         note_due = getattr(self.program, "note_due", None)
         if seq is not None and note_due is not None:
             note_due(seq.program_state, deadline_s - self.scheduler.now())

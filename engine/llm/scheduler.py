@@ -65,10 +65,12 @@ class SchedulerConfig:
     # take up to light_steps_max steps in a row of their own, at most light_max_rows of them,
     # while every other due row's deadline is at least light_slack_s away; then a step of every
     # due row. A new sequence's first steps then wait for cheap steps, not whole loaded ones.
+    # (A row whose deadline is a first-audio target, not a playing client's, never stops them:
+    # at 40 new streams a second each would, for the steps between its light ones and its audio.)
     light_steps_max: int = 0
     light_until_step: int = 0
     light_max_rows: int = 16
-    light_slack_s: float = 0.25
+    light_slack_s: float = 0.1
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -152,13 +154,14 @@ class Scheduler:
         self._light_run = 0  # light steps in a row (``SchedulerConfig.light_steps_max``)
         self.num_light_steps = 0  # steps that ran light rows alone
 
-    def set_deadline(self, seq_id: int, deadline_s: float) -> Sequence | None:
-        """When this sequence's next audio is needed (unknown or finished ids are ignored);
-        the sequence, or None."""
+    def set_deadline(self, seq_id: int, deadline_s: float, *, first_audio: bool = False) -> Sequence | None:
+        """When this sequence's next audio is needed (unknown or finished ids are ignored;
+        ``first_audio``: a first-audio target); the sequence, or None."""
         seq = self._live.get(seq_id)
         if seq is None:
             return None
         seq.deadline_s = deadline_s
+        seq.awaits_first_audio = first_audio
         if seq.status is SequenceStatus.WAITING:
             self._is_waiting_sorted = False
         return seq
@@ -354,12 +357,16 @@ class Scheduler:
     def _light_rows(self, rows: list[Sequence]) -> list[Sequence]:
         """``rows``, or its light rows alone (``SchedulerConfig.light_steps_max``): when some
         rows are light and some not, fewer than light_steps_max light steps ran just before,
-        and no other row is due within light_slack_s. Earliest deadlines first."""
+        and no other row of a playing stream is due within light_slack_s. Earliest deadlines
+        first."""
         cfg = self.config
         light = [s for s in rows if s.num_output_tokens < cfg.light_until_step]
-        if (not light or len(light) == len(rows) or self._light_run >= cfg.light_steps_max
-                or min(s.deadline_s for s in rows if s.num_output_tokens >= cfg.light_until_step)
-                < self._clock() + cfg.light_slack_s):
+        if not light or len(light) == len(rows) or self._light_run >= cfg.light_steps_max:
+            self._light_run = 0
+            return rows
+        soon = self._clock() + cfg.light_slack_s
+        if any(s.deadline_s < soon and not s.awaits_first_audio for s in rows
+               if s.num_output_tokens >= cfg.light_until_step):
             self._light_run = 0
             return rows
         self._light_run += 1

@@ -72,6 +72,7 @@ class Sequence:
     # time.monotonic() by which this job's next audio is needed (engine.backend set_deadline);
     # orders admission and prefill. Infinity (none given) keeps arrival order.
     deadline_s: float = math.inf
+    awaits_first_audio: bool = False  # deadline_s is a first-audio target (set_deadline)
     # the scheduler's clock when the sequence was admitted (how long its prompt has waited)
     ready_s: float = 0.0
     # Asynchronous steps (``Scheduler.advance``): the row, in the launched step, of the token

@@ -124,8 +124,9 @@ class HibariBackend:
     def abort_job(self, job_id: int) -> None:
         self._jobs.pop(job_id, None)
 
-    def set_deadline(self, job_id: int, deadline_s: float) -> None:
-        """Serve the earliest deadline first (see ``engine.backend``); unknown ids are ignored."""
+    def set_deadline(self, job_id: int, deadline_s: float, first_audio: bool = False) -> None:
+        """Serve the earliest deadline first (see ``engine.backend``); unknown ids are ignored
+        (``first_audio``: the deadline is a first-audio target; no difference here)."""
         job = self._jobs.get(job_id)
         if job is not None:
             job.deadline_s = deadline_s

@@ -148,9 +148,11 @@ class _DeadlineRecorder(FakeBackend):
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self.deadlines: dict[int, list[float]] = {}
+        self.first_audio: dict[int, list[bool]] = {}
 
-    def set_deadline(self, job_id: int, deadline_s: float) -> None:
+    def set_deadline(self, job_id: int, deadline_s: float, first_audio: bool = False) -> None:
         self.deadlines.setdefault(job_id, []).append(deadline_s)
+        self.first_audio.setdefault(job_id, []).append(first_audio)
 
 
 class _Clock:
@@ -182,9 +184,11 @@ def test_deadlines_first_audio_playing_lookahead() -> None:
     backend, clock, core, first, second = _three_segments(chunks_per_job=2)
     assert backend.deadlines[first] == [pytest.approx(10.15)]
     assert backend.deadlines[second] == [pytest.approx(11.15)]
+    assert backend.first_audio[first] == [True] and backend.first_audio[second] == [False]  # a target; the ahead's not
     clock.t = 10.05
     core.step()  # first chunk (0.1 s) of the head: its next audio is due when that has played
     assert backend.deadlines[first][-1] == pytest.approx(10.05 + 0.1)
+    assert backend.first_audio[first][-1] is False  # playing now
     assert backend.deadlines[second][-1] == pytest.approx(10.05 + 0.1 + 1.0)  # kept after the head's
     core.step()  # the head finishes; the lookahead job, promoted, releases its held chunk
     assert backend.deadlines[second][-1] == pytest.approx(10.05 + 0.3)  # 3 chunks sent

@@ -387,3 +387,23 @@ def test_light_rows_take_steps_of_their_own_while_the_others_can_wait():
     for bad in ({"light_steps_max": -1}, {"light_max_rows": 0}, {"light_slack_s": float("nan")}):
         with pytest.raises(ValueError):
             SchedulerConfig(**bad)
+
+
+def test_a_first_audio_target_does_not_stop_light_steps():
+    """A row whose deadline is its first-audio target (``set_deadline(..., first_audio=True)``)
+    does not stop light steps however close, a playing stream's row within the slack does."""
+    now = [100.0]
+    s = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64, max_waiting=4,
+                                  decode_horizon_s=1.0, decode_fill_seqs=4, light_steps_max=4, light_until_step=3),
+                  PageAllocator(64, 4), clock=lambda: now[0])
+    s.add(_seq(0, 2, max_tokens=40))
+    for _ in range(3):
+        _run_step(s)  # 0 has 3 tokens: a full row
+    s.add(_seq(1, 2, max_tokens=40))
+    _run_step(s)  # 1's prefill
+    s.set_deadline(1, 100.5)
+    s.set_deadline(0, 99.9, first_audio=True)  # past its first-audio target: still no underrun
+    assert [q.seq_id for q in _run_step(s).seqs] == [1]
+    s.set_deadline(0, 100.05)  # playing, due within the 0.1 s slack
+    assert [q.seq_id for q in _run_step(s).seqs] == [0, 1]
+    assert SchedulerConfig().light_slack_s == 0.1
