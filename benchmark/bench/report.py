@@ -69,6 +69,8 @@ def format_summary(result: BenchResult) -> str:
             rows = (f", {srv['decode_rows_per_step']:.0f} decode rows and "
                     f"{srv.get('prefill_tokens_per_step', 0.0):.0f} prompt tokens per LM step"
                     if "decode_rows_per_step" in srv else "")
+            if srv.get("light_steps_fraction"):  # (docs/scheduling.md, "Light steps")
+                rows += f", {100 * srv['light_steps_fraction']:.0f}% of them light steps"
             slow = _slowest_interval(run.summary.extra.get("server_timeline") or [])
             lines.append(f"server at {run.summary.level:g}: {srv['ms_per_step']:.1f} ms per engine step, "
                          f"busy {100 * srv['busy_fraction']:.0f}%{rows}{slow}")

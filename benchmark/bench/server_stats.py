@@ -135,4 +135,6 @@ def level_figures(before: tuple[float, dict[str, float]] | None,
         for name in ("decode_rows", "deferred_decodes", "prefill_rows", "prefill_tokens"):
             if name in delta:
                 out[f"{name}_per_step"] = delta[name] / lm_steps
+        if "light_steps" in delta:  # (light steps: docs/scheduling.md)
+            out["light_steps_fraction"] = delta["light_steps"] / lm_steps
     return out

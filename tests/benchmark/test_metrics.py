@@ -222,6 +222,8 @@ def test_summary_says_where_streams_first_underran() -> None:
         {"t_s": 3.0, "ms_per_step": 9.0}, {"t_s": 3.5}]
     assert ("13 prompt tokens per LM step; slowest second 18.3 ms per step at 2.1 s, 240 ms of GC pauses"
             in format_summary(result))
+    result.levels[1].summary.extra["server"]["light_steps_fraction"] = 0.4  # (light steps on)
+    assert "13 prompt tokens per LM step, 40% of them light steps; slowest second" in format_summary(result)
     result.levels[0].summary.extra["client_loop_lag_ms"] = {"p50": 0.2, "p99": 3.0, "max": 9.0}
     result.levels[1].summary.extra["client_loop_lag_ms"] = {"p50": 4.0, "p99": 120.0, "max": 800.0}
     text = format_summary(result)

@@ -41,6 +41,10 @@ def test_level_figures_are_deltas_and_rates_over_the_window() -> None:
     assert level_figures(after, restarted) is None
     plain = level_figures((0.0, {"steps": 0, "busy_s": 0.0}), (1.0, {"steps": 0, "busy_s": 0.0}))
     assert "ms_per_step" not in plain and "decode_rows_per_step" not in plain
+    light = level_figures((0.0, {"steps": 0, "busy_s": 0.0, "lm_steps": 0, "light_steps": 0}),
+                          (1.0, {"steps": 80, "busy_s": 0.8, "lm_steps": 80, "light_steps": 20}))
+    assert light["light_steps_fraction"] == pytest.approx(0.25)  # a quarter of the LM steps light
+    assert "light_steps_fraction" not in f
 
 
 def test_fetch_from_no_server_gives_no_figures() -> None:
