@@ -1,0 +1,162 @@
+"""Light steps replayed on a modelled GPU: the engine's own ``Scheduler`` driven by a simulated
+clock, with Kyutai TTS's step times as the parts measured on an H200 give them, for streams
+started over a ramp, with and without light steps (docs/scheduling.md, "Light steps").
+
+    python -m benchmark.light_steps_sim [--streams 128,256,400] [--light 0,4,8]
+
+An estimate, not a measurement: step times are a model (``KyutaiSteps``: the parts of
+docs/performance.md at 1, 128 and 256 rows, linear between, plus host work fitted to two
+served figures), the engine core's deadlines are reproduced (first audio due 0.15 s after a
+stream's start, then when its client's playback runs dry) and the client plays from its first
+audio with a 100 ms buffer, as ``voxgate bench`` counts it. Asynchronous steps, prompts' own
+cost and the codec's separate stream are not modelled. Use it to choose what to measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import math
+from dataclasses import dataclass, field
+
+from engine.llm.page_allocator import PageAllocator
+from engine.llm.scheduler import Scheduler, SchedulerConfig
+from engine.llm.sequence import SamplingParams, Sequence
+
+__all__ = ["KyutaiSteps", "SimResult", "main", "simulate"]
+
+FRAME_S = 0.08  # Kyutai's frame: 12.5 a second
+FIRST_AUDIO_STEP = 20  # the token whose frame is the first audio (21 steps)
+LIGHT_UNTIL = 18  # steps 0..17 run the head's cheaper variants
+AUDIO_FRAMES = 145  # 10 s streams after the delay, as [KY]
+
+
+def _interp(rows: int, points: tuple[tuple[int, float], ...]) -> float:
+    xs = [p[0] for p in points]
+    i = min(max(bisect.bisect_left(xs, rows), 1), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class KyutaiSteps:
+    """Step milliseconds by decode rows: the parts on 158d7881 at `45808a2` (kyutai_parts), and
+    host work fitted to the served steps (28 rows in 12.3 ms at 128 streams, 71 in 16.8 at 400)."""
+
+    backbone: tuple[tuple[int, float], ...] = ((1, 1.93), (128, 4.99), (256, 5.85))
+    head: tuple[tuple[int, float], ...] = ((1, 6.59), (128, 7.56), (256, 9.76))
+    mimi: tuple[tuple[int, float], ...] = ((1, 1.38), (128, 3.53), (256, 5.59))
+    head_light: tuple[tuple[int, float], ...] = ((1, 0.75), (16, 0.8), (256, 1.3))  # text only / codebook 0
+    host_ms: float = 0.8
+    host_ms_per_row: float = 0.035
+
+    def full_ms(self, rows: int) -> float:
+        return (_interp(rows, self.backbone) + _interp(rows, self.head) + _interp(rows, self.mimi)
+                + self.host_ms + self.host_ms_per_row * rows)
+
+    def light_ms(self, rows: int) -> float:
+        return _interp(rows, self.backbone) + _interp(rows, self.head_light) + self.host_ms + self.host_ms_per_row * rows
+
+
+@dataclass
+class _Stream:
+    start: float
+    seq: Sequence
+    first_audio: float = math.nan
+    frames: int = 0
+    underruns: int = 0
+
+
+@dataclass
+class SimResult:
+    streams: int
+    light_steps: int
+    ttfa_ms: list[float] = field(default_factory=list)
+    underrun_streams: int = 0
+    steps: int = 0
+    light: int = 0
+
+    def pct(self, q: float) -> float:
+        xs = sorted(self.ttfa_ms)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else math.nan
+
+
+def simulate(streams: int, light_steps: int, *, ramp_s: float = 10.0, duration_s: float = 15.0,
+             model: KyutaiSteps | None = None, fill: int = 32, start_buffer_s: float = 0.1,
+             light_until: int = LIGHT_UNTIL) -> SimResult:
+    """Streams started evenly over ``ramp_s`` and, while ``duration_s`` lasts, each replaced as
+    it ends (``voxgate bench``'s concurrency mode); every stream's TTFA and underruns.
+    ``light_until`` above the variants' 18 steps: a turn's whole steps before its first audio
+    go in steps of their own too (a step with such a row costs a whole frame's head)."""
+    model = model or KyutaiSteps()
+    now = [0.0]
+    cfg = SchedulerConfig(max_num_seqs=2048, max_num_batched_tokens=4096, max_model_len=512, max_waiting=4096,
+                          decode_horizon_s=1.0, decode_fill_seqs=fill, light_steps_max=light_steps,
+                          light_until_step=light_until if light_steps else 0)
+    sched = Scheduler(cfg, PageAllocator(2048 * 12 + 1, 16), clock=lambda: now[0])
+    result = SimResult(streams, light_steps)
+    arrivals = [ramp_s * i / streams for i in range(streams)]
+    live: dict[int, _Stream] = {}
+    next_id = 0
+
+    def start(t: float) -> None:
+        nonlocal next_id
+        seq = Sequence(next_id, [1], SamplingParams(max_tokens=FIRST_AUDIO_STEP + AUDIO_FRAMES))
+        sched.add(seq)
+        sched.set_deadline(seq.seq_id, t + 0.15, first_audio=True)
+        live[seq.seq_id] = _Stream(t, seq)
+        next_id += 1
+
+    while arrivals or live:
+        while arrivals and arrivals[0] <= now[0]:
+            start(arrivals.pop(0))
+        batch = sched.schedule()
+        if batch is None:
+            if not arrivals:
+                break
+            now[0] = arrivals[0]
+            continue
+        rows = batch.num_decode_seqs
+        cheap = batch.is_light and all(len(s.output_ids) < LIGHT_UNTIL for s in batch.seqs[:rows])
+        ms = model.light_ms(rows) if cheap else model.full_ms(max(rows, 1))
+        now[0] += ms / 1e3
+        result.steps += 1
+        result.light += batch.is_light
+        for seq, _ in sched.update(batch, [0] * batch.num_seqs):
+            st = live[seq.seq_id]
+            k = len(seq.output_ids) - 1  # this token's index
+            if k >= FIRST_AUDIO_STEP:
+                if st.frames == 0:
+                    st.first_audio = now[0]
+                    result.ttfa_ms.append(1e3 * (now[0] - st.start))
+                elif now[0] > st.first_audio + start_buffer_s + FRAME_S * st.frames:
+                    st.underruns += 1  # the client's buffer ran dry before this frame came
+                st.frames += 1
+                sched.set_deadline(seq.seq_id, st.first_audio + FRAME_S * st.frames)
+            if len(seq.output_ids) >= seq.params.max_tokens:
+                sched.finish(seq)
+                result.underrun_streams += st.underruns > 0
+                del live[seq.seq_id]
+                if now[0] < duration_s:
+                    start(now[0])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--streams", default="128,256,400")
+    p.add_argument("--light", default="0,4,8", help="light_steps_max values (0: off)")
+    p.add_argument("--fill", type=int, default=32)
+    args = p.parse_args(argv)
+    print("Kyutai TTS on a modelled H200 (an estimate: benchmark/light_steps_sim.py's docstring)")
+    print(" streams light  TTFA p50   p90   p99  underran  steps  light share")
+    for n in (int(x) for x in args.streams.split(",")):
+        for light in (int(x) for x in args.light.split(",")):
+            r = simulate(n, light, fill=args.fill)
+            print(f"{n:8d} {light:5d} {r.pct(0.5):9.0f} {r.pct(0.9):5.0f} {r.pct(0.99):5.0f} "
+                  f"{r.underrun_streams:9d} {r.steps:6d} {r.light / max(r.steps, 1):12.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
