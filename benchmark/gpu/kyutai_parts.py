@@ -2,7 +2,8 @@
 voice cross-attention), the frame head (text sample, state machine, depth transformer, 24
 codebooks sampled) and the Mimi decode, each alone, with how many kernels each launches; and
 the head's two cheaper variants that a turn's first 18 steps run (text only, codebook 0 only),
-and the head with its depth transformer's fused pieces uncompiled (the A/B of `kyutai_compile`).
+and the head with its depth transformer's fused pieces uncompiled (the A/B of `kyutai_compile`)
+and, on a GPU, with the other depth attention (the A/B of `kyutai_depth_attention`).
 
     python -m benchmark.gpu.kyutai_parts --batch 1,64,128,256 [--kernels 128] [--json F]
     python -m benchmark.gpu.kyutai_parts --model kyutai-tts-tiny --device cpu --batch 2   # a smoke run
@@ -60,15 +61,13 @@ def _kernels(fn, top: int) -> tuple[int, str]:  # noqa: ANN001
     return count, table
 
 
-def _uncompiled(head: object, fn: Callable[[], object]) -> object:
-    """``fn()`` with the head's depth-transformer pieces as plain PyTorch (``kyutai_compile`` off)."""
-    from models.kyutai_tts.depformer import PLAIN
-
-    fns, head.fns = head.fns, PLAIN  # type: ignore[attr-defined]
+def _with_fns(head: object, fns: object, fn: Callable[[], object]) -> object:
+    """``fn()`` with the head's depth-transformer pieces ``fns`` (``depformer.FrameFns``)."""
+    kept, head.fns = head.fns, fns  # type: ignore[attr-defined]
     try:
         return fn()
     finally:
-        head.fns = fns  # type: ignore[attr-defined]
+        head.fns = kept  # type: ignore[attr-defined]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine.llm.build import build_lm_backend
     from engine.llm.token_head import RowInputs
+    from models.kyutai_tts.attend_triton import attend_codebook
+    from models.kyutai_tts.depformer import PLAIN, attend_sdpa
     from models.registry import load_factory, resolve
 
     on_gpu = args.device == "cuda"
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", "")) if on_gpu else ""
     print(f"Kyutai TTS parts on {name} ({uuid}); torch {torch.__version__}; {lm.num_active} codebooks; "
           f"self-attention over {args.context} frames (dense stand-in)", flush=True)
+    other_name = "torch's" if head.fns.attend is not attend_sdpa else "Triton"
     rows = []
     for b in batches:
         slots = torch.arange(b, dtype=i64, device=dev)
@@ -124,9 +126,15 @@ def main(argv: list[str] | None = None) -> int:
             # the head's cheaper variants, which a turn's first 18 steps run: text only, codebook 0 only
             "head_text": lambda: head.sample(hidden, r, variant=1),  # noqa: B023
             "head_cb0": lambda: head.sample(hidden, r, variant=2),  # noqa: B023
-            # the head with its depth-transformer step uncompiled (same GPU, same run: the A/B)
-            "head_uncompiled": lambda: _uncompiled(head, lambda: head.sample(hidden, r)),  # noqa: B023
+            # the head with its depth-transformer pieces uncompiled, and with the Triton attention
+            # (kyutai_depth_attention=triton) or torch's, whichever it was not built with: the A/Bs
+            "head_uncompiled": lambda: _with_fns(head, PLAIN._replace(attend=head.fns.attend),  # noqa: B023
+                                                 lambda: head.sample(hidden, r)),  # noqa: B023
         }
+        if on_gpu:
+            other = attend_sdpa if head.fns.attend is not attend_sdpa else attend_codebook
+            parts["head_other_attention"] = lambda: _with_fns(head, head.fns._replace(attend=other),  # noqa: B023
+                                                              lambda: head.sample(hidden, r))  # noqa: B023
         row: dict = {"rows": b}
         tables = []
         for part, fn in parts.items():
@@ -141,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
               f"({row['mimi_kernels']})  sum {row['sum_ms']:6.2f} ms; head variants: text only "
               f"{row['head_text_ms']:5.2f} ms ({row['head_text_kernels']}), codebook 0 {row['head_cb0_ms']:5.2f} ms "
               f"({row['head_cb0_kernels']}); uncompiled step {row['head_uncompiled_ms']:5.2f} ms "
-              f"({row['head_uncompiled_kernels']})", flush=True)
+              f"({row['head_uncompiled_kernels']})"
+              + (f"; {other_name} attention {row['head_other_attention_ms']:5.2f} ms ({row['head_other_attention_kernels']})"
+                 if "head_other_attention_ms" in row else ""), flush=True)
         for t in tables:
             print(t, flush=True)
         attn = None

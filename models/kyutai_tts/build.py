@@ -1,6 +1,7 @@
 """Loading the Kyutai TTS program for the runtime (``--model kyutai-tts``, ``kyutai/tts-...``).
 
-Its settings (``kyutai_n_q``, ``voice_dir``, ``voice_bank_size``, ``codec_dtype``, ``kyutai_compile``; read with
+Its settings (``kyutai_n_q``, ``voice_dir``, ``voice_bank_size``, ``codec_dtype``, ``kyutai_compile``,
+``kyutai_depth_attention``; read with
 ``LoadContext.setting``) are in docs/models/kyutai_tts.md, "Serving".
 """
 
@@ -57,7 +58,8 @@ def load(ctx: LoadContext) -> ProgramModel:
     if isinstance(compiled, str) and compiled in ("on", "off", "true", "false", "1", "0"):
         compiled = compiled in ("on", "true", "1")
     backend = "inductor" if compiled is True else compiled
-    head = KyutaiHead(lm, slots, machine, compile=bool(compiled), compile_backend=backend or "inductor")
+    head = KyutaiHead(lm, slots, machine, compile=bool(compiled), compile_backend=backend or "inductor",
+                      attention=str(ctx.setting("kyutai_depth_attention", "sdpa")))
     head.warm_compiled()  # (before the runtime captures its graphs: no compile during serving)
     codec = MimiDecodeStream(loaded.mimi, ctx.max_num_seqs, num_codebooks=tts.n_q, device=ctx.device,
                              dtype=codec_dtype)

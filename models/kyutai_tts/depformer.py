@@ -6,7 +6,8 @@ A frame runs up to 32 codebook steps in sequence, each a few small kernels: on t
 is bound by the number of kernels, not by FLOPs, so each codebook step launches as few as it
 can: one cache write for both keys and values (a cache [B, 2, H, K, D], left unfilled past the
 codebooks written: they are never read), attention without a mask (the one query sees every
-key written so far; none at all for the first codebook, whose one key has weight 1), the
+key written so far; none at all for the first codebook, whose one key has weight 1; or both in
+one Triton kernel, ``attend_triton``), the
 embedding of a sampled code without the handling of a zero (-1) input (a sample is never one),
 the input projection of every weight set in one matmul a frame (``KyutaiLM.join_depformer_in``),
 and three fused pieces (``FrameFns``: a residual sum with the next norm, the gating's silu-mul,
@@ -26,7 +27,8 @@ from models.kyutai_tts.config import LMConfig
 from models.kyutai_tts.layers import Gating, RMSNorm, rms_norm
 from models.kyutai_tts.sampling import top_k_draw
 
-__all__ = ["GREEDY", "PLAIN", "AudioSampling", "DepformerLayers", "FrameFns", "add_norm", "decode_frame", "silu_mul"]
+__all__ = ["GREEDY", "PLAIN", "AudioSampling", "DepformerLayers", "FrameFns", "add_norm", "attend_sdpa", "decode_frame",
+           "silu_mul"]
 
 
 class _StepAttention(nn.Module):
@@ -76,9 +78,11 @@ class FrameFns(NamedTuple):
     add_norm: Callable[..., tuple[Tensor, Tensor]]
     silu_mul: Callable[[Tensor], Tensor]
     draw: Callable[..., Tensor]
+    attend: Callable[[Tensor, Tensor, int], Tensor]  # (qkv, cache, k) -> [B, H, D]: ``attend_sdpa``'s contract
 
     @classmethod
-    def compiled(cls, backend: str | Callable = "inductor") -> FrameFns:
+    def compiled(cls, backend: str | Callable = "inductor",
+                 attend: Callable[[Tensor, Tensor, int], Tensor] | None = None) -> FrameFns:
         # (inductor's pattern passes off: they would make a residual sum and its matmul one
         # addmm, whose cuBLAS kernel took 9.1 us at one row on an H200, the matmul alone 4.6)
         options = {"pattern_matcher": False} if backend == "inductor" else None
@@ -86,7 +90,7 @@ class FrameFns(NamedTuple):
         def wrap(f: Callable) -> Callable:
             return torch.compile(f, dynamic=True, fullgraph=True, backend=backend, options=options)
 
-        return cls(wrap(add_norm), wrap(silu_mul), wrap(top_k_draw))
+        return cls(wrap(add_norm), wrap(silu_mul), wrap(top_k_draw), attend or attend_sdpa)
 
 
 def add_norm(x: Tensor, delta: Tensor, alpha: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -100,7 +104,18 @@ def silu_mul(h: Tensor) -> Tensor:
     return F.silu(h[:, 0]) * h[:, 1]
 
 
-PLAIN = FrameFns(add_norm, silu_mul, top_k_draw)
+def attend_sdpa(qkv: Tensor, cache: Tensor, k: int) -> Tensor:
+    """Codebook ``k``'s attention: qkv [B, 3, H, D] (query, key, value), cache [B, 2, H, n, D]
+    (keys and values of the codebooks before) -> [B, H, D]; the key and value are written at
+    ``k``. The one query sees every key written so far, so no mask; codebook 0's one key has
+    weight 1. (``attend_triton.attend_codebook`` is the same in one kernel.)"""
+    cache[:, :, :, k] = qkv[:, 1:]  # keys and values in one copy
+    if k == 0:
+        return qkv[:, 2]
+    return F.scaled_dot_product_attention(qkv[:, 0, :, None], cache[:, 0, :, : k + 1], cache[:, 1, :, : k + 1])[:, :, 0]
+
+
+PLAIN = FrameFns(add_norm, silu_mul, top_k_draw, attend_sdpa)
 
 
 def decode_frame(lm: nn.Module, hidden: Tensor, text_in: Tensor, sampling: AudioSampling, num_codebooks: int,
@@ -130,13 +145,7 @@ def decode_frame(lm: nn.Module, hidden: Tensor, text_in: Tensor, sampling: Audio
         x, normed = fns.add_norm(proj[:, w], y, first.norm1.alpha.reshape(-1), eps)
         for i, (layer, cache) in enumerate(zip(layers, caches)):
             a, g = layer.self_attn, layer.gating[w]
-            qkv = F.linear(normed, a.in_projs[w].weight).view(b, 3, h, dh)
-            cache[:, :, :, k] = qkv[:, 1:]  # keys and values in one copy
-            if k == 0:  # one key: its softmax weight is exactly 1
-                o = qkv[:, 2]
-            else:  # [B, H, 1, D]: the one query sees every key written so far, no mask
-                o = F.scaled_dot_product_attention(qkv[:, 0, :, None], cache[:, 0, :, : k + 1],
-                                                   cache[:, 1, :, : k + 1])
+            o = fns.attend(F.linear(normed, a.in_projs[w].weight).view(b, 3, h, dh), cache, k)  # [B, H, D]
             x, normed = fns.add_norm(x, F.linear(o.reshape(b, h * dh), a.out_projs[w].weight),
                                      layer.norm2.alpha.reshape(-1), eps)
             delta = F.linear(fns.silu_mul(F.linear(normed, g.linear_in.weight).view(b, 2, -1)), g.linear_out.weight)

@@ -7,6 +7,7 @@ the program undelays them (docs/models/kyutai_tts.md, "The head").
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -46,9 +47,12 @@ def sample_top_k(logits: Tensor, k: int, rs: RowSettings, noise: Tensor | None, 
 
 class KyutaiHead:
     def __init__(self, lm: KyutaiLM, slots: SlotInputs, machine: DeviceMachine, *, padding_bonus: float = 0.0,
-                 compile: bool = False, compile_backend: str | Callable = "inductor") -> None:
+                 compile: bool = False, compile_backend: str | Callable = "inductor",
+                 attention: str = "sdpa") -> None:
         """``compile``: the depth transformer's fused pieces through ``torch.compile`` (dynamic
-        batch; ``compile_backend``: tests trace them without code generation)."""
+        batch; ``compile_backend``: tests trace them without code generation). ``attention``:
+        its per-codebook attention as torch's ("sdpa") or one Triton kernel ("triton": CUDA, or
+        Triton's CPU interpreter)."""
         cfg = lm.config
         self.lm, self.slots, self.machine = lm, slots, machine
         self.n_q = lm.num_active
@@ -67,7 +71,18 @@ class KyutaiHead:
         # Rows before it run a cheaper variant: the scheduler may give them light steps of their own.
         self.light_until_step = self.first_acoustic_step if self.n_q > 1 else self.first_audio_step
         self.sampler = Sampler()
-        self.fns = FrameFns.compiled(compile_backend) if compile else PLAIN
+        attend = None
+        if attention == "triton":
+            from models.kyutai_tts.attend_triton import attend_codebook
+
+            if slots.frame_in.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+                raise ValueError("kyutai_depth_attention=triton needs a CUDA device (its kernel is Triton's)")
+            attend = attend_codebook
+        elif attention != "sdpa":
+            raise ValueError(f"kyutai_depth_attention must be sdpa or triton, got {attention!r}")
+        self.fns = (FrameFns.compiled(compile_backend, attend) if compile
+                    else PLAIN if attend is None else PLAIN._replace(attend=attend))
+        self._compiled = compile
         self._frozen = False  # (``warm_compiled``)
         self.frozen_stance = "eager_on_recompile"  # (tests: "fail_on_recompile")
 
@@ -81,7 +96,7 @@ class KyutaiHead:
         sampled (the captured steps always sample: greedy rows with zero noise); after this a
         call it was not compiled for (an eager step whose rows are all greedy) runs eagerly
         rather than compiling again in the middle of serving. No-op without ``compile``."""
-        if self.fns is PLAIN or self._frozen:
+        if not self._compiled or self._frozen:
             return
         lm, dev = self.lm, self.slots.frame_in.device
         dtype = next(lm.parameters()).dtype

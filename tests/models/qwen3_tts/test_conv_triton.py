@@ -5,29 +5,18 @@ in test_qwen3_codec.py); and refused without CUDA outside the interpreter."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
-VENV = Path(os.environ.get("VOXGATE_TRITON_VENV", REPO / ".venvs" / "triton"))
-PYTHON = VENV / "bin" / "python"
+from tests.triton_interpreter import run_interpreted
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    if not PYTHON.is_file():
-        pytest.skip(f"the Triton venv is absent ({PYTHON}); build it with tests/models/qwen3_tts/make_triton_venv.sh")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
-    done = subprocess.run([str(PYTHON), str(HERE / "triton_run.py")], env=env, capture_output=True, text=True,
-                          timeout=900, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(Path(__file__).resolve().parent / "triton_run.py")
 
 
 def test_the_triton_convolution_equals_torchs(interpreted: dict) -> None:

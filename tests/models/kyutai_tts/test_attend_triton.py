@@ -1,0 +1,41 @@
+"""The depth transformer's Triton attention (``kyutai_depth_attention=triton``), run in Triton's
+CPU interpreter (``tests.triton_interpreter``): against ``attend_sdpa`` per codebook and over a
+whole frame's codes; refused without CUDA outside the interpreter."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.triton_interpreter import run_interpreted
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    return run_interpreted(Path(__file__).resolve().parent / "triton_run.py")
+
+
+def test_the_kernel_equals_sdpa_and_writes_the_cache(interpreted: dict) -> None:
+    """Every codebook position 0..23: the output within 1e-6 relative in float32 (float16 within
+    its rounding), the cache's written positions equal ``attend_sdpa``'s."""
+    fp32, fp16 = interpreted["kernel"]["torch.float32"], interpreted["kernel"]["torch.float16"]
+    assert fp32["rel"] < 1e-6 and fp16["rel"] < 3e-3
+    assert fp32["cache_equal"] and fp16["cache_equal"]
+
+
+def test_a_frame_decoded_with_it_gives_the_same_codes(interpreted: dict) -> None:
+    """A sampled frame of the tiny model's 32 codebooks for 4 rows: the same codes either way."""
+    assert interpreted["frame_equal"] and interpreted["frame_distinct_codes"] > 20
+
+
+def test_without_cuda_it_is_refused_and_a_bad_name_too() -> None:
+    from models.kyutai_tts.build import build_kyutai_backend
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter is on in this process")
+    for value, words in (("triton", "CUDA"), ("flash", "sdpa or triton")):
+        with pytest.raises(ValueError, match=words):
+            build_kyutai_backend("tiny", device="cpu", max_num_seqs=2, max_model_len=128, warmup=False,
+                                 load_format="dummy", kyutai_n_q=4, kyutai_depth_attention=value)

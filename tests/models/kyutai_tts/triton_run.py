@@ -1,0 +1,47 @@
+"""Run by tests/models/kyutai_tts/test_attend_triton.py in the Triton venv with TRITON_INTERPRET=1:
+the depth transformer's Triton attention against ``attend_sdpa`` on the CPU, and a whole frame
+decoded with each. Prints one JSON object."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+assert os.environ.get("TRITON_INTERPRET") == "1"
+from models.kyutai_tts.attend_triton import attend_codebook  # noqa: E402
+from models.kyutai_tts.config import TINY  # noqa: E402
+from models.kyutai_tts.depformer import PLAIN, AudioSampling, attend_sdpa, decode_frame  # noqa: E402
+from models.kyutai_tts.lm import KyutaiLM  # noqa: E402
+
+out: dict = {"kernel": {}}
+g = torch.Generator().manual_seed(0)
+for dt in (torch.float32, torch.float16):
+    b, h, d, n = 3, 4, 16, 24
+    cache = torch.randn(b, 2, h, n, d, generator=g).to(dt)  # (positions not yet written hold junk)
+    ref = cache.clone()
+    worst, cache_equal = 0.0, True
+    for k in range(n):
+        qkv = torch.randn(b, 3, h, d, generator=g).to(dt)
+        want = attend_sdpa(qkv, ref, k).float()
+        got = attend_codebook(qkv, cache, k).float()
+        cache_equal &= torch.equal(cache[:, :, :, :k + 1], ref[:, :, :, :k + 1])
+        worst = max(worst, float((got - want).abs().max() / want.abs().max()))
+    out["kernel"][str(dt)] = {"rel": worst, "cache_equal": bool(cache_equal)}
+
+torch.manual_seed(1)
+lm = KyutaiLM(TINY).eval()
+with torch.no_grad():
+    for p in lm.parameters():
+        p.normal_(0.0, 0.2)
+    bsz, n_q = 4, TINY.lm.n_q
+    hidden = torch.randn(bsz, TINY.lm.dim, generator=g)
+    text = torch.tensor([3, 0, 7, 11])
+    noise = -torch.log(-torch.log(torch.rand(n_q, bsz, TINY.lm.card, generator=g)))
+    sampling = AudioSampling(25, torch.full((bsz, 1), 0.8), noise, torch.full((bsz, 1), float("inf")))
+    sdpa = decode_frame(lm, hidden, text, sampling, n_q)
+    triton_codes = decode_frame(lm, hidden, text, sampling, n_q, PLAIN._replace(attend=attend_codebook))
+out["frame_equal"] = bool(torch.equal(sdpa, triton_codes))
+out["frame_distinct_codes"] = len(set(sdpa.flatten().tolist()))
+print(json.dumps(out))
