@@ -13,9 +13,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["attend_codebook"]
+try:  # Triton serves this kernel on CUDA (it comes with CUDA torch); a CPU install need not have it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
 
-_KERNEL = None
+__all__ = ["attend_codebook"]
 
 
 def attend_codebook(qkv: Tensor, cache: Tensor, k: int) -> Tensor:
@@ -28,20 +32,15 @@ def attend_codebook(qkv: Tensor, cache: Tensor, k: int) -> Tensor:
     n = cache.shape[3]
     if not 0 <= k < n or not qkv.is_contiguous() or not cache.is_contiguous() or d & (d - 1):
         raise ValueError("attend_codebook needs contiguous inputs, a power-of-two head size and 0 <= k < n")
+    if triton is None:
+        raise RuntimeError("kyutai_depth_attention=triton needs Triton (it comes with CUDA torch)")
     out = torch.empty(b, h, d, dtype=qkv.dtype, device=qkv.device)
     block_n = max(16, 1 << (n - 1).bit_length())
-    _kernel()[(b * h,)](qkv, cache, out, k, h, n, d ** -0.5, D=d, BLOCK_N=block_n, num_warps=1)
+    attend_codebook_kernel[(b * h,)](qkv, cache, out, k, h, n, d ** -0.5, D=d, BLOCK_N=block_n, num_warps=1)
     return out
 
 
-def _kernel():  # noqa: ANN202  (a Triton JIT function)
-    """The kernel, made at first use (Triton is imported only where this path is asked for)."""
-    global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
-    import triton
-    import triton.language as tl
-
+if triton is not None:  # (else the kernel is not made: the callers say Triton is needed)
     @triton.jit
     def attend_codebook_kernel(qkv_ptr, cache_ptr, out_ptr, k, H, N, scale, D: tl.constexpr, BLOCK_N: tl.constexpr):
         pid = tl.program_id(0)  # row * H + head
@@ -67,6 +66,3 @@ def _kernel():  # noqa: ANN202  (a Triton JIT function)
         p = tl.exp(scores - tl.max(scores, axis=0))
         o = tl.sum(p[:, None] * vv, axis=0) / tl.sum(p, axis=0)
         tl.store(out_ptr + (row * H + head) * D + d, o.to(out_ptr.dtype.element_ty))
-
-    _KERNEL = attend_codebook_kernel
-    return _KERNEL

@@ -15,9 +15,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["conv_taps", "taps_weight"]
+try:  # Triton serves this kernel on CUDA (it comes with CUDA torch); a CPU install need not have it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
 
-_KERNEL = None
+__all__ = ["conv_taps", "taps_weight"]
 
 
 def taps_weight(weight: Tensor) -> Tensor:
@@ -29,9 +33,8 @@ def taps_weight(weight: Tensor) -> Tensor:
 def conv_taps(full: Tensor, weight: Tensor, bias: Tensor | None, n: int, dilation: int) -> Tensor:
     """full [N, L, C_in] (contiguous; L = (k - 1) * dilation + n), weight [k * C_in, C_out]
     (``taps_weight``), bias [C_out] or None -> [N, n, C_out] in ``full``'s dtype."""
-    import triton
-
-    kernel = _kernel()
+    if triton is None:
+        raise RuntimeError("codec_conv=triton needs Triton (it comes with CUDA torch)")
     batch, length, c_in = full.shape
     k_total, c_out = weight.shape
     if not full.is_contiguous() or not weight.is_contiguous():
@@ -44,21 +47,14 @@ def conv_taps(full: Tensor, weight: Tensor, bias: Tensor | None, n: int, dilatio
     block_m, block_n = 64, (32 if c_out <= 32 else 64 if c_out <= 64 else 128)
     block_k = 64 if c_in % 64 == 0 else 32 if c_in % 32 == 0 else 16
     grid = (triton.cdiv(m, block_m), triton.cdiv(c_out, block_n))
-    kernel[grid](full, weight, bias if bias is not None else weight, out, m, n, length, c_in, c_out, k_total,
+    conv_taps_kernel[grid](full, weight, bias if bias is not None else weight, out, m, n, length, c_in, c_out, k_total,
                  dilation, HAS_BIAS=bias is not None,
                  IEEE=full.dtype == torch.float32,  # (float32 as torch computes it: no TF32)
                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4 if block_n < 128 else 8, num_stages=3)
     return out
 
 
-def _kernel():  # noqa: ANN202  (a Triton JIT function)
-    """The kernel, made at first use (Triton is imported only where this path is asked for)."""
-    global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
-    import triton
-    import triton.language as tl
-
+if triton is not None:  # (else the kernel is not made: the callers say Triton is needed)
     @triton.jit
     def conv_taps_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, n, L, C_in, C_out, K, dil,
                          HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
@@ -82,6 +78,3 @@ def _kernel():  # noqa: ANN202  (a Triton JIT function)
             acc += tl.load(b_ptr + rn, mask=rn < C_out, other=0.0).to(tl.float32)[None, :]
         out = y_ptr + rm.to(tl.int64)[:, None] * C_out + rn[None, :]
         tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < C_out))
-
-    _KERNEL = conv_taps_kernel
-    return _KERNEL
