@@ -63,8 +63,8 @@ class SchedulerConfig:
     # Light steps (0 = off): rows that have generated fewer than light_until_step tokens (a head
     # whose first steps of a sequence run a cheaper step variant: ``TokenHead.light_until_step``)
     # take up to light_steps_max steps in a row of their own, at most light_max_rows of them,
-    # while every other due row's deadline is at least light_slack_s away; then a step of every
-    # due row. A new sequence's first steps then wait for cheap steps, not whole loaded ones.
+    # while no other due row of a playing stream is due within light_slack_s; then a step of
+    # every due row. A new sequence's first steps then wait for cheap steps, not whole loaded ones.
     # (A row whose deadline is a first-audio target, not a playing client's, never stops them:
     # at 40 new streams a second each would, for the steps between its light ones and its audio.)
     light_steps_max: int = 0
