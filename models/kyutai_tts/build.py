@@ -12,13 +12,15 @@ from typing import Any
 from engine.llm.backend import LMBackend
 from engine.llm.program import KVShape, LoadContext, ProgramModel, ServingDefaults, codec_dtype as program_codec_dtype
 
-__all__ = ["KYUTAI_DEFAULTS", "build_kyutai_backend", "load"]
+__all__ = ["KYUTAI_DEFAULTS", "build_kyutai_backend", "depth_attention", "load"]
 
 # No decode cap (every running stream may decode each step). A decode fill of 32 rows, not 256:
 # a new turn's ~21 steps before its first audio then ride steps of the due rows only, not of
 # every running stream (H200, docs/performance.md: TTFA p50/p90 at 128 streams 382/411 ms with
-# 32 against 555/658 with 256 on one GPU, 357/398 against 461/518 on another).
-KYUTAI_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0, decode_fill_seqs=32)
+# 32 against 555/658 with 256 on one GPU, 357/398 against 461/518 on another). Light steps, 4 in
+# a row (on CUDA; docs/scheduling.md): with the Triton depth attention, TTFA p90 at 256 streams
+# 299 and 271 ms against 409 and 335 without either, on two GPUs (7d77926e, 536cb56d).
+KYUTAI_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0, decode_fill_seqs=32, light_steps=4)
 DEFAULT_VOICE = "unmute-prod-website/default_voice.wav"  # Kyutai's server default (configs/config-tts.toml)
 
 
@@ -59,7 +61,7 @@ def load(ctx: LoadContext) -> ProgramModel:
         compiled = compiled in ("on", "true", "1")
     backend = "inductor" if compiled is True else compiled
     head = KyutaiHead(lm, slots, machine, compile=bool(compiled), compile_backend=backend or "inductor",
-                      attention=str(ctx.setting("kyutai_depth_attention", "sdpa")))
+                      attention=depth_attention(ctx))
     head.warm_compiled()  # (before the runtime captures its graphs: no compile during serving)
     codec = MimiDecodeStream(loaded.mimi, ctx.max_num_seqs, num_codebooks=tts.n_q, device=ctx.device,
                              dtype=codec_dtype)
@@ -71,6 +73,16 @@ def load(ctx: LoadContext) -> ProgramModel:
     shape = KVShape(lmc.num_layers, lmc.num_heads, lmc.num_heads, lmc.head_dim, lmc.text_card)
     return ProgramModel(program=program, model=lm, kv_shape=shape, head=head, uses_token_rows=True,
                         supports_mixed_graphs=False, defaults=KYUTAI_DEFAULTS)
+
+
+def depth_attention(ctx: LoadContext) -> str:
+    """The depth transformer's attention (``kyutai_depth_attention``): as set, else the Triton
+    kernel on CUDA where Triton imports (the frame head 6.48 against 7.61 ms at 128 rows, 7.58
+    against 9.37 at 256, 7d77926e) and ``torch``'s SDPA elsewhere."""
+    from models.kyutai_tts import attend_triton
+
+    default = "triton" if ctx.device.startswith("cuda") and attend_triton.triton is not None else "sdpa"
+    return str(ctx.setting("kyutai_depth_attention", default))
 
 
 def _voice_frames(voices: dict[str, Any], default: int) -> int:

@@ -13,10 +13,11 @@ __all__ = ["CODEC_DEFAULTS_CUDA", "QWEN3_DEFAULTS", "build_qwen3_backend", "code
 # the fill of 256; a fill of 512 did worse at 704: docs/performance.md).
 QWEN3_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0)
 # The codec step on CUDA: channels-last, SnakeBeta compiled (29.8 ms at 512 rows against 43.9 for
-# the reference's layout and 35.5 uncompiled, 9c8f0f3f; 640 streams served on time on two H200s
-# against 448 on one, docs/performance.md). On the CPU the reference's layout (inductor's C++
-# build is not required).
-CODEC_DEFAULTS_CUDA = ("nwc", True)
+# the reference's layout and 35.5 uncompiled, 9c8f0f3f), its dense convolutions the Triton
+# implicit GEMM where Triton is installed (21.5 ms at 512 rows against 29.6 for gathered taps,
+# 7d77926e; 768 streams served on time on two H200s against 640, docs/performance.md). On the CPU
+# the reference's layout (inductor's C++ build is not required).
+CODEC_DEFAULTS_CUDA = ("nwc", True, "triton")
 
 
 def load(ctx: LoadContext) -> ProgramModel:
@@ -25,8 +26,9 @@ def load(ctx: LoadContext) -> ProgramModel:
     Base checkpoints. Setting (``ctx.setting``): ``codec_layout`` ("nwc": the codec step on
     channels-last activations, models/qwen3_tts/codec_nwc.py; "ncw": the reference's modules;
     the same audio), ``codec_compile`` (that step's SnakeBeta fused by ``torch.compile``) and
-    ``codec_conv`` ("gemm", its default, "cudnn" or "triton": its dense convolutions' kind). Defaults:
-    ``nwc`` compiled on CUDA (``CODEC_DEFAULTS_CUDA``), ``ncw`` on the CPU."""
+    ``codec_conv`` ("gemm", "cudnn" or "triton": its dense convolutions' kind). Defaults: ``nwc``
+    compiled with the Triton convolution on CUDA (``CODEC_DEFAULTS_CUDA``; "gemm" where Triton is
+    missing), ``ncw`` on the CPU."""
     from engine.llm.fp8 import quantise_decoder_linears_
     from models.qwen3_tts.codec_nwc import make_codec_stream
     from models.qwen3_tts.loader import load_qwen3_tts
@@ -64,14 +66,24 @@ def codec_settings(ctx: LoadContext) -> tuple[str, bool, bool, str | None]:
     cannot compile serves unfused rather than failing (``compiled_snake``)."""
     from engine.llm.build import model_setting_value
 
-    layout_default, compile_default = CODEC_DEFAULTS_CUDA if ctx.device.startswith("cuda") else ("ncw", False)
+    cuda = ctx.device.startswith("cuda")
+    layout_default, compile_default, conv_default = CODEC_DEFAULTS_CUDA if cuda else ("ncw", False, None)
     layout = str(ctx.setting("codec_layout", layout_default))
     asked = ctx.setting("codec_compile", None)  # None: not given
     if isinstance(asked, str):
         asked = model_setting_value("codec_compile", asked, False)
     compile_codec = bool(asked) if asked is not None else (compile_default and layout == "nwc")
-    conv = ctx.setting("codec_conv", None)  # (None: the layout's own)
+    conv = ctx.setting("codec_conv", None)  # (None: the device's default, or the layout's own)
+    if conv is None and layout == "nwc" and conv_default == "triton":
+        conv = "triton" if triton_available() else None
     return layout, compile_codec, asked is None, None if conv is None else str(conv)
+
+
+def triton_available() -> bool:
+    """Whether Triton imports here (it comes with CUDA torch; a CPU install need not have it)."""
+    from models.qwen3_tts import conv_triton
+
+    return conv_triton.triton is not None
 
 
 def build_qwen3_backend(model_path_or_id: str, **kwargs: Any) -> LMBackend:

@@ -39,3 +39,38 @@ def test_without_cuda_it_is_refused_and_a_bad_name_too() -> None:
         with pytest.raises(ValueError, match=words):
             build_kyutai_backend("tiny", device="cpu", max_num_seqs=2, max_model_len=128, warmup=False,
                                  load_format="dummy", kyutai_n_q=4, kyutai_depth_attention=value)
+
+
+def test_it_is_the_default_on_cuda_where_triton_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing set: the Triton kernel on CUDA (the faster head served on the H200s), SDPA on the
+    CPU and where Triton is missing; a setting given wins."""
+    from types import SimpleNamespace
+
+    from models.kyutai_tts import attend_triton
+    from models.kyutai_tts.build import depth_attention
+
+    def ctx(device: str, **given):
+        return SimpleNamespace(device=device, setting=lambda name, default: given.get(name, default))
+
+    monkeypatch.setattr(attend_triton, "triton", object())
+    assert depth_attention(ctx("cuda")) == "triton" and depth_attention(ctx("cuda:1")) == "triton"
+    assert depth_attention(ctx("cpu")) == "sdpa"
+    assert depth_attention(ctx("cuda", kyutai_depth_attention="sdpa")) == "sdpa"
+    monkeypatch.setattr(attend_triton, "triton", None)
+    assert depth_attention(ctx("cuda")) == "sdpa"
+
+
+def test_light_steps_are_kyutais_default_on_cuda_only() -> None:
+    """Four light steps in a row for a new turn on CUDA (its head's cheap variants, captured up to
+    16 rows), none on the CPU; a count given wins, 0 turns them off."""
+    from types import SimpleNamespace
+
+    from engine.llm.build import _light_steps
+    from models.kyutai_tts.build import KYUTAI_DEFAULTS
+
+    head = SimpleNamespace(light_until_step=18, variants=(16, 16))
+    assert _light_steps(-1, head, KYUTAI_DEFAULTS, "cuda") == {"light_steps_max": 4, "light_until_step": 18,
+                                                               "light_max_rows": 16}
+    assert _light_steps(-1, head, KYUTAI_DEFAULTS, "cpu") == {}
+    assert _light_steps(0, head, KYUTAI_DEFAULTS, "cuda") == {}
+    assert _light_steps(2, head, KYUTAI_DEFAULTS, "cpu")["light_steps_max"] == 2

@@ -102,25 +102,31 @@ def test_missing_weights_fail_clearly(tmp_path):
         load_qwen3_tts(tmp_path, dtype=torch.float32)
 
 
-def test_codec_step_defaults_follow_the_device() -> None:
-    """On CUDA the codec step is channels-last with SnakeBeta compiled (the faster step served on
-    the H200s), falling back to unfused where it cannot compile since nobody asked for it; on the
-    CPU the reference's layout; a setting given wins (a compile asked for has no fallback), and
-    asking for the channels-first layout on CUDA turns the compile off with it."""
+def test_codec_step_defaults_follow_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the codec step is channels-last with SnakeBeta compiled and its dense convolutions
+    the Triton implicit GEMM (the faster step served on the H200s), falling back to unfused where
+    it cannot compile since nobody asked for it, and to gathered taps where Triton is missing; on
+    the CPU the reference's layout; a setting given wins (a compile asked for has no fallback),
+    and asking for the channels-first layout on CUDA turns the compile and the kernel off with it."""
     from types import SimpleNamespace
 
+    from models.qwen3_tts import build
     from models.qwen3_tts.build import codec_settings
 
     def ctx(device: str, **given):
         return SimpleNamespace(device=device, setting=lambda name, default: given.get(name, default))
 
-    assert codec_settings(ctx("cuda")) == ("nwc", True, True, None)
-    assert codec_settings(ctx("cuda:1")) == ("nwc", True, True, None)
+    monkeypatch.setattr(build, "triton_available", lambda: True)
+    assert codec_settings(ctx("cuda")) == ("nwc", True, True, "triton")
+    assert codec_settings(ctx("cuda:1")) == ("nwc", True, True, "triton")
+    assert codec_settings(ctx("cuda", codec_conv="gemm")) == ("nwc", True, True, "gemm")
     assert codec_settings(ctx("cpu")) == ("ncw", False, True, None)
     assert codec_settings(ctx("cuda", codec_layout="ncw")) == ("ncw", False, True, None)
-    assert codec_settings(ctx("cuda", codec_compile="false")) == ("nwc", False, False, None)
-    assert codec_settings(ctx("cuda", codec_compile="on")) == ("nwc", True, False, None)
+    assert codec_settings(ctx("cuda", codec_compile="false")) == ("nwc", False, False, "triton")
+    assert codec_settings(ctx("cuda", codec_compile="on")) == ("nwc", True, False, "triton")
     assert codec_settings(ctx("cpu", codec_layout="nwc", codec_compile=True)) == ("nwc", True, False, None)
     assert codec_settings(ctx("cpu", codec_layout="nwc", codec_conv="cudnn")) == ("nwc", False, True, "cudnn")
+    monkeypatch.setattr(build, "triton_available", lambda: False)
+    assert codec_settings(ctx("cuda")) == ("nwc", True, True, None)
     with pytest.raises(ValueError, match="codec_compile=maybe: expects true or false"):
         codec_settings(ctx("cuda", codec_compile="maybe"))
