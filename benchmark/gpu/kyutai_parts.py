@@ -3,7 +3,8 @@ voice cross-attention), the frame head (text sample, state machine, depth transf
 codebooks sampled) and the Mimi decode, each alone, with how many kernels each launches; and
 the head's two cheaper variants that a turn's first 18 steps run (text only, codebook 0 only),
 and the head with its depth transformer's fused pieces uncompiled (the A/B of `kyutai_compile`)
-and, on a GPU, with the other depth attention (the A/B of `kyutai_depth_attention`).
+and, on a GPU, with the other depth attention (the A/B of `kyutai_depth_attention`) and the
+temporal transformer with the other voice cross-attention (of `kyutai_cross_attention`).
 
     python -m benchmark.gpu.kyutai_parts --batch 1,64,128,256 [--kernels 128] [--json F]
     python -m benchmark.gpu.kyutai_parts --model kyutai-tts-tiny --device cpu --batch 2   # a smoke run
@@ -70,6 +71,15 @@ def _with_fns(head: object, fns: object, fn: Callable[[], object]) -> object:
         head.fns = kept  # type: ignore[attr-defined]
 
 
+def _with_cross(bank: object, attention: str, fn: Callable[[], object]) -> object:
+    """``fn()`` with the voice bank's cross-attention ``attention`` ("sdpa" or "triton")."""
+    kept, bank.attention = bank.attention, attention  # type: ignore[attr-defined]
+    try:
+        return fn()
+    finally:
+        bank.attention = kept  # type: ignore[attr-defined]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="kyutai-tts", help="a --model name of Kyutai TTS")
@@ -108,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Kyutai TTS parts on {name} ({uuid}); torch {torch.__version__}; {lm.num_active} codebooks; "
           f"self-attention over {args.context} frames (dense stand-in)", flush=True)
     other_name = "torch's" if head.fns.attend is not attend_sdpa else "Triton"
+    bank = lm.slots.bank
+    other_cross = "triton" if bank.attention == "sdpa" else "sdpa"
     rows = []
     for b in batches:
         slots = torch.arange(b, dtype=i64, device=dev)
@@ -135,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             other = attend_sdpa if head.fns.attend is not attend_sdpa else attend_codebook
             parts["head_other_attention"] = lambda: _with_fns(head, head.fns._replace(attend=other),  # noqa: B023
                                                               lambda: head.sample(hidden, r))  # noqa: B023
+            parts["backbone_other_cross"] = lambda: _with_cross(bank, other_cross,  # noqa: B023
+                                                                lambda: lm(pos, pos, attn, slots))  # noqa: B023
         row: dict = {"rows": b}
         tables = []
         for part, fn in parts.items():
@@ -151,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
               f"({row['head_cb0_kernels']}); uncompiled step {row['head_uncompiled_ms']:5.2f} ms "
               f"({row['head_uncompiled_kernels']})"
               + (f"; {other_name} attention {row['head_other_attention_ms']:5.2f} ms ({row['head_other_attention_kernels']})"
-                 if "head_other_attention_ms" in row else ""), flush=True)
+                 if "head_other_attention_ms" in row else "")
+              + (f"; backbone with the {other_cross} cross-attention {row['backbone_other_cross_ms']:5.2f} ms "
+                 f"({row['backbone_other_cross_kernels']})" if "backbone_other_cross_ms" in row else ""), flush=True)
         for t in tables:
             print(t, flush=True)
         attn = None

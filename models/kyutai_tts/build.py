@@ -1,7 +1,7 @@
 """Loading the Kyutai TTS program for the runtime (``--model kyutai-tts``, ``kyutai/tts-...``).
 
 Its settings (``kyutai_n_q``, ``voice_dir``, ``voice_bank_size``, ``codec_dtype``, ``kyutai_compile``,
-``kyutai_depth_attention``; read with
+``kyutai_depth_attention``, ``kyutai_cross_attention``; read with
 ``LoadContext.setting``) are in docs/models/kyutai_tts.md, "Serving".
 """
 
@@ -46,7 +46,8 @@ def load(ctx: LoadContext) -> ProgramModel:
     config = lm.config
     lmc = config.lm
     bank = VoiceBank(lmc.num_layers, int(ctx.setting("voice_bank_size", 8)), config.condition.cross_len,
-                     lmc.num_heads, lmc.head_dim, device=ctx.device, dtype=ctx.dtype)
+                     lmc.num_heads, lmc.head_dim, device=ctx.device, dtype=ctx.dtype,
+                     attention=str(ctx.setting("kyutai_cross_attention", "sdpa")))
     slots = SlotInputs(config, ctx.max_num_seqs, bank, device=ctx.device, dtype=ctx.dtype)
     lm.attach(slots, config.tts.n_q)
     tts = config.tts

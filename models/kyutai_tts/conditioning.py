@@ -5,6 +5,8 @@ each voice's cross-attention keys/values computed once, in rows of a fixed-capac
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -90,12 +92,21 @@ class ConditionProvider(nn.Module):
 
 
 class VoiceBank:
-    """Per-voice cross-attention keys/values for every layer, ``capacity`` voices at a time."""
+    """Per-voice cross-attention keys/values for every layer, ``capacity`` voices at a time;
+    ``attention``: how a token attends to its voice ("sdpa": ``attend``'s masked SDPA over every
+    voice; "triton": ``cross_triton.attend_voices``, the voices in use only, CUDA)."""
+
+    ATTENTIONS = ("sdpa", "triton")
 
     def __init__(self, num_layers: int, capacity: int, length: int, heads: int, head_dim: int, *,
-                 device: torch.device | str, dtype: torch.dtype) -> None:
+                 device: torch.device | str, dtype: torch.dtype, attention: str = "sdpa") -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
+        if attention not in self.ATTENTIONS:
+            raise ValueError(f"kyutai_cross_attention must be sdpa or triton, got {attention!r}")
+        if attention == "triton" and torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("kyutai_cross_attention=triton needs a CUDA device (its kernel is Triton's)")
+        self.attention = attention
         self.capacity, self.length, self.heads, self.head_dim = capacity, length, heads, head_dim
         shape = (num_layers, capacity, length, heads, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
@@ -124,6 +135,10 @@ class VoiceBank:
         three, torch's attention fell back to its unfused float32 path (H200, 128 rows, a
         layer: 542 us, against 201 us unfused in bfloat16 and 136 us fused; at one row 155, 40
         and 24 us). Unmasked within a voice, as moshi's cross-attention."""
+        if self.attention == "triton":
+            from models.kyutai_tts.cross_triton import attend_voices
+
+            return attend_voices(q.contiguous(), self.k[layer], self.v[layer], rows)
         k = self.k[layer].flatten(0, 1).transpose(0, 1)[None]  # [1, H, S = V * L, D]
         v = self.v[layer].flatten(0, 1).transpose(0, 1)[None]
         if self._mask is None or self._mask[0] is not rows:  # the same rows in every layer of a step

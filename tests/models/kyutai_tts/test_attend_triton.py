@@ -74,3 +74,24 @@ def test_light_steps_are_kyutais_default_on_cuda_only() -> None:
     assert _light_steps(-1, head, KYUTAI_DEFAULTS, "cpu") == {}
     assert _light_steps(0, head, KYUTAI_DEFAULTS, "cuda") == {}
     assert _light_steps(2, head, KYUTAI_DEFAULTS, "cpu")["light_steps_max"] == 2
+
+
+def test_the_voice_cross_attention_kernel_equals_the_masked_sdpa(interpreted: dict) -> None:
+    """``kyutai_cross_attention=triton``: each token attends over its own voice's keys only, equal
+    to ``VoiceBank.attend``'s SDPA over every voice with the others masked, within 1e-5 relative in
+    float32 (float16 within its rounding), for one token, blocks with one voice unused, blocks
+    that span several programs, and a bank length not a multiple of the kernel's 64 keys."""
+    cross = interpreted["cross"]
+    assert cross["torch.float32"]["rel"] < 1e-5 and cross["torch.float16"]["rel"] < 3e-3
+    assert "sdpa or triton" in cross["bad_name"]
+
+
+def test_the_voice_cross_attention_kernel_is_refused_without_cuda() -> None:
+    import torch
+
+    from models.kyutai_tts.conditioning import VoiceBank
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter is on in this process")
+    with pytest.raises(ValueError, match="CUDA"):
+        VoiceBank(1, 1, 8, 1, 16, device="cpu", dtype=torch.float32, attention="triton")

@@ -1,6 +1,7 @@
 """Run by tests/models/kyutai_tts/test_attend_triton.py in the Triton venv with TRITON_INTERPRET=1:
-the depth transformer's Triton attention against ``attend_sdpa`` on the CPU, and a whole frame
-decoded with each. Prints one JSON object."""
+the depth transformer's Triton attention against ``attend_sdpa`` on the CPU, a whole frame
+decoded with each, and the voice cross-attention's kernel against ``VoiceBank.attend``'s SDPA.
+Prints one JSON object."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
 from models.kyutai_tts.attend_triton import attend_codebook  # noqa: E402
+from models.kyutai_tts.conditioning import VoiceBank  # noqa: E402
 from models.kyutai_tts.config import TINY  # noqa: E402
 from models.kyutai_tts.depformer import PLAIN, AudioSampling, attend_sdpa, decode_frame  # noqa: E402
 from models.kyutai_tts.lm import KyutaiLM  # noqa: E402
@@ -44,4 +46,27 @@ with torch.no_grad():
     triton_codes = decode_frame(lm, hidden, text, sampling, n_q, PLAIN._replace(attend=attend_codebook))
 out["frame_equal"] = bool(torch.equal(sdpa, triton_codes))
 out["frame_distinct_codes"] = len(set(sdpa.flatten().tolist()))
+# The voice cross-attention: 3 bank voices of 40 keys (not a multiple of the kernel's 64), tokens
+# spread over blocks of 16 and 32 rows, one voice unused; the same bank read by both paths.
+out["cross"] = {}
+for dt in (torch.float32, torch.float16):
+    layers, voices, length, h, d = 2, 3, 40, 4, 16
+    sdpa_bank = VoiceBank(layers, voices, length, h, d, device="cpu", dtype=dt)
+    triton_bank = VoiceBank(layers, voices, length, h, d, device="cpu", dtype=dt, attention="triton")
+    for bank in (sdpa_bank, triton_bank):
+        bank.k = torch.randn(layers, voices, length, h, d, generator=torch.Generator().manual_seed(2)).to(dt)
+        bank.v = torch.randn(layers, voices, length, h, d, generator=torch.Generator().manual_seed(3)).to(dt)
+    worst = 0.0
+    for t, used in ((1, (1,)), (13, (0, 2)), (37, (0, 1, 2)), (70, (2,))):
+        rows = torch.tensor(used)[torch.randint(0, len(used), (t,), generator=g)]
+        for layer in range(layers):
+            q = torch.randn(t, h, d, generator=g).to(dt)
+            want = sdpa_bank.attend(layer, q, rows).float()
+            got = triton_bank.attend(layer, q, rows).float()
+            worst = max(worst, float((got - want).abs().max() / want.abs().max()))
+    out["cross"][str(dt)] = {"rel": worst}
+try:
+    VoiceBank(1, 1, 8, 1, 16, device="cpu", dtype=torch.float32, attention="flash")
+except ValueError as e:
+    out["cross"]["bad_name"] = str(e)
 print(json.dumps(out))
