@@ -26,7 +26,7 @@ from models.qwen3_tts.codec import Codec, CodecStream, _CausalConv, _CausalTrans
 __all__ = ["CodecStreamNWC", "CODEC_CONVS", "CODEC_LAYOUTS", "compiled_snake", "make_codec_stream", "snake"]
 
 CODEC_LAYOUTS = ("ncw", "nwc")
-CODEC_CONVS = ("gemm", "cudnn", "triton")
+CODEC_CONVS = ("gemm", "cudnn", "triton", "fused")
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,10 @@ class _Dense:
     """A causal conv (dense or depthwise) for [N, n, C] with its state [S, ctx, C_in]; a dense one
     with k > 1 as a GEMM of its gathered taps (``conv="gemm"``), as cuDNN's convolution on the
     channels-last view of the same memory (``conv="cudnn"``: an implicit GEMM, no gathered copy)
-    or as our Triton implicit GEMM over the same memory (``conv="triton"``, ``conv_triton``)."""
+    or as our Triton implicit GEMM over the same memory (``conv="triton"``, ``conv_triton``); with
+    ``conv="fused"`` that kernel also applies the SnakeBeta before it and adds the residual after
+    it (``__call__``'s ``act`` and ``residual``; k = 1 included), its state holding the inputs
+    before SnakeBeta."""
 
     def __init__(self, m: _CausalConv, state: Tensor | None, dtype: torch.dtype, conv: str = "gemm") -> None:
         w = m.conv.weight.detach().to(dtype)  # [C_out, C_in / groups, k]
@@ -44,8 +47,9 @@ class _Dense:
         self.bias = None if m.conv.bias is None else m.conv.bias.detach().to(dtype)
         self.depthwise = m.conv.groups > 1
         self.cudnn = conv == "cudnn" and not self.depthwise and k > 1
-        self.triton = conv == "triton" and not self.depthwise and k > 1
-        if self.triton:
+        self.triton = conv in ("triton", "fused") and not self.depthwise and k > 1
+        self.fused = conv == "fused" and not self.depthwise
+        if self.triton or self.fused:
             from models.qwen3_tts.conv_triton import taps_weight
 
             self.weight = taps_weight(w)  # [k * C_in, C_out]
@@ -59,15 +63,38 @@ class _Dense:
             self.weight = w.reshape(c_out, c_in_g * k).contiguous()  # column c*k + j: tap j of input c
         self.state = state  # [S, ctx, C_in] or None (k = 1)
 
-    def __call__(self, x: Tensor, slots: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, slots: Tensor, act: _SnakeNWC | None = None,
+                 residual: Tensor | None = None) -> Tensor:
+        """conv(act(x)) + residual ([N, n, C_out]), the last two optional."""
+        if self.fused and (act is not None or residual is not None):
+            return self._fused(x, slots, act, residual)
+        y = self._conv(x if act is None else act(x), slots)
+        return y if residual is None else residual + y
+
+    def _fused(self, x: Tensor, slots: Tensor, act: _SnakeNWC | None, residual: Tensor | None) -> Tensor:
+        from models.qwen3_tts.conv_triton import conv_taps
+
+        snake = None if act is None else (act.alpha, act.inv_beta)
+        res = None if residual is None else residual.contiguous()
+        if not self.context:  # k = 1
+            return conv_taps(x.contiguous(), self.weight, self.bias, x.shape[1], 1, snake, res)
+        state = self.state
+        assert state is not None
+        full = torch.cat((state.index_select(0, slots), x), dim=1)  # inputs before SnakeBeta
+        state.index_copy_(0, slots, full[:, -self.context:])
+        return conv_taps(full, self.weight, self.bias, x.shape[1], self.dilation, snake, res)
+
+    def _conv(self, x: Tensor, slots: Tensor) -> Tensor:
         if not self.context:
+            if self.fused:  # (the taps' form of the weight: [C_in, C_out])
+                return F.linear(x, self.weight.t(), self.bias)
             return F.linear(x, self.weight, self.bias)  # k = 1: [N, n, C_in] -> [N, n, C_out]
         state = self.state
         assert state is not None
         n, d = x.shape[1], self.dilation
         full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, ctx + n, C]
         state.index_copy_(0, slots, full[:, -self.context:])
-        if self.triton:  # the taps read where they lie: no gathered copy
+        if self.triton or self.fused:  # the taps read where they lie: no gathered copy
             from models.qwen3_tts.conv_triton import conv_taps
 
             return conv_taps(full, self.weight, self.bias, n, d)
@@ -109,21 +136,26 @@ class _Trans:
         # conv="triton": (before, now) are two taps of dilation 1 over [state, inputs], read in
         # place by the Triton GEMM (conv_triton), not a two-fold copy side by side
         self.taps = None
-        if conv == "triton" and self.context:
+        self.fused = conv == "fused" and bool(self.context)
+        if conv in ("triton", "fused") and self.context:
             from models.qwen3_tts.conv_triton import taps_weight
 
             self.taps = taps_weight(self.weight.view(s * c_out, 2, c_in).transpose(1, 2))  # [2*C_in, s*C_out]
 
-    def __call__(self, x: Tensor, slots: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, slots: Tensor, act: _SnakeNWC | None = None) -> Tensor:
+        """The transposed conv of act(x) (``act`` optional; applied in the kernel when fused)."""
+        if act is not None and not self.fused:
+            x = act(x)
         if self.context:
             state = self.state
             assert state is not None
             full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, 1 + n, C_in]
-            state.index_copy_(0, slots, full[:, -1:])
+            state.index_copy_(0, slots, full[:, -1:])  # (fused: the input before SnakeBeta)
             if self.taps is not None:
                 from models.qwen3_tts.conv_triton import conv_taps
 
-                out = conv_taps(full, self.taps, self.bias, x.shape[1], 1)  # [N, n, s*C_out]
+                snake = (act.alpha, act.inv_beta) if self.fused and act is not None else None
+                out = conv_taps(full, self.taps, self.bias, x.shape[1], 1, snake)  # [N, n, s*C_out]
                 return out.view(out.shape[0], -1, self.c_out)
             x = torch.cat((full[:, :-1], full[:, 1:]), dim=2)  # [N, n, 2*C_in]: (before, now)
         out = F.linear(x, self.weight, self.bias)  # [N, n, s*C_out]
@@ -194,11 +226,12 @@ class CodecStreamNWC(CodecStream):
         every layer and batch size; compiled here, so before any graph capture; where it cannot
         compile, ``compile_fallback`` runs it unfused: ``compiled_snake``).
         ``conv``: the dense convolutions as GEMMs of their gathered taps ("gemm"), cuDNN's
-        channels-last convolution ("cudnn") or the Triton implicit GEMM ("triton": CUDA only)."""
+        channels-last convolution ("cudnn"), the Triton implicit GEMM ("triton": CUDA only) or
+        that kernel with the SnakeBeta before and the residual sum after each folded in ("fused")."""
         if conv not in CODEC_CONVS:
             raise ValueError(f"codec_conv must be one of {', '.join(CODEC_CONVS)}, got {conv!r}")
-        if conv == "triton" and torch.device(device or "cpu").type != "cuda" and not _interpreting():
-            raise ValueError("codec_conv=triton needs a CUDA device (its kernel is Triton's)")
+        if conv in ("triton", "fused") and torch.device(device or "cpu").type != "cuda" and not _interpreting():
+            raise ValueError(f"codec_conv={conv} needs a CUDA device (its kernel is Triton's)")
         super().__init__(codec, max_slots, device=device, dtype=dtype)
         dt = self.k[0].dtype
         fn = (compiled_snake(compile_backend, self.k[0].device, dt, fallback=compile_fallback)
@@ -259,10 +292,10 @@ class CodecStreamNWC(CodecStream):
             h = self._convnext(cnx, h, dw(h, slots))
         h = self._first(h, slots)
         for act, tconv, units in self._blocks:
-            h = tconv(act(h), slots)
+            h = tconv(h, slots, act)
             for act1, conv1, act2, conv2 in units:
-                h = h + conv2(act2(conv1(act1(h), slots)), slots)
-        h = self._last(self._last_snake(h), slots)  # [N, n, 1]
+                h = conv2(conv1(h, slots, act1), slots, act2, residual=h)  # h + conv2(act2(conv1(act1(h))))
+        h = self._last(h, slots, self._last_snake)  # [N, n, 1]
         return h.clamp(-1.0, 1.0)[:, :, 0]
 
 
@@ -273,7 +306,7 @@ def make_codec_stream(codec: Codec, max_slots: int, *, layout: str = "ncw", comp
     """The per-slot codec stream in ``layout`` ("ncw": ``CodecStream``; "nwc": ``CodecStreamNWC``,
     with ``compile`` its SnakeBeta fused by ``torch.compile`` (``compile_fallback``: unfused where
     it cannot compile, rather than an error), ``conv`` its dense convolutions' kind: "gemm", the
-    default, or "cudnn")."""
+    default, "cudnn", "triton" or "fused")."""
     if layout not in CODEC_LAYOUTS:
         raise ValueError(f"codec_layout must be one of {', '.join(CODEC_LAYOUTS)}, got {layout!r}")
     if layout == "nwc":

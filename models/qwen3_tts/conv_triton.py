@@ -8,6 +8,12 @@ samples a frame per row. This kernel reads each tap where it lies, in the [N, ct
 tensor of the state's context followed by the new inputs: row ``(i, t)``'s column ``j * C_in +
 c`` is ``full[i, t + j * dilation, c]``, so a block of columns within one tap is a contiguous run
 of channels. Float32 accumulation; the bias added before the one rounding to the output dtype.
+
+With ``snake`` the SnakeBeta before the convolution is applied to each input as it is loaded
+(in float32, rounded to the input dtype as the separate kernel's output would be), so the
+activation is not written and read again, and with ``residual`` the residual sum after it is
+added in the epilogue (``codec_conv=fused``). A convolution fed that way keeps its state's
+inputs before SnakeBeta (zeros stay zeros: SnakeBeta(0) = 0).
 """
 
 from __future__ import annotations
@@ -30,9 +36,12 @@ def taps_weight(weight: Tensor) -> Tensor:
     return weight.permute(2, 1, 0).reshape(k * c_in, c_out).contiguous()
 
 
-def conv_taps(full: Tensor, weight: Tensor, bias: Tensor | None, n: int, dilation: int) -> Tensor:
+def conv_taps(full: Tensor, weight: Tensor, bias: Tensor | None, n: int, dilation: int,
+              snake: tuple[Tensor, Tensor] | None = None, residual: Tensor | None = None) -> Tensor:
     """full [N, L, C_in] (contiguous; L = (k - 1) * dilation + n), weight [k * C_in, C_out]
-    (``taps_weight``), bias [C_out] or None -> [N, n, C_out] in ``full``'s dtype."""
+    (``taps_weight``), bias [C_out] or None -> [N, n, C_out] in ``full``'s dtype. ``snake``:
+    (alpha, inv_beta) [C_in] each, SnakeBeta applied to the inputs first (``codec_nwc.snake``);
+    ``residual``: [N, n, C_out] (contiguous) added to the output."""
     if triton is None:
         raise RuntimeError("codec_conv=triton needs Triton (it comes with CUDA torch)")
     batch, length, c_in = full.shape
@@ -42,13 +51,19 @@ def conv_taps(full: Tensor, weight: Tensor, bias: Tensor | None, n: int, dilatio
     if k_total % c_in or (k_total // c_in - 1) * dilation + n != length:
         raise ValueError(f"conv_taps: {k_total // c_in} taps of dilation {dilation} and {n} outputs "
                          f"do not fit {length} inputs")
+    if residual is not None and (residual.shape != (batch, n, c_out) or not residual.is_contiguous()):
+        raise ValueError(f"conv_taps: residual {tuple(residual.shape)} is not a contiguous [{batch}, {n}, {c_out}]")
+    if snake is not None and (snake[0].shape != (c_in,) or snake[1].shape != (c_in,)):
+        raise ValueError(f"conv_taps: SnakeBeta's parameters must be [{c_in}]")
     out = torch.empty(batch, n, c_out, dtype=full.dtype, device=full.device)
+    alpha, inv_beta = snake if snake is not None else (weight, weight)  # (unread without SNAKE)
     m = batch * n
     block_m, block_n = 64, (32 if c_out <= 32 else 64 if c_out <= 64 else 128)
     block_k = 64 if c_in % 64 == 0 else 32 if c_in % 32 == 0 else 16
     grid = (triton.cdiv(m, block_m), triton.cdiv(c_out, block_n))
     conv_taps_kernel[grid](full, weight, bias if bias is not None else weight, out, m, n, length, c_in, c_out, k_total,
-                 dilation, HAS_BIAS=bias is not None,
+                 dilation, alpha, inv_beta, residual if residual is not None else out,
+                 HAS_BIAS=bias is not None, SNAKE=snake is not None, RESIDUAL=residual is not None,
                  IEEE=full.dtype == torch.float32,  # (float32 as torch computes it: no TF32)
                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4 if block_n < 128 else 8, num_stages=3)
     return out
@@ -56,8 +71,8 @@ def conv_taps(full: Tensor, weight: Tensor, bias: Tensor | None, n: int, dilatio
 
 if triton is not None:  # (else the kernel is not made: the callers say Triton is needed)
     @triton.jit
-    def conv_taps_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, n, L, C_in, C_out, K, dil,
-                         HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+    def conv_taps_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, n, L, C_in, C_out, K, dil, alpha_ptr, inv_beta_ptr, r_ptr,
+                         HAS_BIAS: tl.constexpr, SNAKE: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # output rows (i, t)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output channels
@@ -68,6 +83,13 @@ if triton is not None:  # (else the kernel is not made: the callers say Triton i
             rk = k0 + tl.arange(0, BLOCK_K)  # columns: tap rk // C_in, channel rk % C_in
             col = (rk // C_in) * dil * C_in + rk % C_in
             a = tl.load(x_ptr + base[:, None] + col[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+            if SNAKE:  # x + sin(alpha x)^2 / beta per input channel, rounded as the unfused kernel's output
+                ch = rk % C_in
+                al = tl.load(alpha_ptr + ch, mask=rk < K, other=0.0).to(tl.float32)
+                ib = tl.load(inv_beta_ptr + ch, mask=rk < K, other=0.0).to(tl.float32)
+                af = a.to(tl.float32)
+                sn = tl.sin(af * al[None, :])
+                a = (af + ib[None, :] * sn * sn).to(a.dtype)
             w = tl.load(w_ptr + rk[:, None] * C_out + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < C_out),
                         other=0.0)
             if IEEE:
@@ -76,5 +98,8 @@ if triton is not None:  # (else the kernel is not made: the callers say Triton i
                 acc += tl.dot(a, w)
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=rn < C_out, other=0.0).to(tl.float32)[None, :]
-        out = y_ptr + rm.to(tl.int64)[:, None] * C_out + rn[None, :]
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < C_out))
+        at = rm.to(tl.int64)[:, None] * C_out + rn[None, :]
+        keep = (rm[:, None] < M) & (rn[None, :] < C_out)
+        if RESIDUAL:  # (the output rounded once, after the sum)
+            acc += tl.load(r_ptr + at, mask=keep, other=0.0).to(tl.float32)
+        tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=keep)

@@ -39,6 +39,23 @@ def test_the_codec_step_with_it_equals_the_step_with_gathered_taps(interpreted: 
     assert interpreted["codec"] < 1e-5
 
 
+def test_snakebeta_and_the_residual_folded_in_equal_them_apart(interpreted: dict) -> None:
+    """``conv_taps`` with ``snake`` and ``residual`` (``codec_conv=fused``) equals SnakeBeta, then
+    torch's convolution, then the sum, for 7 taps with dilation 3 and for one tap: float32 within
+    1e-6 relative, float16 within its rounding."""
+    errors = interpreted["fused"]
+    assert len(errors) == 3
+    for case, err in errors.items():
+        assert err < (2e-3 if "float16" in case else 1e-6), (case, err)
+
+
+def test_the_codec_step_fused_equals_the_step_with_gathered_taps(interpreted: dict) -> None:
+    """The streamed step with ``conv="fused"`` (every SnakeBeta before a convolution inside the
+    kernel, its state holding the inputs before it; every residual sum in its epilogue) equals
+    ``conv="gemm"`` within 1e-5 relative over 12 frames."""
+    assert interpreted["codec_fused"] < 1e-5
+
+
 def test_without_cuda_it_is_refused_at_load() -> None:
     """Outside the interpreter, a CPU codec with ``conv="triton"`` fails at load, naming CUDA."""
     from models.qwen3_tts.codec import Codec
@@ -47,5 +64,6 @@ def test_without_cuda_it_is_refused_at_load() -> None:
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("the interpreter is on in this process")
-    with pytest.raises(ValueError, match="CUDA"):
-        make_codec_stream(Codec(TINY.codec), 1, layout="nwc", conv="triton", device=torch.device("cpu"))
+    for conv in ("triton", "fused"):
+        with pytest.raises(ValueError, match="CUDA"):
+            make_codec_stream(Codec(TINY.codec), 1, layout="nwc", conv=conv, device=torch.device("cpu"))

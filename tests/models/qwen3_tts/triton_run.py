@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
 from models.qwen3_tts.codec import Codec  # noqa: E402
-from models.qwen3_tts.codec_nwc import make_codec_stream  # noqa: E402
+from models.qwen3_tts.codec_nwc import make_codec_stream, snake  # noqa: E402
 from models.qwen3_tts.config import TINY  # noqa: E402
 from models.qwen3_tts.conv_triton import conv_taps, taps_weight  # noqa: E402
 
@@ -37,6 +37,23 @@ for case in [(3, 5, 24, 40, 7, 3, True, torch.float32), (2, 9, 64, 96, 7, 1, Fal
     assert got.dtype == dt and got.shape == want.shape
     out["kernel"][str(case[:7] + (str(dt),))] = rel(got, want)
 
+# SnakeBeta folded into the load and the residual into the epilogue (codec_conv=fused), k = 1 and 7
+out["fused"] = {}
+for case in [(3, 5, 24, 40, 7, 3, True, torch.float32), (2, 9, 64, 64, 1, 1, True, torch.float32),
+             (2, 12, 32, 48, 7, 1, False, torch.float16)]:
+    n_rows, n, c_in, c_out, k, d, bias, dt = case
+    full = torch.randn(n_rows, (k - 1) * d + n, c_in, generator=g).to(dt)
+    w = torch.randn(c_out, c_in, k, generator=g).to(dt)
+    b = torch.randn(c_out, generator=g).to(dt) if bias else None
+    alpha = torch.rand(c_in, generator=g).add(0.5).to(dt)
+    inv_beta = torch.rand(c_in, generator=g).add(0.5).to(dt)
+    res = torch.randn(n_rows, n, c_out, generator=g).to(dt)
+    act = snake(full.float(), alpha.float(), inv_beta.float()).to(dt).float()
+    want = F.conv1d(act.transpose(1, 2), w.float(), None if b is None else b.float(), dilation=d).transpose(1, 2)
+    got = conv_taps(full, taps_weight(w), b, n, d, (alpha, inv_beta), res)
+    assert got.dtype == dt and got.shape == want.shape
+    out["fused"][str(case[:7] + (str(dt),))] = rel(got, want + res.float())
+
 torch.manual_seed(1)
 codec = Codec(TINY.codec)
 with torch.no_grad():
@@ -58,12 +75,13 @@ import models.qwen3_tts.conv_triton as conv_triton  # noqa: E402
 conv_triton.conv_taps = counted
 pcm = {}
 with torch.no_grad():
-    for conv in ("gemm", "triton"):
+    for conv in ("gemm", "triton", "fused"):
         stream = make_codec_stream(codec, 2, layout="nwc", conv=conv)
         slots = torch.tensor([1])
         stream.reset(slots)
         pcm[conv] = torch.cat([stream.step(slots, codes[t:t + 1])[0] for t in range(len(codes))])
 out["codec"] = rel(pcm["triton"], pcm["gemm"])
+out["codec_fused"] = rel(pcm["fused"], pcm["gemm"])
 out["codec_peak"] = float(pcm["gemm"].abs().max())
 out["codec_finite"] = bool(torch.isfinite(pcm["triton"]).all())
 out["codec_std"] = float(pcm["gemm"].std())
