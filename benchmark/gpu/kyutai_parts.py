@@ -3,8 +3,9 @@ voice cross-attention), the frame head (text sample, state machine, depth transf
 codebooks sampled) and the Mimi decode, each alone, with how many kernels each launches; and
 the head's two cheaper variants that a turn's first 18 steps run (text only, codebook 0 only),
 and the head with its depth transformer's fused pieces uncompiled (the A/B of `kyutai_compile`)
-and, on a GPU, with the other depth attention (the A/B of `kyutai_depth_attention`) and the
-temporal transformer with the other voice cross-attention (of `kyutai_cross_attention`).
+and, on a GPU, with the other depth attention (the A/B of `kyutai_depth_attention`), with the
+other top-k draw (of `kyutai_sampling`), and the temporal transformer with the other voice
+cross-attention (of `kyutai_cross_attention`).
 
     python -m benchmark.gpu.kyutai_parts --batch 1,64,128,256 [--kernels 128] [--json F]
     python -m benchmark.gpu.kyutai_parts --model kyutai-tts-tiny --device cpu --batch 2   # a smoke run
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.llm.token_head import RowInputs
     from models.kyutai_tts.attend_triton import attend_codebook
     from models.kyutai_tts.depformer import PLAIN, attend_sdpa
+    from models.kyutai_tts.draw_triton import top_k_draw_triton
     from models.registry import load_factory, resolve
 
     on_gpu = args.device == "cuda"
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Kyutai TTS parts on {name} ({uuid}); torch {torch.__version__}; {lm.num_active} codebooks; "
           f"self-attention over {args.context} frames (dense stand-in)", flush=True)
     other_name = "torch's" if head.fns.attend is not attend_sdpa else "Triton"
+    triton_draw = head.fns.draw is top_k_draw_triton
     bank = lm.slots.bank
     other_cross = "triton" if bank.attention == "sdpa" else "sdpa"
     rows = []
@@ -147,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             other = attend_sdpa if head.fns.attend is not attend_sdpa else attend_codebook
             parts["head_other_attention"] = lambda: _with_fns(head, head.fns._replace(attend=other),  # noqa: B023
                                                               lambda: head.sample(hidden, r))  # noqa: B023
+            other_draw = PLAIN.draw if triton_draw else top_k_draw_triton
+            parts["head_other_draw"] = lambda: _with_fns(head, head.fns._replace(draw=other_draw),  # noqa: B023
+                                                         lambda: head.sample(hidden, r))  # noqa: B023
             parts["backbone_other_cross"] = lambda: _with_cross(bank, other_cross,  # noqa: B023
                                                                 lambda: lm(pos, pos, attn, slots))  # noqa: B023
         row: dict = {"rows": b}
@@ -166,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({row['head_uncompiled_kernels']})"
               + (f"; {other_name} attention {row['head_other_attention_ms']:5.2f} ms ({row['head_other_attention_kernels']})"
                  if "head_other_attention_ms" in row else "")
+              + (f"; {'torch' if triton_draw else 'Triton'} draw {row['head_other_draw_ms']:5.2f} ms "
+                 f"({row['head_other_draw_kernels']})" if "head_other_draw_ms" in row else "")
               + (f"; backbone with the {other_cross} cross-attention {row['backbone_other_cross_ms']:5.2f} ms "
                  f"({row['backbone_other_cross_kernels']})" if "backbone_other_cross_ms" in row else ""), flush=True)
         for t in tables:

@@ -1,7 +1,7 @@
 """Loading the Kyutai TTS program for the runtime (``--model kyutai-tts``, ``kyutai/tts-...``).
 
 Its settings (``kyutai_n_q``, ``voice_dir``, ``voice_bank_size``, ``codec_dtype``, ``kyutai_compile``,
-``kyutai_depth_attention``, ``kyutai_cross_attention``; read with
+``kyutai_depth_attention``, ``kyutai_cross_attention``, ``kyutai_sampling``; read with
 ``LoadContext.setting``) are in docs/models/kyutai_tts.md, "Serving".
 """
 
@@ -62,7 +62,7 @@ def load(ctx: LoadContext) -> ProgramModel:
         compiled = compiled in ("on", "true", "1")
     backend = "inductor" if compiled is True else compiled
     head = KyutaiHead(lm, slots, machine, compile=bool(compiled), compile_backend=backend or "inductor",
-                      attention=depth_attention(ctx))
+                      attention=depth_attention(ctx), sampling=str(ctx.setting("kyutai_sampling", "torch")))
     head.warm_compiled()  # (before the runtime captures its graphs: no compile during serving)
     codec = MimiDecodeStream(loaded.mimi, ctx.max_num_seqs, num_codebooks=tts.n_q, device=ctx.device,
                              dtype=codec_dtype)

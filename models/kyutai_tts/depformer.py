@@ -82,7 +82,9 @@ class FrameFns(NamedTuple):
 
     @classmethod
     def compiled(cls, backend: str | Callable = "inductor",
-                 attend: Callable[[Tensor, Tensor, int], Tensor] | None = None) -> FrameFns:
+                 attend: Callable[[Tensor, Tensor, int], Tensor] | None = None,
+                 draw: Callable[..., Tensor] | None = None) -> FrameFns:
+        """The pieces compiled; ``attend`` and ``draw`` given (Triton kernels) are used as they are."""
         # (inductor's pattern passes off: they would make a residual sum and its matmul one
         # addmm, whose cuBLAS kernel took 9.1 us at one row on an H200, the matmul alone 4.6)
         options = {"pattern_matcher": False} if backend == "inductor" else None
@@ -90,7 +92,7 @@ class FrameFns(NamedTuple):
         def wrap(f: Callable) -> Callable:
             return torch.compile(f, dynamic=True, fullgraph=True, backend=backend, options=options)
 
-        return cls(wrap(add_norm), wrap(silu_mul), wrap(top_k_draw), attend or attend_sdpa)
+        return cls(wrap(add_norm), wrap(silu_mul), draw or wrap(top_k_draw), attend or attend_sdpa)
 
 
 def add_norm(x: Tensor, delta: Tensor, alpha: Tensor, eps: float) -> tuple[Tensor, Tensor]:

@@ -48,11 +48,12 @@ def sample_top_k(logits: Tensor, k: int, rs: RowSettings, noise: Tensor | None, 
 class KyutaiHead:
     def __init__(self, lm: KyutaiLM, slots: SlotInputs, machine: DeviceMachine, *, padding_bonus: float = 0.0,
                  compile: bool = False, compile_backend: str | Callable = "inductor",
-                 attention: str = "sdpa") -> None:
+                 attention: str = "sdpa", sampling: str = "torch") -> None:
         """``compile``: the depth transformer's fused pieces through ``torch.compile`` (dynamic
         batch; ``compile_backend``: tests trace them without code generation). ``attention``:
         its per-codebook attention as torch's ("sdpa") or one Triton kernel ("triton": CUDA, or
-        Triton's CPU interpreter)."""
+        Triton's CPU interpreter); ``sampling``: each codebook's top-k draw as torch's
+        (``sampling.top_k_draw``) or one Triton kernel (``draw_triton``), likewise."""
         cfg = lm.config
         self.lm, self.slots, self.machine = lm, slots, machine
         self.n_q = lm.num_active
@@ -80,8 +81,19 @@ class KyutaiHead:
             attend = attend_codebook
         elif attention != "sdpa":
             raise ValueError(f"kyutai_depth_attention must be sdpa or triton, got {attention!r}")
-        self.fns = (FrameFns.compiled(compile_backend, attend) if compile
-                    else PLAIN if attend is None else PLAIN._replace(attend=attend))
+        draw = None
+        if sampling == "triton":
+            from models.kyutai_tts.draw_triton import top_k_draw_triton
+
+            if slots.frame_in.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+                raise ValueError("kyutai_sampling=triton needs a CUDA device (its kernel is Triton's)")
+            draw = top_k_draw_triton
+        elif sampling != "torch":
+            raise ValueError(f"kyutai_sampling must be torch or triton, got {sampling!r}")
+        if compile:
+            self.fns = FrameFns.compiled(compile_backend, attend, draw)
+        else:
+            self.fns = PLAIN._replace(attend=attend or PLAIN.attend, draw=draw or PLAIN.draw)
         self._compiled = compile
         self._frozen = False  # (``warm_compiled``)
         self.frozen_stance = "eager_on_recompile"  # (tests: "fail_on_recompile")

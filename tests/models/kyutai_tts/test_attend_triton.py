@@ -30,6 +30,18 @@ def test_a_frame_decoded_with_it_gives_the_same_codes(interpreted: dict) -> None
     assert interpreted["frame_equal"] and interpreted["frame_distinct_codes"] > 20
 
 
+def test_the_top_k_draw_kernel_draws_as_top_k_draw(interpreted: dict) -> None:
+    """``kyutai_sampling=triton``: the same ids as ``sampling.top_k_draw`` for Kyutai's audio
+    card and k of 250, widths not a power of two, k over the width, a greedy row, top-p off, 0.9
+    and 0.3; a frame decoded with it gives the same codes."""
+    draws = interpreted["draws"]
+    assert len(draws) == 9
+    for case, (want, got) in draws.items():
+        assert got == want, case
+    assert len({tuple(w) for w, _ in draws.values()}) > 3  # (top-p and widths change the draws)
+    assert interpreted["frame_drawn_equal"]
+
+
 def test_without_cuda_it_is_refused_and_a_bad_name_too() -> None:
     from models.kyutai_tts.build import build_kyutai_backend
 
@@ -39,6 +51,10 @@ def test_without_cuda_it_is_refused_and_a_bad_name_too() -> None:
         with pytest.raises(ValueError, match=words):
             build_kyutai_backend("tiny", device="cpu", max_num_seqs=2, max_model_len=128, warmup=False,
                                  load_format="dummy", kyutai_n_q=4, kyutai_depth_attention=value)
+    for value, words in (("triton", "CUDA"), ("radix", "torch or triton")):
+        with pytest.raises(ValueError, match=words):
+            build_kyutai_backend("tiny", device="cpu", max_num_seqs=2, max_model_len=128, warmup=False,
+                                 load_format="dummy", kyutai_n_q=4, kyutai_sampling=value)
 
 
 def test_it_is_the_default_on_cuda_where_triton_imports(monkeypatch: pytest.MonkeyPatch) -> None:

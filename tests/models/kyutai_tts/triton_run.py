@@ -15,7 +15,9 @@ from models.kyutai_tts.attend_triton import attend_codebook  # noqa: E402
 from models.kyutai_tts.conditioning import VoiceBank  # noqa: E402
 from models.kyutai_tts.config import TINY  # noqa: E402
 from models.kyutai_tts.depformer import PLAIN, AudioSampling, attend_sdpa, decode_frame  # noqa: E402
+from models.kyutai_tts.draw_triton import top_k_draw_triton  # noqa: E402
 from models.kyutai_tts.lm import KyutaiLM  # noqa: E402
+from models.kyutai_tts.sampling import top_k_draw  # noqa: E402
 
 out: dict = {"kernel": {}}
 g = torch.Generator().manual_seed(0)
@@ -44,7 +46,25 @@ with torch.no_grad():
     sampling = AudioSampling(25, torch.full((bsz, 1), 0.8), noise, torch.full((bsz, 1), float("inf")))
     sdpa = decode_frame(lm, hidden, text, sampling, n_q)
     triton_codes = decode_frame(lm, hidden, text, sampling, n_q, PLAIN._replace(attend=attend_codebook))
+    # (the draw's sort is slow in the interpreter: 2 rows, 3 codebooks)
+    few = AudioSampling(250, sampling.divisor[:2], noise[:3, :2], sampling.top_p[:2])
+    drawn = [decode_frame(lm, hidden[:2], text[:2], few, 3, fns) for fns in (PLAIN, PLAIN._replace(draw=top_k_draw_triton))]
 out["frame_equal"] = bool(torch.equal(sdpa, triton_codes))
+out["frame_drawn_equal"] = bool(torch.equal(*drawn))
+
+# The top-k draw (kyutai_sampling=triton) against top_k_draw: the audio card with Kyutai's k of
+# 250, widths not a power of two, k over the width; a greedy row; top-p off, 0.9 and 0.3.
+draws = {}
+for b, v, k in ((2, 2048, 250), (3, 100, 25), (1, 37, 64)):  # (2,048-wide sorts take seconds here)
+    logits = torch.randn(b, v, generator=g) * 3
+    div = torch.rand(b, 1, generator=g) + 0.5
+    noise = -torch.log(-torch.log(torch.rand(b, v, generator=g)))
+    noise[0], div[0] = 0.0, 1.0  # a greedy row: its largest logit
+    for top_p in (float("inf"), 0.9, 0.3):
+        tp = torch.full((b, 1), top_p)
+        want, got = top_k_draw(logits, k, div, noise, tp), top_k_draw_triton(logits, k, div, noise, tp)
+        draws[f"{b}x{v} k={k} top_p={top_p}"] = [want.tolist(), got.tolist()]
+out["draws"] = draws
 out["frame_distinct_codes"] = len(set(sdpa.flatten().tolist()))
 # The voice cross-attention: 3 bank voices of 40 keys (not a multiple of the kernel's 64), tokens
 # spread over blocks of 16 and 32 rows, one voice unused; the same bank read by both paths.
