@@ -16,6 +16,7 @@ from typing import Any
 from engine.llm.backend import LMBackend
 from engine.llm.model_runner import ModelRunner
 from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
+from engine.llm.sampler import Sampler
 from engine.llm.scheduler import Scheduler
 
 __all__ = ["auto_decode_cap", "build_lm_backend", "model_setting_value"]
@@ -32,6 +33,18 @@ def _resolve_async(value: bool | str, runner: Any) -> bool:
     if value not in ("auto", "on", "off"):
         raise ValueError(f"async_steps must be auto, on or off, got {value!r}")
     return value == "on" or (value == "auto" and bool(getattr(runner, "use_graphs", False)))
+
+
+def _sampler_kernel(kernel: str) -> str:
+    """``Sampler.kernel``'s value, checked: "triton" needs Triton (it comes with CUDA torch)."""
+    if kernel not in ("torch", "triton"):
+        raise ValueError(f"sampler_kernel must be torch or triton, got {kernel!r}")
+    if kernel == "triton":
+        from engine.llm import sample_triton
+
+        if sample_triton.triton is None:
+            raise ValueError("--sampler-kernel triton needs Triton (it comes with CUDA torch)")
+    return kernel
 
 
 def _light_steps(asked: int, head: Any, defaults: ServingDefaults, device: str) -> dict[str, Any]:
@@ -137,6 +150,7 @@ def build_lm_backend(
     prefill_wait_s: float | None = None,
     prefill_batch_seqs: int | None = None,
     light_steps: int | None = None,
+    sampler_kernel: str | None = None,
     hold_undue_prompts: bool | str | None = None,
     async_steps: bool | str | None = None,
     mixed_graphs: bool | str | None = None,
@@ -177,7 +191,8 @@ def build_lm_backend(
     program's defaults with prefill graphs, off otherwise and with mixed graphs
     (``_prefill_batching``). ``light_steps``: a new sequence's cheap first steps (the head's
     ``light_until_step``) take up to that many steps in a row of their own (``_light_steps``; -1 =
-    the program's default on CUDA, 0 = off). ``hold_undue_prompts`` (True / "on"; default off): under load,
+    the program's default on CUDA, 0 = off). ``sampler_kernel``: "torch" (default) or "triton"
+    (``Sampler.kernel``, set for the process). ``hold_undue_prompts`` (True / "on"; default off): under load,
     prompts not due within the horizon wait. ``async_steps``: launch each step before the
     previous one's tokens reach the host (``LMBackend``): True / "on", False / "off", or "auto"
     (default): on when the runner replays CUDA graphs. ``mixed_graphs``: "on" / True captures
@@ -199,6 +214,8 @@ def build_lm_backend(
         return getattr(config, name, default) if config is not None else default
 
     device = pick(device, "device", "auto")
+    # (before the model's heads make their samplers; one engine a process)
+    Sampler.kernel = _sampler_kernel(pick(sampler_kernel, "sampler_kernel", "torch"))
     load_format = pick(load_format, "load_format", "auto")
     dtype_name = pick(dtype, "dtype", "auto")
     utilization = pick(gpu_memory_utilization, "gpu_memory_utilization", 0.85)

@@ -123,7 +123,12 @@ class RowSettings:
 
 
 class Sampler:
-    """``__call__`` returns column indices [B] (into the logits' last dim)."""
+    """``__call__`` returns column indices [B] (into the logits' last dim). ``kernel``: "torch",
+    or "triton" for the draw in one Triton kernel where a row has at most 8,192 columns and the
+    logits are on CUDA (``sample_triton``; the engine sets it for the process from
+    ``--sampler-kernel`` before a model's heads make their samplers)."""
+
+    kernel = "torch"
 
     @staticmethod
     def rows(temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor | None = None) -> RowSettings:
@@ -197,10 +202,15 @@ class Sampler:
             logits = torch.where(seen, penalised, logits)
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
-        greedy = logits.argmax(dim=-1)  # [B]
         if all_greedy or rs is None:
-            return greedy
+            return logits.argmax(dim=-1)
+        if self.kernel == "triton" and logits.shape[1] <= _triton_columns() and _on_triton_device(logits):
+            from engine.llm.sample_triton import draw_rows
 
+            if noise is None:
+                noise = self._noise(logits.shape[1], logits.device, seeds, steps, col_keys, salt)
+            return draw_rows(logits, rs.divisor, rs.top_p_col, rs.top_k, rs.is_greedy, noise)
+        greedy = logits.argmax(dim=-1)  # [B]
         top_k = rs.top_k
         scaled = logits / rs.divisor  # [B, K]
         drop = torch.isneginf(logits)  # disallowed columns, [B, K]
@@ -225,12 +235,29 @@ class Sampler:
             kth = scaled.sort(dim=-1, descending=True).values.gather(1, k_idx)  # [B, 1]
             drop = drop | (rs.top_k_on & (scaled < kth))
         if noise is None:
-            k = logits.shape[1]
-            if col_keys is None:
-                if self._col_keys is None or self._col_keys.numel() != k or self._col_keys.device != logits.device:
-                    self._col_keys = column_keys(k, logits.device)
-                col_keys = self._col_keys
-            noise = gumbel_noise(seeds, steps, k, col_keys, salt)  # [B, K]
+            noise = self._noise(logits.shape[1], logits.device, seeds, steps, col_keys, salt)
         # Mask after adding the noise, so a dropped column can never win (no -inf + x = NaN).
         sampled = (scaled + noise).masked_fill(drop, float("-inf")).argmax(dim=-1)  # [B]
         return torch.where(rs.is_greedy, greedy, sampled)
+
+    def _noise(self, k: int, device: torch.device, seeds: torch.Tensor, steps: torch.Tensor,
+               col_keys: torch.Tensor | None, salt: int) -> torch.Tensor:
+        """This call's Gumbel noise [B, k], keyed by ``col_keys`` (default: the columns 0..k-1)."""
+        if col_keys is None:
+            if self._col_keys is None or self._col_keys.numel() != k or self._col_keys.device != device:
+                self._col_keys = column_keys(k, device)
+            col_keys = self._col_keys
+        return gumbel_noise(seeds, steps, k, col_keys, salt)
+
+
+def _triton_columns() -> int:
+    from engine.llm.sample_triton import MAX_COLUMNS
+
+    return MAX_COLUMNS
+
+
+def _on_triton_device(t: torch.Tensor) -> bool:
+    """The kernel runs on CUDA tensors, or anywhere under Triton's CPU interpreter (the tests)."""
+    import os
+
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"

@@ -232,3 +232,32 @@ def test_a_model_setting_text_takes_its_defaults_type() -> None:
         v("n", "three", 4)
     with pytest.raises(ValueError, match="b=maybe: expects true or false"):
         v("b", "maybe", False)
+
+
+def test_cli_sampler_kernel_reaches_the_engine_config_and_the_sampler(monkeypatch):
+    """voxgate serve --sampler-kernel torch (default) | triton reaches EngineConfig, others are
+    refused; the build sets ``Sampler.kernel`` for the process (before the heads make their
+    samplers), and refuses "triton" where Triton does not import."""
+    from engine.config import EngineConfig
+    from engine.llm import build as build_mod
+    from engine.llm import sample_triton
+    from engine.llm.sampler import Sampler
+    from gateway.cli import build_parser, configs_from_args
+
+    parser = build_parser()
+    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus"]))
+    assert eng.sampler_kernel == "torch"
+    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", "--sampler-kernel", "triton"]))
+    assert eng.sampler_kernel == "triton"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--sampler-kernel", "cuda"])
+    with pytest.raises(ValueError, match="sampler_kernel"):
+        EngineConfig(sampler_kernel="cuda")
+    monkeypatch.setattr(Sampler, "kernel", "torch")
+    monkeypatch.setattr(sample_triton, "triton", object())
+    assert build_mod._sampler_kernel("triton") == "triton"
+    monkeypatch.setattr(sample_triton, "triton", None)
+    with pytest.raises(ValueError, match="needs Triton"):
+        build_mod._sampler_kernel("triton")
+    with pytest.raises(ValueError, match="torch or triton"):
+        build_mod._sampler_kernel("radix")
