@@ -1,6 +1,6 @@
 """A program's token head alone on a GPU: ``head.sample`` for B rows, replayed in a CUDA graph.
 
-    python -m benchmark.gpu.head_step --model csm --batch 1,64,256 [--json OUT]
+    python -m benchmark.gpu.head_step --model csm --batch 1,64,256 [--sampler-kernel triton] [--json OUT]
 
 The head is what a frame model runs after its backbone every step (CSM's 31-codebook depth
 decoder, Qwen3-TTS's code predictor, Kyutai's depformer, VoxCPM2's flow-matching steps, each
@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--label", default="", help="a name for this checkout in the output")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--sampler-kernel", default="torch", choices=("torch", "triton"),
+                   help="the runtime sampler's draw (voxgate serve --sampler-kernel)")
     args = p.parse_args(argv)
     import torch
 
@@ -46,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(x) for x in args.batch.split(",")]
     resolved = resolve(args.model)
     backend = build_lm_backend(load_factory(resolved.entry), resolved.model_id, device="cuda", load_format="dummy",
-                               warmup=False, max_num_seqs=max(batches), num_pages=1024)
+                               warmup=False, max_num_seqs=max(batches), num_pages=1024,
+                               sampler_kernel=args.sampler_kernel)
     head = backend.runner.head
     dev, dtype = torch.device("cuda"), torch.bfloat16
     rows = {}
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                       top_k=torch.full((b,), 50, dtype=i64, device=dev))
         hidden = torch.randn(b, HIDDEN[args.model], dtype=dtype, device=dev)
         rows[b] = graph_median_ms(lambda: head.sample(hidden, r), args.iters)  # noqa: B023
-        print(f"{args.label or args.model}: {b} rows: head.sample {rows[b]:.2f} ms (median of {args.iters} replays)",
+        print(f"{args.label or args.model} (sampler {args.sampler_kernel}): {b} rows: head.sample {rows[b]:.2f} ms (median of {args.iters} replays)",
               flush=True)
     name = torch.cuda.get_device_name()
     uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", ""))
