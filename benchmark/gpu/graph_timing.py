@@ -1,5 +1,6 @@
 """Timing a piece of GPU work the way the engine runs it: captured once in a CUDA graph, replayed
-(``graph_median_ms``); ``eager_median_ms`` times the same call eagerly, for a tool's CPU smoke run."""
+(``graph_median_ms``); ``eager_median_ms`` times the same call eagerly, for a tool's CPU smoke run;
+``kernel_table`` counts the kernels one eager call launches and lists its ops by device time."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-__all__ = ["eager_median_ms", "graph_median_ms"]
+__all__ = ["eager_median_ms", "graph_median_ms", "kernel_table"]
 
 
 def eager_median_ms(fn: Callable[[], object], iters: int) -> float:
@@ -40,3 +41,19 @@ def graph_median_ms(fn: Callable[[], object], iters: int) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b))
     return statistics.median(times)
+
+
+def kernel_table(fn: Callable[[], object], top: int) -> tuple[int, str]:
+    """(kernels one eager call launches, the profiler's table of its ops by device time)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+    count = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=top, max_name_column_width=70) if top else ""
+    return count, table

@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from benchmark.gpu.graph_timing import graph_median_ms
+from benchmark.gpu.graph_timing import graph_median_ms, kernel_table
 
 __all__ = ["main"]
 
@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--label", default="", help="a name for this checkout in the output")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--kernels", type=int, default=0, help="at this batch size, the head's top ops")
+    p.add_argument("--top", type=int, default=15, help="ops listed with --kernels")
     p.add_argument("--sampler-kernel", default="torch", choices=("torch", "triton"),
                    help="the runtime sampler's draw (voxgate serve --sampler-kernel)")
     args = p.parse_args(argv)
@@ -65,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         rows[b] = graph_median_ms(lambda: head.sample(hidden, r), args.iters)  # noqa: B023
         print(f"{args.label or args.model} (sampler {args.sampler_kernel}): {b} rows: head.sample {rows[b]:.2f} ms (median of {args.iters} replays)",
               flush=True)
+        if b == args.kernels:
+            count, table = kernel_table(lambda: head.sample(hidden, r), args.top)  # noqa: B023
+            print(f"{b} rows, one eager call: {count} kernels\n{table}", flush=True)
     name = torch.cuda.get_device_name()
     uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", ""))
     if args.json:

@@ -24,7 +24,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from benchmark.gpu.graph_timing import eager_median_ms, graph_median_ms
+from benchmark.gpu.graph_timing import eager_median_ms, graph_median_ms, kernel_table
 
 __all__ = ["main"]
 
@@ -45,22 +45,6 @@ class _DenseAttention:
         kc[:, :, -1] = k
         vc[:, :, -1] = v
         return F.scaled_dot_product_attention(q[:, :, None], kc, vc)[:, :, 0]  # [B, H, D]
-
-
-def _kernels(fn, top: int) -> tuple[int, str]:  # noqa: ANN001
-    """(kernels one eager call launches, the profiler's table of its ops by device time)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with torch.inference_mode():
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-    count = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=top, max_name_column_width=70) if top else ""
-    return count, table
 
 
 def _with_fns(head: object, fns: object, fn: Callable[[], object]) -> object:
@@ -159,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         tables = []
         for part, fn in parts.items():
             row[f"{part}_ms"] = graph_median_ms(fn, args.iters) if on_gpu else eager_median_ms(fn, args.iters)
-            row[f"{part}_kernels"], table = _kernels(fn, args.top if b == args.kernels else 0) if on_gpu else (0, "")
+            row[f"{part}_kernels"], table = kernel_table(fn, args.top if b == args.kernels else 0) if on_gpu else (0, "")
             if table:
                 tables.append(f"\n{part} at {b} rows, one eager call:\n{table}")
         row["sum_ms"] = row["backbone_ms"] + row["head_ms"] + row["mimi_ms"]
