@@ -90,6 +90,7 @@ class KyutaiHead:
             draw = top_k_draw_triton
         elif sampling != "torch":
             raise ValueError(f"kyutai_sampling must be torch or triton, got {sampling!r}")
+        self.triton_draw = draw  # (the text's draw too)
         if compile:
             self.fns = FrameFns.compiled(compile_backend, attend, draw)
         else:
@@ -159,6 +160,8 @@ class KyutaiHead:
                 if noise is None and not r.all_greedy:
                     noise = gumbel_noise(r.seeds, r.steps, logits.shape[1], salt=salt)
                     noise.masked_fill_(settings.is_greedy[:, None], 0.0)  # (sample_top_k's greedy rows)
+                if self.triton_draw is not None and not r.all_greedy and noise is not None:
+                    return self.triton_draw(logits, top_k, settings.divisor, noise, top_p)  # (kyutai_sampling)
                 return sample_top_k(logits, top_k, settings, noise, top_p, all_greedy=r.all_greedy)
             return self.sampler(logits.float(), settings=settings, repetition_penalty=ones,
                                 seeds=r.seeds, steps=r.steps, all_greedy=r.all_greedy, any_top_p=r.any_top_p,

@@ -40,6 +40,9 @@ def test_the_top_k_draw_kernel_draws_as_top_k_draw(interpreted: dict) -> None:
         assert got == want, case
     assert len({tuple(w) for w, _ in draws.values()}) > 3  # (top-p and widths change the draws)
     assert interpreted["frame_drawn_equal"]
+    head = interpreted["head"]  # a built head with kyutai_sampling=triton: its text and codes
+    assert head["triton_draw"] and head["equal"]
+    assert all(t >= 0 for row in head["tokens"] for t in row[1:])  # (text and both codebooks drawn)
 
 
 def test_without_cuda_it_is_refused_and_a_bad_name_too() -> None:

@@ -65,6 +65,29 @@ for b, v, k in ((2, 2048, 250), (3, 100, 25), (1, 37, 64)):  # (2,048-wide sorts
         want, got = top_k_draw(logits, k, div, noise, tp), top_k_draw_triton(logits, k, div, noise, tp)
         draws[f"{b}x{v} k={k} top_p={top_p}"] = [want.tolist(), got.tolist()]
 out["draws"] = draws
+
+# A built head with kyutai_sampling=triton (its text draw too) against the same head drawing with
+# torch, on the same rows (keep off: the state machine unchanged between the two)
+from engine.llm.token_head import RowInputs  # noqa: E402
+from models.kyutai_tts.build import build_kyutai_backend  # noqa: E402
+
+backend = build_kyutai_backend("tiny", device="cpu", max_num_seqs=2, max_model_len=128, warmup=False,
+                               load_format="dummy", kyutai_n_q=2, kyutai_sampling="triton")
+head = backend.runner.head
+b = 2
+rows = torch.arange(b)
+head.reset(rows)
+r = RowInputs(temperature=torch.tensor([0.8, 1.2]), top_p=torch.tensor([1.0, 0.9]), repetition_penalty=torch.ones(b),
+              seeds=torch.tensor([5, 9]), steps=torch.full((b,), 40), rows=rows, allowed_rows=torch.zeros(b, dtype=torch.int64),
+              keep=torch.zeros(b, dtype=torch.bool))
+hidden = torch.randn(b, TINY.lm.dim, generator=g)
+with torch.no_grad():
+    with_triton = head.sample(hidden, r)[0]
+    triton_draw, head.triton_draw = head.triton_draw, None
+    head.fns = head.fns._replace(draw=top_k_draw)
+    with_torch = head.sample(hidden, r)[0]
+out["head"] = {"triton_draw": triton_draw is top_k_draw_triton, "equal": bool(torch.equal(with_triton, with_torch)),
+               "tokens": with_torch.tolist()}
 out["frame_distinct_codes"] = len(set(sdpa.flatten().tolist()))
 # The voice cross-attention: 3 bank voices of 40 keys (not a multiple of the kernel's 64), tokens
 # spread over blocks of 16 and 32 rows, one voice unused; the same bank read by both paths.
