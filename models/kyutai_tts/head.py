@@ -45,6 +45,21 @@ def sample_top_k(logits: Tensor, k: int, rs: RowSettings, noise: Tensor | None, 
     return top_k_draw(logits, k, rs.divisor, noise, top_p)
 
 
+def _triton_kernel(setting: str, value: str, torch_name: str, device: torch.device, module: str,
+                   name: str) -> Callable | None:
+    """A setting's Triton kernel (``value`` "triton": ``models.kyutai_tts.<module>.<name>``, on
+    CUDA or in Triton's CPU interpreter), None for its torch form (``torch_name``)."""
+    if value == torch_name:
+        return None
+    if value != "triton":
+        raise ValueError(f"{setting} must be {torch_name} or triton, got {value!r}")
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"{setting}=triton needs a CUDA device (its kernel is Triton's)")
+    import importlib
+
+    return getattr(importlib.import_module(f"models.kyutai_tts.{module}"), name)
+
+
 class KyutaiHead:
     def __init__(self, lm: KyutaiLM, slots: SlotInputs, machine: DeviceMachine, *, padding_bonus: float = 0.0,
                  compile: bool = False, compile_backend: str | Callable = "inductor",
@@ -72,24 +87,9 @@ class KyutaiHead:
         # Rows before it run a cheaper variant: the scheduler may give them light steps of their own.
         self.light_until_step = self.first_acoustic_step if self.n_q > 1 else self.first_audio_step
         self.sampler = Sampler()
-        attend = None
-        if attention == "triton":
-            from models.kyutai_tts.attend_triton import attend_codebook
-
-            if slots.frame_in.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-                raise ValueError("kyutai_depth_attention=triton needs a CUDA device (its kernel is Triton's)")
-            attend = attend_codebook
-        elif attention != "sdpa":
-            raise ValueError(f"kyutai_depth_attention must be sdpa or triton, got {attention!r}")
-        draw = None
-        if sampling == "triton":
-            from models.kyutai_tts.draw_triton import top_k_draw_triton
-
-            if slots.frame_in.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-                raise ValueError("kyutai_sampling=triton needs a CUDA device (its kernel is Triton's)")
-            draw = top_k_draw_triton
-        elif sampling != "torch":
-            raise ValueError(f"kyutai_sampling must be torch or triton, got {sampling!r}")
+        device = slots.frame_in.device
+        attend = _triton_kernel("kyutai_depth_attention", attention, "sdpa", device, "attend_triton", "attend_codebook")
+        draw = _triton_kernel("kyutai_sampling", sampling, "torch", device, "draw_triton", "top_k_draw_triton")
         self.triton_draw = draw  # (the text's draw too)
         if compile:
             self.fns = FrameFns.compiled(compile_backend, attend, draw)
