@@ -80,9 +80,10 @@ class _Dense:
             return conv_taps(x.contiguous(), self.weight, self.bias, x.shape[1], 1, snake, res)
         state = self.state
         assert state is not None
-        full = torch.cat((state.index_select(0, slots), x), dim=1)  # inputs before SnakeBeta
-        state.index_copy_(0, slots, full[:, -self.context:])
-        return conv_taps(full, self.weight, self.bias, x.shape[1], self.dilation, snake, res)
+        x = x.contiguous()
+        out = conv_taps(x, self.weight, self.bias, x.shape[1], self.dilation, snake, res, state=(state, slots))
+        _keep_last(state, slots, x, self.context)  # (inputs before SnakeBeta; after the kernel read them)
+        return out
 
     def _conv(self, x: Tensor, slots: Tensor) -> Tensor:
         if not self.context:
@@ -109,6 +110,15 @@ class _Dense:
         # the n windows' taps, [N, n, C_in, k] -> [N, n, C_in * k] (one gather copy)
         taps = full.unfold(1, self.context + 1, 1)[..., ::d].reshape(*x.shape[:2], -1)
         return F.linear(taps, self.weight, self.bias)
+
+
+def _keep_last(state: Tensor, slots: Tensor, x: Tensor, ctx: int) -> None:
+    """The slots' states [S, ctx, C] become the last ``ctx`` of [state, x] (x [N, n, C])."""
+    n = x.shape[1]
+    if n >= ctx:
+        state.index_copy_(0, slots, x[:, n - ctx:])
+    else:
+        state.index_copy_(0, slots, torch.cat((state.index_select(0, slots)[:, n:], x), dim=1))
 
 
 class _Trans:
@@ -149,13 +159,20 @@ class _Trans:
         if self.context:
             state = self.state
             assert state is not None
+            if self.fused:  # the state read in the kernel, then its input (before SnakeBeta) kept
+                from models.qwen3_tts.conv_triton import conv_taps
+
+                x = x.contiguous()
+                snake = None if act is None else (act.alpha, act.inv_beta)
+                out = conv_taps(x, self.taps, self.bias, x.shape[1], 1, snake, state=(state, slots))
+                state.index_copy_(0, slots, x[:, -1:])
+                return out.view(out.shape[0], -1, self.c_out)  # [N, n*s, C_out]
             full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, 1 + n, C_in]
-            state.index_copy_(0, slots, full[:, -1:])  # (fused: the input before SnakeBeta)
+            state.index_copy_(0, slots, full[:, -1:])
             if self.taps is not None:
                 from models.qwen3_tts.conv_triton import conv_taps
 
-                snake = (act.alpha, act.inv_beta) if self.fused and act is not None else None
-                out = conv_taps(full, self.taps, self.bias, x.shape[1], 1, snake)  # [N, n, s*C_out]
+                out = conv_taps(full, self.taps, self.bias, x.shape[1], 1)  # [N, n, s*C_out]
                 return out.view(out.shape[0], -1, self.c_out)
             x = torch.cat((full[:, :-1], full[:, 1:]), dim=2)  # [N, n, 2*C_in]: (before, now)
         out = F.linear(x, self.weight, self.bias)  # [N, n, s*C_out]

@@ -13,7 +13,9 @@ With ``snake`` the SnakeBeta before the convolution is applied to each input as 
 (in float32, rounded to the input dtype as the separate kernel's output would be), so the
 activation is not written and read again, and with ``residual`` the residual sum after it is
 added in the epilogue (``codec_conv=fused``). A convolution fed that way keeps its state's
-inputs before SnakeBeta (zeros stay zeros: SnakeBeta(0) = 0).
+inputs before SnakeBeta (zeros stay zeros: SnakeBeta(0) = 0). With ``state`` the kernel reads a
+row's first ``ctx`` inputs from its slot's state and the rest from the new inputs, so the
+[state, inputs] concatenation (a copy of every input) is not made either.
 """
 
 from __future__ import annotations
@@ -37,18 +39,29 @@ def taps_weight(weight: Tensor) -> Tensor:
 
 
 def conv_taps(full: Tensor, weight: Tensor, bias: Tensor | None, n: int, dilation: int,
-              snake: tuple[Tensor, Tensor] | None = None, residual: Tensor | None = None) -> Tensor:
+              snake: tuple[Tensor, Tensor] | None = None, residual: Tensor | None = None,
+              state: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """full [N, L, C_in] (contiguous; L = (k - 1) * dilation + n), weight [k * C_in, C_out]
     (``taps_weight``), bias [C_out] or None -> [N, n, C_out] in ``full``'s dtype. ``snake``:
     (alpha, inv_beta) [C_in] each, SnakeBeta applied to the inputs first (``codec_nwc.snake``);
-    ``residual``: [N, n, C_out] (contiguous) added to the output."""
+    ``residual``: [N, n, C_out] (contiguous) added to the output. ``state``: (states [S, ctx,
+    C_in], slots int64 [N]), contiguous, ctx = (k - 1) * dilation: then ``full`` is the new
+    inputs [N, n, C_in] alone and the inputs before them are ``states[slots]`` (the caller
+    updates the states after)."""
     if triton is None:
         raise RuntimeError("codec_conv=triton needs Triton (it comes with CUDA torch)")
     batch, length, c_in = full.shape
     k_total, c_out = weight.shape
     if not full.is_contiguous() or not weight.is_contiguous():
         raise ValueError("conv_taps needs contiguous inputs")
-    if k_total % c_in or (k_total // c_in - 1) * dilation + n != length:
+    ctx = (k_total // c_in - 1) * dilation
+    states, slots = state if state is not None else (full, full)  # (unread without FROM_STATE)
+    if state is not None:
+        if states.shape[1:] != (ctx, c_in) or not states.is_contiguous() or slots.shape != (batch,):
+            raise ValueError(f"conv_taps: states {tuple(states.shape)} and slots {tuple(slots.shape)} do not "
+                             f"fit [S, {ctx}, {c_in}] and [{batch}]")
+        length += ctx  # (the inputs the taps read: the states' and the new)
+    if k_total % c_in or ctx + n != length:
         raise ValueError(f"conv_taps: {k_total // c_in} taps of dilation {dilation} and {n} outputs "
                          f"do not fit {length} inputs")
     if residual is not None and (residual.shape != (batch, n, c_out) or not residual.is_contiguous()):
@@ -62,8 +75,9 @@ def conv_taps(full: Tensor, weight: Tensor, bias: Tensor | None, n: int, dilatio
     block_k = 64 if c_in % 64 == 0 else 32 if c_in % 32 == 0 else 16
     grid = (triton.cdiv(m, block_m), triton.cdiv(c_out, block_n))
     conv_taps_kernel[grid](full, weight, bias if bias is not None else weight, out, m, n, length, c_in, c_out, k_total,
-                 dilation, alpha, inv_beta, residual if residual is not None else out,
+                 dilation, alpha, inv_beta, residual if residual is not None else out, states, slots, ctx,
                  HAS_BIAS=bias is not None, SNAKE=snake is not None, RESIDUAL=residual is not None,
+                 FROM_STATE=state is not None,
                  IEEE=full.dtype == torch.float32,  # (float32 as torch computes it: no TF32)
                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4 if block_n < 128 else 8, num_stages=3)
     return out
@@ -72,17 +86,32 @@ def conv_taps(full: Tensor, weight: Tensor, bias: Tensor | None, n: int, dilatio
 if triton is not None:  # (else the kernel is not made: the callers say Triton is needed)
     @triton.jit
     def conv_taps_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, n, L, C_in, C_out, K, dil, alpha_ptr, inv_beta_ptr, r_ptr,
-                         HAS_BIAS: tl.constexpr, SNAKE: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
+                         s_ptr, slots_ptr, CTX,
+                         HAS_BIAS: tl.constexpr, SNAKE: tl.constexpr, RESIDUAL: tl.constexpr,
+                         FROM_STATE: tl.constexpr, IEEE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # output rows (i, t)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output channels
         row = rm.to(tl.int64)
         base = (row // n) * L * C_in + (row % n) * C_in  # offset of full[i, t, 0]
+        if FROM_STATE:  # full[i] is states[slots[i]] (CTX inputs) then x[i] (n inputs)
+            t = row % n
+            x_row = (row // n) * n * C_in  # offset of x[i, 0, 0]
+            s_row = tl.load(slots_ptr + row // n, mask=rm < M, other=0).to(tl.int64) * CTX * C_in
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)  # columns: tap rk // C_in, channel rk % C_in
-            col = (rk // C_in) * dil * C_in + rk % C_in
-            a = tl.load(x_ptr + base[:, None] + col[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+            valid = (rm[:, None] < M) & (rk[None, :] < K)
+            if FROM_STATE:
+                pos = t[:, None] + ((rk // C_in) * dil)[None, :]  # the input's place in full[i]
+                ch = (rk % C_in)[None, :]
+                early = pos < CTX
+                a_s = tl.load(s_ptr + s_row[:, None] + pos * C_in + ch, mask=valid & early, other=0.0)
+                a_x = tl.load(x_ptr + x_row[:, None] + (pos - CTX) * C_in + ch, mask=valid & (pos >= CTX), other=0.0)
+                a = tl.where(early, a_s, a_x)
+            else:
+                col = (rk // C_in) * dil * C_in + rk % C_in
+                a = tl.load(x_ptr + base[:, None] + col[None, :], mask=valid, other=0.0)
             if SNAKE:  # x + sin(alpha x)^2 / beta per input channel, rounded as the unfused kernel's output
                 ch = rk % C_in
                 al = tl.load(alpha_ptr + ch, mask=rk < K, other=0.0).to(tl.float32)

@@ -53,6 +53,14 @@ for case in [(3, 5, 24, 40, 7, 3, True, torch.float32), (2, 9, 64, 64, 1, 1, Tru
     got = conv_taps(full, taps_weight(w), b, n, d, (alpha, inv_beta), res)
     assert got.dtype == dt and got.shape == want.shape
     out["fused"][str(case[:7] + (str(dt),))] = rel(got, want + res.float())
+    if k > 1:  # the first (k - 1) * d inputs read from the rows' slots in a state of 5 slots
+        ctx = (k - 1) * d
+        states = torch.randn(5, ctx, c_in, generator=g).to(dt)
+        slots = torch.randperm(5, generator=g)[:n_rows]
+        states[slots] = full[:, :ctx]
+        from_state = conv_taps(full[:, ctx:].contiguous(), taps_weight(w), b, n, d, (alpha, inv_beta), res,
+                               state=(states, slots))
+        out["fused"][str(case[:7] + (str(dt), "state"))] = rel(from_state, want + res.float())
 
 torch.manual_seed(1)
 codec = Codec(TINY.codec)
