@@ -66,8 +66,8 @@ class _Dense:
     def __call__(self, x: Tensor, slots: Tensor, act: _SnakeNWC | None = None,
                  residual: Tensor | None = None) -> Tensor:
         """conv(act(x)) + residual ([N, n, C_out]), the last two optional."""
-        if self.fused and (act is not None or residual is not None):
-            return self._fused(x, slots, act, residual)
+        if self.fused and (self.context or act is not None or residual is not None):
+            return self._fused(x, slots, act, residual)  # (k = 1 with nothing to fold in: cuBLAS)
         y = self._conv(x if act is None else act(x), slots)
         return y if residual is None else residual + y
 
