@@ -47,22 +47,15 @@ class _DenseAttention:
         return F.scaled_dot_product_attention(q[:, :, None], kc, vc)[:, :, 0]  # [B, H, D]
 
 
-def _with_fns(head: object, fns: object, fn: Callable[[], object]) -> object:
-    """``fn()`` with the head's depth-transformer pieces ``fns`` (``depformer.FrameFns``)."""
-    kept, head.fns = head.fns, fns  # type: ignore[attr-defined]
+def _with(obj: object, name: str, value: object, fn: Callable[[], object]) -> object:
+    """``fn()`` with ``obj.name`` set to ``value`` (the head's ``fns``: its depth-transformer
+    pieces; the voice bank's ``attention``), restored after."""
+    kept = getattr(obj, name)
+    setattr(obj, name, value)
     try:
         return fn()
     finally:
-        head.fns = kept  # type: ignore[attr-defined]
-
-
-def _with_cross(bank: object, attention: str, fn: Callable[[], object]) -> object:
-    """``fn()`` with the voice bank's cross-attention ``attention`` ("sdpa" or "triton")."""
-    kept, bank.attention = bank.attention, attention  # type: ignore[attr-defined]
-    try:
-        return fn()
-    finally:
-        bank.attention = kept  # type: ignore[attr-defined]
+        setattr(obj, name, kept)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,17 +120,17 @@ def main(argv: list[str] | None = None) -> int:
             "head_cb0": lambda: head.sample(hidden, r, variant=2),  # noqa: B023
             # the head with its depth-transformer pieces uncompiled, and with the Triton attention
             # (kyutai_depth_attention=triton) or torch's, whichever it was not built with: the A/Bs
-            "head_uncompiled": lambda: _with_fns(head, PLAIN._replace(attend=head.fns.attend),  # noqa: B023
+            "head_uncompiled": lambda: _with(head, "fns", PLAIN._replace(attend=head.fns.attend),  # noqa: B023
                                                  lambda: head.sample(hidden, r)),  # noqa: B023
         }
         if on_gpu:
             other = attend_sdpa if head.fns.attend is not attend_sdpa else attend_codebook
-            parts["head_other_attention"] = lambda: _with_fns(head, head.fns._replace(attend=other),  # noqa: B023
+            parts["head_other_attention"] = lambda: _with(head, "fns", head.fns._replace(attend=other),  # noqa: B023
                                                               lambda: head.sample(hidden, r))  # noqa: B023
             other_draw = PLAIN.draw if triton_draw else top_k_draw_triton
-            parts["head_other_draw"] = lambda: _with_fns(head, head.fns._replace(draw=other_draw),  # noqa: B023
+            parts["head_other_draw"] = lambda: _with(head, "fns", head.fns._replace(draw=other_draw),  # noqa: B023
                                                          lambda: head.sample(hidden, r))  # noqa: B023
-            parts["backbone_other_cross"] = lambda: _with_cross(bank, other_cross,  # noqa: B023
+            parts["backbone_other_cross"] = lambda: _with(bank, "attention", other_cross,  # noqa: B023
                                                                 lambda: lm(pos, pos, attn, slots))  # noqa: B023
         row: dict = {"rows": b}
         tables = []
