@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--kernels", type=int, default=0, help="at this batch size, the head's top ops")
     p.add_argument("--top", type=int, default=15, help="ops listed with --kernels")
+    p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                   help="a model setting (voxgate serve --model-setting), repeatable")
     p.add_argument("--sampler-kernel", default="torch", choices=("torch", "triton"),
                    help="the runtime sampler's draw (voxgate serve --sampler-kernel)")
     args = p.parse_args(argv)
@@ -51,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     resolved = resolve(args.model)
     backend = build_lm_backend(load_factory(resolved.entry), resolved.model_id, device="cuda", load_format="dummy",
                                warmup=False, max_num_seqs=max(batches), num_pages=1024,
-                               sampler_kernel=args.sampler_kernel)
+                               sampler_kernel=args.sampler_kernel,
+                               **dict(kv.split("=", 1) for kv in args.setting))
     head = backend.runner.head
     dev, dtype = torch.device("cuda"), torch.bfloat16
     rows = {}
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                       top_k=torch.full((b,), 50, dtype=i64, device=dev))
         hidden = torch.randn(b, HIDDEN[args.model], dtype=dtype, device=dev)
         rows[b] = graph_median_ms(lambda: head.sample(hidden, r), args.iters)  # noqa: B023
-        print(f"{args.label or args.model} (sampler {args.sampler_kernel}): {b} rows: head.sample {rows[b]:.2f} ms (median of {args.iters} replays)",
+        print(f"{args.label or args.model} (sampler {args.sampler_kernel}{''.join(' ' + kv for kv in args.setting)}): {b} rows: head.sample {rows[b]:.2f} ms (median of {args.iters} replays)",
               flush=True)
         if b == args.kernels:
             count, table = kernel_table(lambda: head.sample(hidden, r), args.top)  # noqa: B023

@@ -7,7 +7,8 @@ from typing import Any
 from engine.llm.backend import LMBackend
 from engine.llm.program import KVShape, LoadContext, ProgramModel, ServingDefaults, codec_dtype as program_codec_dtype
 
-__all__ = ["CODEC_DEFAULTS_CUDA", "QWEN3_DEFAULTS", "build_qwen3_backend", "codec_settings", "load"]
+__all__ = ["CODEC_DEFAULTS_CUDA", "QWEN3_DEFAULTS", "build_qwen3_backend", "code_predictor_attention", "codec_settings",
+           "load"]
 
 # No decode cap: every running stream decodes each step (640 streams on time on two H200s with
 # the fill of 256; a fill of 512 did worse at 704: docs/performance.md).
@@ -44,6 +45,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     if ctx.quantise_fp8:
         quantise_decoder_linears_(talker.model)
     tokenizer = loaded.tokenizer or StandInTokenizer(config)
+    talker.code_predictor.attend = code_predictor_attention(ctx)
     slots = Qwen3Slots(talker, ctx.max_num_seqs, ctx.device)
     codec_stream = make_codec_stream(loaded.codec, ctx.max_num_seqs, layout=layout, compile=compile_codec,
                                      compile_fallback=compile_fallback, conv=conv, device=ctx.device,
@@ -77,6 +79,24 @@ def codec_settings(ctx: LoadContext) -> tuple[str, bool, bool, str | None]:
     if conv is None and layout == "nwc" and conv_default == "triton":
         conv = "triton" if triton_available() else None
     return layout, compile_codec, asked is None, None if conv is None else str(conv)
+
+
+def code_predictor_attention(ctx: LoadContext) -> Any:
+    """``code_predictor_attention``: "sdpa" (default: the cache writes and torch's attention) or
+    "triton" (one kernel a position, ``attend_triton.attend_position``; CUDA, or Triton's CPU
+    interpreter) -> the code predictor's ``attend`` (None for "sdpa")."""
+    import os
+
+    value = str(ctx.setting("code_predictor_attention", "sdpa"))
+    if value == "sdpa":
+        return None
+    if value != "triton":
+        raise ValueError(f"code_predictor_attention must be sdpa or triton, got {value!r}")
+    if not ctx.device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("code_predictor_attention=triton needs a CUDA device (its kernel is Triton's)")
+    from models.qwen3_tts.attend_triton import attend_position
+
+    return attend_position
 
 
 def triton_available() -> bool:

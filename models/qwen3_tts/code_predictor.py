@@ -49,16 +49,19 @@ class _DenseCache:
     (``scaled_dot_product_attention``), as the reference's default (sdpa) attention computes it."""
 
     def __init__(self, num_layers: int, batch: int, length: int, kv_heads: int, head_dim: int,
-                 like: Tensor) -> None:
+                 like: Tensor, attend: Callable[..., Tensor] | None = None) -> None:
         shape = (batch, kv_heads, length, head_dim)
         self.k = [like.new_zeros(shape) for _ in range(num_layers)]
         self.v = [like.new_zeros(shape) for _ in range(num_layers)]
         self.length = length
         self.offset = 0
+        self.attend = attend  # one position's write and attention in one kernel (``attend_triton``), or None
 
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         b, n, h, d = q.shape
         p, hkv = self.offset, k.shape[2]
+        if n == 1 and self.attend is not None:
+            return self.attend(q, k, v, self.k[layer], self.v[layer], p)
         rep = h // hkv
         self.k[layer][:, :, p:p + n] = k.transpose(1, 2)
         self.v[layer][:, :, p:p + n] = v.transpose(1, 2)
@@ -89,6 +92,9 @@ class CodePredictor(nn.Module):
         # cos and sin of the frame's positions 0..G-1 (a frame is G positions), in the weights' dtype
         self.register_buffer("rope_cos", torch.empty(c.num_code_groups, 1, c.head_dim), persistent=False)
         self.register_buffer("rope_sin", torch.empty(c.num_code_groups, 1, c.head_dim), persistent=False)
+        # one new position's attention (passes 2..15): None for the cache writes and SDPA, or
+        # ``attend_triton.attend_position`` (``code_predictor_attention=triton``)
+        self.attend: Callable[..., Tensor] | None = None
 
     @torch.no_grad()
     def setup_rope(self, device: torch.device | str | None = None) -> None:
@@ -121,7 +127,7 @@ class CodePredictor(nn.Module):
         """hidden, code0_embed [B, H_talker] -> codes 1..G-1 [B, G-1] (salts 1..G-1)."""
         c = self.config
         cache = _DenseCache(c.num_hidden_layers, hidden.shape[0], c.num_code_groups, c.num_key_value_heads,
-                            c.head_dim, hidden)
+                            c.head_dim, hidden, self.attend)
         h = self._run(torch.stack((hidden, code0_embed), dim=1), cache)[:, -1]  # [B, H_cp]
         codes = []
         for k in range(1, c.num_code_groups):

@@ -57,6 +57,14 @@ def test_the_codec_step_fused_equals_the_step_with_gathered_taps(interpreted: di
     assert interpreted["codec_fused"] < 1e-5
 
 
+def test_the_code_predictors_one_kernel_attention_equals_its_cache_and_sdpa(interpreted: dict) -> None:
+    """``code_predictor_attention=triton``: a frame's 15 codebooks (greedy) through the kernel that
+    writes a pass's key and value and attends its grouped query heads equal the cache writes and
+    SDPA; every pass's logits within 1e-5 relative in float32."""
+    assert interpreted["predictor_codes_equal"] and interpreted["predictor_distinct_codes"] > 5
+    assert interpreted["predictor_logits"] < 1e-5
+
+
 def test_without_cuda_it_is_refused_at_load() -> None:
     """Outside the interpreter, a CPU codec with ``conv="triton"`` fails at load, naming CUDA."""
     from models.qwen3_tts.codec import Codec

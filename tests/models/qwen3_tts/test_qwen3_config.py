@@ -130,3 +130,28 @@ def test_codec_step_defaults_follow_the_device(monkeypatch: pytest.MonkeyPatch) 
     assert codec_settings(ctx("cuda")) == ("nwc", True, True, None)
     with pytest.raises(ValueError, match="codec_compile=maybe: expects true or false"):
         codec_settings(ctx("cuda", codec_compile="maybe"))
+
+
+def test_the_code_predictor_attention_setting() -> None:
+    """``code_predictor_attention``: "sdpa" (default) leaves the cache writes and torch's attention
+    (None), "triton" is the one-kernel ``attend_position``, refused without CUDA outside Triton's
+    interpreter; another name is refused with the two it takes."""
+    import os
+    from types import SimpleNamespace
+
+    from models.qwen3_tts.build import code_predictor_attention
+
+    def ctx(device: str, **given):
+        return SimpleNamespace(device=device, setting=lambda name, default: given.get(name, default))
+
+    assert code_predictor_attention(ctx("cuda")) is None
+    assert code_predictor_attention(ctx("cpu", code_predictor_attention="sdpa")) is None
+    with pytest.raises(ValueError, match="sdpa or triton"):
+        code_predictor_attention(ctx("cuda", code_predictor_attention="flash"))
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        with pytest.raises(ValueError, match="CUDA"):
+            code_predictor_attention(ctx("cpu", code_predictor_attention="triton"))
+    from models.qwen3_tts import attend_triton
+
+    if attend_triton.triton is not None:
+        assert code_predictor_attention(ctx("cuda", code_predictor_attention="triton")) is attend_triton.attend_position

@@ -94,4 +94,31 @@ out["codec_peak"] = float(pcm["gemm"].abs().max())
 out["codec_finite"] = bool(torch.isfinite(pcm["triton"]).all())
 out["codec_std"] = float(pcm["gemm"].std())
 out["triton_calls"] = calls[0]
+# The code predictor's one-position attention (code_predictor_attention=triton): a frame's 15
+# codebooks with the kernel against the cache writes and SDPA, greedy, and every pass's logits
+from models.qwen3_tts.attend_triton import attend_position  # noqa: E402
+from models.qwen3_tts.talker import Talker  # noqa: E402
+
+torch.manual_seed(2)
+talker = Talker(TINY.talker).eval()
+with torch.no_grad():
+    for p in talker.parameters():
+        p.normal_(0.0, 0.3)
+    talker.setup_rope()
+    talker.code_predictor.fuse_()
+    hidden = torch.randn(3, TINY.talker.hidden_size, generator=g)
+    code0 = torch.randn(3, TINY.talker.hidden_size, generator=g)
+    runs = {}
+    for attend in (None, attend_position):
+        talker.code_predictor.attend = attend
+        seen: list = []
+
+        def greedy(logits: torch.Tensor, salt: int, seen: list = seen) -> torch.Tensor:
+            seen.append(logits)
+            return logits.argmax(dim=-1)
+
+        runs[attend is None] = (talker.code_predictor.predict(hidden, code0, greedy), torch.stack(seen))
+out["predictor_codes_equal"] = bool(torch.equal(runs[True][0], runs[False][0]))
+out["predictor_logits"] = rel(runs[False][1], runs[True][1])
+out["predictor_distinct_codes"] = len(set(runs[True][0].flatten().tolist()))
 print(json.dumps(out))
