@@ -22,7 +22,7 @@ try:  # Triton serves this kernel on CUDA (it comes with CUDA torch); a CPU inst
 except ImportError:  # pragma: no cover
     triton = None
 
-__all__ = ["MAX_COLUMNS", "draw_rows", "triton"]
+__all__ = ["MAX_COLUMNS", "draw_rows", "sorted_columns", "triton"]
 
 MAX_COLUMNS = 8192  # a row's columns sorted in one program's registers
 
@@ -46,7 +46,18 @@ def draw_rows(logits: torch.Tensor, divisor: torch.Tensor, top_p: torch.Tensor, 
     return out
 
 
-if triton is not None:  # (else the kernel is not made: the sampler says Triton is needed)
+if triton is not None:  # (else the kernels are not made: the callers say Triton is needed)
+    @triton.jit
+    def sorted_columns(x, BLOCK_V: tl.constexpr):
+        """float32 [BLOCK_V] -> its columns (int32) by value, largest first, the lower column
+        first among equals: each float as an order-preserving integer (negatives' magnitude bits
+        flipped) with its column below it in one 64-bit key, one descending bitonic sort."""
+        col = tl.arange(0, BLOCK_V)
+        bits = x.to(tl.int32, bitcast=True)
+        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        packed = tl.sort((key.to(tl.int64) << 32) + (BLOCK_V - 1 - col).to(tl.int64), 0, descending=True)
+        return (BLOCK_V - 1 - (packed - ((packed >> 32) << 32))).to(tl.int32)
+
     @triton.jit
     def draw_rows_kernel(logits_ptr, div_ptr, top_p_ptr, top_k_ptr, greedy_ptr, noise_ptr, out_ptr, V,
                          HAS_TOP_K: tl.constexpr, BLOCK_V: tl.constexpr):
@@ -54,10 +65,7 @@ if triton is not None:  # (else the kernel is not made: the sampler says Triton 
         col = tl.arange(0, BLOCK_V)
         x = tl.load(logits_ptr + row * V + col, mask=col < V, other=float("-inf"))
         x = x / tl.load(div_ptr + row)
-        bits = x.to(tl.int32, bitcast=True)  # an order-preserving integer of each float
-        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-        packed = tl.sort((key.to(tl.int64) << 32) + (BLOCK_V - 1 - col).to(tl.int64), 0, descending=True)
-        cols = (BLOCK_V - 1 - (packed - ((packed >> 32) << 32))).to(tl.int32)  # largest first
+        cols = sorted_columns(x, BLOCK_V)  # largest first
         real = cols < V
         vals = tl.load(logits_ptr + row * V + cols, mask=real, other=float("-inf")) / tl.load(div_ptr + row)
         rank = tl.arange(0, BLOCK_V)

@@ -15,11 +15,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-try:  # Triton serves this kernel on CUDA (it comes with CUDA torch); a CPU install need not have it
-    import triton
+from engine.llm import sample_triton
+
+triton = sample_triton.triton  # (None where Triton is missing: the kernel is not made)
+if triton is not None:
     import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+
+    sorted_columns = sample_triton.sorted_columns  # the runtime sampler's sort of a row
 
 __all__ = ["top_k_draw_triton"]
 
@@ -52,13 +54,7 @@ if triton is not None:  # (else the kernel is not made: the callers say Triton i
         real = col < V
         x = tl.load(logits_ptr + row * V + col, mask=real, other=float("-inf")).to(tl.float32)
         x = x / tl.load(div_ptr + row)
-        # an order-preserving integer of each float (negatives' magnitude bits flipped), the
-        # column below it: one descending sort orders by value, then by the lower column
-        bits = x.to(tl.int32, bitcast=True)
-        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-        packed = (key.to(tl.int64) << 32) + (BLOCK_V - 1 - col).to(tl.int64)
-        packed = tl.sort(packed, 0, descending=True)
-        cols = (BLOCK_V - 1 - (packed - ((packed >> 32) << 32))).to(tl.int32)  # columns, largest value first
+        cols = sorted_columns(x, BLOCK_V)  # columns, largest value first (the runtime sampler's sort)
         rank = tl.arange(0, BLOCK_V)
         kept = (rank < K) & (cols < V)
         vals = tl.load(logits_ptr + row * V + cols, mask=kept, other=float("-inf")).to(tl.float32)

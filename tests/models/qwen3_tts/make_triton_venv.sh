@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds a virtual environment with Triton beside the CPU torch, for the tests that run the
-# Qwen3-TTS codec's Triton convolution (models/qwen3_tts/conv_triton.py) in Triton's CPU
-# interpreter (TRITON_INTERPRET=1; tests/models/qwen3_tts/test_conv_triton.py). A test tool only:
+# Builds a virtual environment with Triton beside the CPU torch, for the tests that run our
+# Triton kernels in Triton's CPU interpreter (TRITON_INTERPRET=1; tests/triton_interpreter.py:
+# test_conv_triton.py, tests/models/kyutai_tts/test_attend_triton.py,
+# tests/engine/llm/test_sample_triton.py). A test tool only:
 # on a GPU host Triton comes with CUDA torch. Kept apart from the project's venv so that the
 # other tests run without Triton installed, as on a CPU-only install.
 #
