@@ -74,6 +74,7 @@ echo "== ${MODEL:-orpheus} serve"
 python3 -m gateway.cli serve --model "${MODEL:-orpheus}" --load-format dummy --device cuda \
   --max-num-seqs "${MAX_NUM_SEQS:-1024}" --port 8765 --log-level WARNING ${SERVE_ARGS:-} > "$out/serve.log" 2>&1 &
 server=$!
+trap 'kill $server 2>/dev/null' EXIT  # a failed step must not leave the port taken for the next run
 for _ in $(seq 300); do
   grep -q "serving on" "$out/serve.log" && break
   kill -0 $server 2>/dev/null || { tail -30 "$out/serve.log"; exit 1; }
@@ -100,8 +101,8 @@ if [ "${SINGLE_N:-50}" -gt 0 ]; then
   python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c 1 -n "${SINGLE_N:-50}" --warmup 2 \
     --option max_tokens="${SINGLE_MAX_TOKENS:-84}" --min-words 5 --max-words 12 --no-progress \
     --json "$out/single.json" 2>&1 | tail -8 | tee "$out/single.txt"
-  for rate in ${SINGLE_TOKEN_RATE//,/ }; do  # the same, text streamed word by word at that many words/s
-    name=single_words; [[ "$SINGLE_TOKEN_RATE" == *,* ]] && name=single_words_$rate
+  for rate in ${SINGLE_TOKEN_RATE:+${SINGLE_TOKEN_RATE//,/ }}; do  # the same, text streamed word by word at that many words/s
+    name=single_words; [[ "${SINGLE_TOKEN_RATE:-}" == *,* ]] && name=single_words_$rate
     echo "== single stream, text at $rate words/s" | tee -a "$out/single.txt"
     python3 -m gateway.cli bench --url ws://127.0.0.1:8765/v1/stream -c 1 -n "${SINGLE_N:-50}" --warmup 2 \
       --option max_tokens="${SINGLE_MAX_TOKENS:-84}" --min-words 5 --max-words 12 --no-progress \
