@@ -70,10 +70,11 @@ class EngineConfig:
     # many steps in a row of their own while the other due rows can wait: -1 = auto (the
     # program's default on CUDA: Kyutai TTS 4, measured on two H200s; others 0), 0 = off.
     light_steps: int = -1
-    # The runtime sampler's draw (engine.llm.sampler Sampler.kernel): "torch", or "triton" (one
-    # kernel a sample for vocabularies up to 8,192 columns on CUDA: engine.llm.sample_triton;
-    # not yet measured on a GPU).
-    sampler_kernel: str = "torch"
+    # The runtime sampler's draw (engine.llm.sampler Sampler.kernel): "torch", "triton" (one
+    # kernel a sample for vocabularies up to 8,192 columns on CUDA: engine.llm.sample_triton), or
+    # "auto" = the program's default on CUDA where Triton imports (Qwen3-TTS triton, measured on
+    # two H200s; others torch), torch elsewhere.
+    sampler_kernel: str = "auto"
     # Launch each LM step before the previous one's tokens reach the host (engine.llm.backend
     # LMBackend.step), so the device does not wait for the host between steps: "auto" = on
     # with CUDA graphs (measured on an H200: 224 streams on time, 192 without), "on", "off".
@@ -176,8 +177,8 @@ class EngineConfig:
             raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_KERNELS)}")
         if self.hold_undue_prompts not in ("on", "off"):
             raise ValueError("hold_undue_prompts must be on or off")
-        if self.sampler_kernel not in ("torch", "triton"):
-            raise ValueError("sampler_kernel must be torch or triton")
+        if self.sampler_kernel not in ("auto", "torch", "triton"):
+            raise ValueError("sampler_kernel must be auto, torch or triton")
         if self.light_steps < -1:
             raise ValueError("light_steps must be -1 (auto), 0 (off) or a step count")
         if self.prefill_batch_seqs < -1:

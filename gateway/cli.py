@@ -327,9 +327,10 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                            "(Kyutai TTS: before its first codes) take up to N steps in a row of "
                            "their own while the other due rows can wait (-1 auto: the model's, "
                            "Kyutai TTS 4 on CUDA, others off; 0 off)")
-    tune.add_argument("--sampler-kernel", choices=("torch", "triton"), default=EngineConfig.sampler_kernel,
+    tune.add_argument("--sampler-kernel", choices=("auto", "torch", "triton"), default=EngineConfig.sampler_kernel,
                       help="the sampler's draw: torch's operators, or one Triton kernel a sample "
-                           "for vocabularies up to 8,192 (frame models' codebooks; CUDA)")
+                           "for vocabularies up to 8,192 (frame models' codebooks; CUDA); auto: "
+                           "the model's choice on CUDA (Qwen3-TTS triton, others torch), torch elsewhere")
     tune.add_argument("--hold-undue-prompts", default=EngineConfig.hold_undue_prompts,
                       choices=["on", "off"],
                       help="under load, prompts not due within the decode horizon (segments "

@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=15, help="ops listed with --kernels")
     p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                    help="a model setting (voxgate serve --model-setting), repeatable")
-    p.add_argument("--sampler-kernel", default="torch", choices=("torch", "triton"),
-                   help="the runtime sampler's draw (voxgate serve --sampler-kernel)")
+    p.add_argument("--sampler-kernel", default="auto", choices=("auto", "torch", "triton"),
+                   help="the runtime sampler's draw (voxgate serve --sampler-kernel; auto: the model's default)")
     args = p.parse_args(argv)
     import torch
 
@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
                                sampler_kernel=args.sampler_kernel,
                                **dict(kv.split("=", 1) for kv in args.setting))
     head = backend.runner.head
+    from engine.llm.sampler import Sampler
+
+    args.sampler_kernel = Sampler.kernel  # (what "auto" became: the label says what ran)
     dev, dtype = torch.device("cuda"), torch.bfloat16
     rows = {}
     for b in batches:

@@ -36,15 +36,28 @@ def _resolve_async(value: bool | str, runner: Any) -> bool:
 
 
 def _sampler_kernel(kernel: str) -> str:
-    """``Sampler.kernel``'s value, checked: "triton" needs Triton (it comes with CUDA torch)."""
+    """``Sampler.kernel``'s value, checked: "triton" needs Triton (it comes with CUDA torch);
+    "auto" is torch until the program's default is known (``_auto_sampler_kernel``)."""
+    if kernel == "auto":
+        return "torch"
     if kernel not in ("torch", "triton"):
-        raise ValueError(f"sampler_kernel must be torch or triton, got {kernel!r}")
+        raise ValueError(f"sampler_kernel must be auto, torch or triton, got {kernel!r}")
     if kernel == "triton":
         from engine.llm import sample_triton
 
         if sample_triton.triton is None:
             raise ValueError("--sampler-kernel triton needs Triton (it comes with CUDA torch)")
     return kernel
+
+
+def _auto_sampler_kernel(defaults: ServingDefaults, device: str) -> str:
+    """``--sampler-kernel auto`` once the program is loaded: its default on CUDA where Triton
+    imports, torch elsewhere."""
+    from engine.llm import sample_triton
+
+    if not device.startswith("cuda") or defaults.sampler_kernel == "torch" or sample_triton.triton is None:
+        return "torch"
+    return _sampler_kernel(defaults.sampler_kernel)
 
 
 def _light_steps(asked: int, head: Any, defaults: ServingDefaults, device: str) -> dict[str, Any]:
@@ -191,8 +204,9 @@ def build_lm_backend(
     program's defaults with prefill graphs, off otherwise and with mixed graphs
     (``_prefill_batching``). ``light_steps``: a new sequence's cheap first steps (the head's
     ``light_until_step``) take up to that many steps in a row of their own (``_light_steps``; -1 =
-    the program's default on CUDA, 0 = off). ``sampler_kernel``: "torch" (default) or "triton"
-    (``Sampler.kernel``, set for the process). ``hold_undue_prompts`` (True / "on"; default off): under load,
+    the program's default on CUDA, 0 = off). ``sampler_kernel``: "auto" (default: the program's
+    ``ServingDefaults.sampler_kernel`` on CUDA where Triton imports, torch elsewhere), "torch" or
+    "triton" (``Sampler.kernel``, set for the process). ``hold_undue_prompts`` (True / "on"; default off): under load,
     prompts not due within the horizon wait. ``async_steps``: launch each step before the
     previous one's tokens reach the host (``LMBackend``): True / "on", False / "off", or "auto"
     (default): on when the runner replays CUDA graphs. ``mixed_graphs``: "on" / True captures
@@ -215,7 +229,8 @@ def build_lm_backend(
 
     device = pick(device, "device", "auto")
     # (before the model's heads make their samplers; one engine a process)
-    Sampler.kernel = _sampler_kernel(pick(sampler_kernel, "sampler_kernel", "torch"))
+    kernel_asked = pick(sampler_kernel, "sampler_kernel", "auto")
+    Sampler.kernel = _sampler_kernel(kernel_asked)
     load_format = pick(load_format, "load_format", "auto")
     dtype_name = pick(dtype, "dtype", "auto")
     utilization = pick(gpu_memory_utilization, "gpu_memory_utilization", 0.85)
@@ -263,6 +278,8 @@ def build_lm_backend(
         raise ValueError(f"--model-setting {', '.join(unknown)}: not a setting of {model_path_or_id} "
                          f"(its settings: {known})")
     program, shape, defaults = loaded.program, loaded.kv_shape, loaded.defaults
+    if kernel_asked == "auto":  # (before any graph captures a draw)
+        Sampler.kernel = _auto_sampler_kernel(defaults, device)
     log.info("loaded in %.1f s; building the KV cache%s", time.monotonic() - t0,
              " and capturing CUDA graphs" if use_graphs and runner_factory is None else "")
 

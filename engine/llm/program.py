@@ -119,6 +119,7 @@ class ServingDefaults:
     prefill_wait_s: float = 0.05  # with prefill graphs (no mixed graphs)
     prefill_batch_seqs: int = 8
     light_steps: int = 0  # scheduler light_steps_max (the head's ``light_until_step``), 0 = off
+    sampler_kernel: str = "torch"  # the runtime sampler's draw (``Sampler.kernel``) for ``--sampler-kernel auto``
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 from engine.llm.backend import LMBackend
 from engine.llm.program import KVShape, LoadContext, ProgramModel, ServingDefaults, codec_dtype as program_codec_dtype
 
-__all__ = ["KYUTAI_DEFAULTS", "build_kyutai_backend", "depth_attention", "load"]
+__all__ = ["KYUTAI_DEFAULTS", "build_kyutai_backend", "cross_attention", "depth_attention", "load", "sampling"]
 
 # No decode cap (every running stream may decode each step). A decode fill of 32 rows, not 256:
 # a new turn's ~21 steps before its first audio then ride steps of the due rows only, not of
@@ -20,6 +20,9 @@ __all__ = ["KYUTAI_DEFAULTS", "build_kyutai_backend", "depth_attention", "load"]
 # 32 against 555/658 with 256 on one GPU, 357/398 against 461/518 on another). Light steps, 4 in
 # a row (on CUDA; docs/scheduling.md): with the Triton depth attention, TTFA p90 at 256 streams
 # 299 and 271 ms against 409 and 335 without either, on two GPUs (7d77926e, 536cb56d).
+# The Triton voice cross-attention and top-k draw (the defaults on CUDA below): loaded steps at
+# 400 streams 8.8-10.0 ms against 13.3-13.5, TTFA p90 326-401 against 486-518 ms (743e4974,
+# 38302929).
 KYUTAI_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0, decode_fill_seqs=32, light_steps=4)
 DEFAULT_VOICE = "unmute-prod-website/default_voice.wav"  # Kyutai's server default (configs/config-tts.toml)
 
@@ -47,7 +50,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     lmc = config.lm
     bank = VoiceBank(lmc.num_layers, int(ctx.setting("voice_bank_size", 8)), config.condition.cross_len,
                      lmc.num_heads, lmc.head_dim, device=ctx.device, dtype=ctx.dtype,
-                     attention=str(ctx.setting("kyutai_cross_attention", "sdpa")))
+                     attention=cross_attention(ctx))
     slots = SlotInputs(config, ctx.max_num_seqs, bank, device=ctx.device, dtype=ctx.dtype)
     lm.attach(slots, config.tts.n_q)
     tts = config.tts
@@ -62,7 +65,7 @@ def load(ctx: LoadContext) -> ProgramModel:
         compiled = compiled in ("on", "true", "1")
     backend = "inductor" if compiled is True else compiled
     head = KyutaiHead(lm, slots, machine, compile=bool(compiled), compile_backend=backend or "inductor",
-                      attention=depth_attention(ctx), sampling=str(ctx.setting("kyutai_sampling", "torch")))
+                      attention=depth_attention(ctx), sampling=sampling(ctx))
     head.warm_compiled()  # (before the runtime captures its graphs: no compile during serving)
     codec = MimiDecodeStream(loaded.mimi, ctx.max_num_seqs, num_codebooks=tts.n_q, device=ctx.device,
                              dtype=codec_dtype)
@@ -80,10 +83,30 @@ def depth_attention(ctx: LoadContext) -> str:
     """The depth transformer's attention (``kyutai_depth_attention``): as set, else the Triton
     kernel on CUDA where Triton imports (the frame head 6.48 against 7.61 ms at 128 rows, 7.58
     against 9.37 at 256, 7d77926e) and ``torch``'s SDPA elsewhere."""
-    from models.kyutai_tts import attend_triton
+    return str(ctx.setting("kyutai_depth_attention", _triton_on_cuda(ctx, "attend_triton", "sdpa")))
 
-    default = "triton" if ctx.device.startswith("cuda") and attend_triton.triton is not None else "sdpa"
-    return str(ctx.setting("kyutai_depth_attention", default))
+
+def cross_attention(ctx: LoadContext) -> str:
+    """The voice cross-attention (``kyutai_cross_attention``): as set, else the Triton kernel on
+    CUDA where Triton imports (the temporal transformer 3.25 against 4.94 ms at 128 rows, 4.14
+    against 5.84 at 256, 743e4974) and the masked SDPA elsewhere."""
+    return str(ctx.setting("kyutai_cross_attention", _triton_on_cuda(ctx, "cross_triton", "sdpa")))
+
+
+def sampling(ctx: LoadContext) -> str:
+    """The frame's top-k draws (``kyutai_sampling``): as set, else the Triton kernel on CUDA where
+    Triton imports (the frame head 5.95 against 6.14 ms at 128 rows, 6.96 against 7.88 at 256,
+    743e4974) and ``torch.topk`` elsewhere."""
+    return str(ctx.setting("kyutai_sampling", _triton_on_cuda(ctx, "draw_triton", "torch")))
+
+
+def _triton_on_cuda(ctx: LoadContext, module: str, otherwise: str) -> str:
+    """"triton" on a CUDA device where ``models.kyutai_tts.<module>`` found Triton, else ``otherwise``."""
+    import importlib
+
+    if not ctx.device.startswith("cuda"):
+        return otherwise
+    return "triton" if importlib.import_module(f"models.kyutai_tts.{module}").triton is not None else otherwise
 
 
 def _voice_frames(voices: dict[str, Any], default: int) -> int:

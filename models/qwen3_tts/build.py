@@ -11,8 +11,11 @@ __all__ = ["CODEC_DEFAULTS_CUDA", "QWEN3_DEFAULTS", "build_qwen3_backend", "code
            "load"]
 
 # No decode cap: every running stream decodes each step (640 streams on time on two H200s with
-# the fill of 256; a fill of 512 did worse at 704: docs/performance.md).
-QWEN3_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0)
+# the fill of 256; a fill of 512 did worse at 704: docs/performance.md). The runtime sampler's
+# draw in one Triton kernel on CUDA (``--sampler-kernel auto``), with the code predictor's Triton
+# attention (below): the frame head 22.3 against 33.6 ms at 1,024 rows (743e4974); 896 streams
+# served on time on two H200s against 768 (743e4974, 38302929).
+QWEN3_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0, sampler_kernel="triton")
 # The codec step on CUDA: channels-last, SnakeBeta compiled (29.8 ms at 512 rows against 43.9 for
 # the reference's layout and 35.5 uncompiled, 9c8f0f3f), its dense convolutions the Triton
 # implicit GEMM where Triton is installed (21.5 ms at 512 rows against 29.6 for gathered taps,
@@ -82,21 +85,25 @@ def codec_settings(ctx: LoadContext) -> tuple[str, bool, bool, str | None]:
 
 
 def code_predictor_attention(ctx: LoadContext) -> Any:
-    """``code_predictor_attention``: "sdpa" (default: the cache writes and torch's attention) or
-    "triton" (one kernel a position, ``attend_triton.attend_position``; CUDA, or Triton's CPU
-    interpreter) -> the code predictor's ``attend`` (None for "sdpa")."""
+    """``code_predictor_attention``: "triton" (one kernel a position, ``attend_triton.attend_position``;
+    the default on CUDA where Triton imports; elsewhere only under Triton's CPU interpreter) or
+    "sdpa" (the default elsewhere: the cache writes and torch's attention) -> the code
+    predictor's ``attend`` (None for "sdpa")."""
     import os
 
-    value = str(ctx.setting("code_predictor_attention", "sdpa"))
+    from models.qwen3_tts import attend_triton
+
+    default = "triton" if ctx.device.startswith("cuda") and attend_triton.triton is not None else "sdpa"
+    value = str(ctx.setting("code_predictor_attention", default))
     if value == "sdpa":
         return None
     if value != "triton":
         raise ValueError(f"code_predictor_attention must be sdpa or triton, got {value!r}")
     if not ctx.device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("code_predictor_attention=triton needs a CUDA device (its kernel is Triton's)")
-    from models.qwen3_tts.attend_triton import attend_position
-
-    return attend_position
+    if attend_triton.triton is None:
+        raise ValueError("code_predictor_attention=triton needs Triton (it comes with CUDA torch)")
+    return attend_triton.attend_position
 
 
 def triton_available() -> bool:

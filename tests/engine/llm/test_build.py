@@ -235,8 +235,8 @@ def test_a_model_setting_text_takes_its_defaults_type() -> None:
 
 
 def test_cli_sampler_kernel_reaches_the_engine_config_and_the_sampler(monkeypatch):
-    """voxgate serve --sampler-kernel torch (default) | triton reaches EngineConfig, others are
-    refused; the build sets ``Sampler.kernel`` for the process (before the heads make their
+    """voxgate serve --sampler-kernel auto (default) | torch | triton reaches EngineConfig, others
+    are refused; the build sets ``Sampler.kernel`` for the process (before the heads make their
     samplers), and refuses "triton" where Triton does not import."""
     from engine.config import EngineConfig
     from engine.llm import build as build_mod
@@ -246,6 +246,8 @@ def test_cli_sampler_kernel_reaches_the_engine_config_and_the_sampler(monkeypatc
 
     parser = build_parser()
     _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus"]))
+    assert eng.sampler_kernel == "auto"
+    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", "--sampler-kernel", "torch"]))
     assert eng.sampler_kernel == "torch"
     _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", "--sampler-kernel", "triton"]))
     assert eng.sampler_kernel == "triton"
@@ -261,3 +263,26 @@ def test_cli_sampler_kernel_reaches_the_engine_config_and_the_sampler(monkeypatc
         build_mod._sampler_kernel("triton")
     with pytest.raises(ValueError, match="torch or triton"):
         build_mod._sampler_kernel("radix")
+    assert build_mod._sampler_kernel("auto") == "torch"  # (until the program is loaded)
+
+
+def test_sampler_kernel_auto_is_the_programs_default_on_cuda_where_triton_imports(monkeypatch):
+    """``--sampler-kernel auto`` once the program is loaded: its ``ServingDefaults.sampler_kernel``
+    on CUDA (Qwen3-TTS's "triton"), torch on the CPU, on CUDA without Triton and for programs that
+    keep torch's draw (Orpheus)."""
+    from engine.llm import build as build_mod
+    from engine.llm import sample_triton
+    from engine.llm.program import ServingDefaults
+    from models.orpheus.build import ORPHEUS_DEFAULTS
+    from models.qwen3_tts.build import QWEN3_DEFAULTS
+
+    assert QWEN3_DEFAULTS.sampler_kernel == "triton" and ORPHEUS_DEFAULTS.sampler_kernel == "torch"
+    monkeypatch.setattr(sample_triton, "triton", object())
+    assert build_mod._auto_sampler_kernel(QWEN3_DEFAULTS, "cuda") == "triton"
+    assert build_mod._auto_sampler_kernel(QWEN3_DEFAULTS, "cuda:0") == "triton"
+    assert build_mod._auto_sampler_kernel(QWEN3_DEFAULTS, "cpu") == "torch"
+    assert build_mod._auto_sampler_kernel(ORPHEUS_DEFAULTS, "cuda") == "torch"
+    with pytest.raises(ValueError, match="torch or triton"):
+        build_mod._auto_sampler_kernel(ServingDefaults(sampler_kernel="radix"), "cuda")
+    monkeypatch.setattr(sample_triton, "triton", None)
+    assert build_mod._auto_sampler_kernel(QWEN3_DEFAULTS, "cuda") == "torch"

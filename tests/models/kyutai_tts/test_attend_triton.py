@@ -61,22 +61,27 @@ def test_without_cuda_it_is_refused_and_a_bad_name_too() -> None:
 
 
 def test_it_is_the_default_on_cuda_where_triton_imports(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing set: the Triton kernel on CUDA (the faster head served on the H200s), SDPA on the
-    CPU and where Triton is missing; a setting given wins."""
+    """Nothing set: each Triton kernel (depth attention, voice cross-attention, top-k draw) on
+    CUDA (the faster steps served on the H200s), torch's forms on the CPU and where Triton is
+    missing; a setting given wins."""
     from types import SimpleNamespace
 
-    from models.kyutai_tts import attend_triton
-    from models.kyutai_tts.build import depth_attention
+    from models.kyutai_tts import attend_triton, cross_triton, draw_triton
+    from models.kyutai_tts.build import cross_attention, depth_attention, sampling
 
     def ctx(device: str, **given):
         return SimpleNamespace(device=device, setting=lambda name, default: given.get(name, default))
 
-    monkeypatch.setattr(attend_triton, "triton", object())
-    assert depth_attention(ctx("cuda")) == "triton" and depth_attention(ctx("cuda:1")) == "triton"
-    assert depth_attention(ctx("cpu")) == "sdpa"
-    assert depth_attention(ctx("cuda", kyutai_depth_attention="sdpa")) == "sdpa"
-    monkeypatch.setattr(attend_triton, "triton", None)
-    assert depth_attention(ctx("cuda")) == "sdpa"
+    for pick, module, name, torch_form in ((depth_attention, attend_triton, "kyutai_depth_attention", "sdpa"),
+                                           (cross_attention, cross_triton, "kyutai_cross_attention", "sdpa"),
+                                           (sampling, draw_triton, "kyutai_sampling", "torch")):
+        monkeypatch.setattr(module, "triton", object())
+        assert pick(ctx("cuda")) == "triton" and pick(ctx("cuda:1")) == "triton", name
+        assert pick(ctx("cpu")) == torch_form, name
+        assert pick(ctx("cuda", **{name: torch_form})) == torch_form, name
+        monkeypatch.setattr(module, "triton", None)
+        assert pick(ctx("cuda")) == torch_form, name
+        assert pick(ctx("cpu", **{name: "triton"})) == "triton", name  # (refused later, by the part that needs CUDA)
 
 
 def test_light_steps_are_kyutais_default_on_cuda_only() -> None:

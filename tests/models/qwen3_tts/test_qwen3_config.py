@@ -133,9 +133,10 @@ def test_codec_step_defaults_follow_the_device(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_code_predictor_attention_setting() -> None:
-    """``code_predictor_attention``: "sdpa" (default) leaves the cache writes and torch's attention
-    (None), "triton" is the one-kernel ``attend_position``, refused without CUDA outside Triton's
-    interpreter; another name is refused with the two it takes."""
+    """``code_predictor_attention``: "sdpa" leaves the cache writes and torch's attention (None),
+    "triton" is the one-kernel ``attend_position`` (the default on CUDA where Triton imports),
+    refused without CUDA outside Triton's interpreter and where Triton is missing; another name is
+    refused with the two it takes."""
     import os
     from types import SimpleNamespace
 
@@ -144,8 +145,8 @@ def test_the_code_predictor_attention_setting() -> None:
     def ctx(device: str, **given):
         return SimpleNamespace(device=device, setting=lambda name, default: given.get(name, default))
 
-    assert code_predictor_attention(ctx("cuda")) is None
-    assert code_predictor_attention(ctx("cpu", code_predictor_attention="sdpa")) is None
+    assert code_predictor_attention(ctx("cuda", code_predictor_attention="sdpa")) is None
+    assert code_predictor_attention(ctx("cpu")) is None
     with pytest.raises(ValueError, match="sdpa or triton"):
         code_predictor_attention(ctx("cuda", code_predictor_attention="flash"))
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -155,3 +156,24 @@ def test_the_code_predictor_attention_setting() -> None:
 
     if attend_triton.triton is not None:
         assert code_predictor_attention(ctx("cuda", code_predictor_attention="triton")) is attend_triton.attend_position
+
+
+def test_the_code_predictor_attention_default_follows_cuda_and_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing set: the Triton kernel on CUDA where Triton imports, SDPA on the CPU and on CUDA
+    without Triton; "triton" asked for on CUDA without Triton is refused, saying so."""
+    from types import SimpleNamespace
+
+    from models.qwen3_tts import attend_triton
+    from models.qwen3_tts.build import code_predictor_attention
+
+    def ctx(device: str, **given):
+        return SimpleNamespace(device=device, setting=lambda name, default: given.get(name, default))
+
+    monkeypatch.setattr(attend_triton, "triton", object())
+    assert code_predictor_attention(ctx("cuda")) is attend_triton.attend_position
+    assert code_predictor_attention(ctx("cuda:1")) is attend_triton.attend_position
+    assert code_predictor_attention(ctx("cpu")) is None
+    monkeypatch.setattr(attend_triton, "triton", None)
+    assert code_predictor_attention(ctx("cuda")) is None
+    with pytest.raises(ValueError, match="needs Triton"):
+        code_predictor_attention(ctx("cuda", code_predictor_attention="triton"))
