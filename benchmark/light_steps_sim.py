@@ -58,6 +58,16 @@ class KyutaiSteps:
         return _interp(rows, self.backbone) + _interp(rows, self.head_light) + self.host_ms + self.host_ms_per_row * rows
 
 
+# The parts by commit (kyutai_parts on an H200): the default model above (158d7881 at `45808a2`),
+# and with the four Triton kernels (743e4974 at `e307713`: the depth attention, the voice
+# cross-attention and the top-k draw; the light variants from its text-only and codebook-0 heads).
+PARTS = {
+    "45808a2": KyutaiSteps(),
+    "e307713": KyutaiSteps(backbone=((1, 1.96), (128, 3.25), (256, 4.14)), head=((1, 5.92), (128, 5.95), (256, 6.96)),
+                           mimi=((1, 1.31), (128, 3.43), (256, 5.55)), head_light=((1, 0.68), (128, 0.72), (256, 0.85))),
+}
+
+
 @dataclass
 class _Stream:
     start: float
@@ -146,15 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--streams", default="128,256,400")
     p.add_argument("--light", default="0,4,8", help="light_steps_max values (0: off)")
-    p.add_argument("--fill", type=int, default=32)
+    p.add_argument("--fill", default="32", help="decode_fill_seqs values, comma-separated")
+    p.add_argument("--parts", default="45808a2", choices=sorted(PARTS), help="the step model: parts measured at that commit")
     args = p.parse_args(argv)
-    print("Kyutai TTS on a modelled H200 (an estimate: benchmark/light_steps_sim.py's docstring)")
-    print(" streams light  TTFA p50   p90   p99  underran  steps  light share")
+    print(f"Kyutai TTS on a modelled H200, parts at `{args.parts}` (an estimate: benchmark/light_steps_sim.py's docstring)")
+    print(" streams  fill light  TTFA p50   p90   p99  underran  steps  light share")
     for n in (int(x) for x in args.streams.split(",")):
-        for light in (int(x) for x in args.light.split(",")):
-            r = simulate(n, light, fill=args.fill)
-            print(f"{n:8d} {light:5d} {r.pct(0.5):9.0f} {r.pct(0.9):5.0f} {r.pct(0.99):5.0f} "
-                  f"{r.underrun_streams:9d} {r.steps:6d} {r.light / max(r.steps, 1):12.2f}", flush=True)
+        for fill in (int(x) for x in args.fill.split(",")):
+            for light in (int(x) for x in args.light.split(",")):
+                r = simulate(n, light, fill=fill, model=PARTS[args.parts])
+                print(f"{n:8d} {fill:5d} {light:5d} {r.pct(0.5):9.0f} {r.pct(0.9):5.0f} {r.pct(0.99):5.0f} "
+                      f"{r.underrun_streams:9d} {r.steps:6d} {r.light / max(r.steps, 1):12.2f}", flush=True)
     return 0
 
 

@@ -18,3 +18,17 @@ def test_main_prints_a_row_per_setting(capsys) -> None:
     assert main(["--streams", "16", "--light", "0,4"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("16")]
     assert len(rows) == 2
+
+
+def test_main_takes_fills_and_the_parts_of_a_commit(capsys) -> None:
+    """A row per (fill, light steps), and the step model of the parts measured at `e307713`
+    (the Triton kernels): its steps are shorter than the default model's at every batch."""
+    from benchmark.light_steps_sim import PARTS
+
+    assert main(["--streams", "16", "--light", "0,4", "--fill", "16,32", "--parts", "e307713"]) == 0
+    out = capsys.readouterr().out
+    assert "`e307713`" in out
+    assert len([line for line in out.splitlines() if line.strip().startswith("16 ")]) == 4
+    for rows in (1, 64, 128, 256):
+        assert PARTS["e307713"].full_ms(rows) < PARTS["45808a2"].full_ms(rows)
+
