@@ -30,7 +30,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     Base checkpoints. Setting (``ctx.setting``): ``codec_layout`` ("nwc": the codec step on
     channels-last activations, models/qwen3_tts/codec_nwc.py; "ncw": the reference's modules;
     the same audio), ``codec_compile`` (that step's SnakeBeta fused by ``torch.compile``) and
-    ``codec_conv`` ("gemm", "cudnn", "triton" or "fused": its dense convolutions' kind). Defaults: ``nwc``
+    ``codec_conv`` ("gemm", "cudnn", "triton", "fused" or "fused-state": its dense convolutions' kind). Defaults: ``nwc``
     compiled with the Triton convolution on CUDA (``CODEC_DEFAULTS_CUDA``; "gemm" where Triton is
     missing), ``ncw`` on the CPU."""
     from engine.llm.fp8 import quantise_decoder_linears_

@@ -26,7 +26,8 @@ from models.qwen3_tts.codec import Codec, CodecStream, _CausalConv, _CausalTrans
 __all__ = ["CodecStreamNWC", "CODEC_CONVS", "CODEC_LAYOUTS", "compiled_snake", "make_codec_stream", "snake"]
 
 CODEC_LAYOUTS = ("ncw", "nwc")
-CODEC_CONVS = ("gemm", "cudnn", "triton", "fused")
+CODEC_CONVS = ("gemm", "cudnn", "triton", "fused", "fused-state")
+_TRITON_CONVS = ("triton", "fused", "fused-state")
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +37,10 @@ class _Dense:
     with k > 1 as a GEMM of its gathered taps (``conv="gemm"``), as cuDNN's convolution on the
     channels-last view of the same memory (``conv="cudnn"``: an implicit GEMM, no gathered copy)
     or as our Triton implicit GEMM over the same memory (``conv="triton"``, ``conv_triton``); with
-    ``conv="fused"`` that kernel also applies the SnakeBeta before it and adds the residual after
-    it (``__call__``'s ``act`` and ``residual``; k = 1 included), its state holding the inputs
-    before SnakeBeta."""
+    ``conv="fused"`` that kernel also adds the residual after it and applies the SnakeBeta the
+    next convolution takes to its output (``__call__``'s ``residual`` and ``out_act``; k = 1
+    included), and with ``conv="fused-state"`` it also reads a row's first inputs from its
+    state rather than from a [state, inputs] concatenation."""
 
     def __init__(self, m: _CausalConv, state: Tensor | None, dtype: torch.dtype, conv: str = "gemm") -> None:
         w = m.conv.weight.detach().to(dtype)  # [C_out, C_in / groups, k]
@@ -47,8 +49,9 @@ class _Dense:
         self.bias = None if m.conv.bias is None else m.conv.bias.detach().to(dtype)
         self.depthwise = m.conv.groups > 1
         self.cudnn = conv == "cudnn" and not self.depthwise and k > 1
-        self.triton = conv in ("triton", "fused") and not self.depthwise and k > 1
-        self.fused = conv == "fused" and not self.depthwise
+        self.triton = conv in _TRITON_CONVS and not self.depthwise and k > 1
+        self.fused = conv in ("fused", "fused-state") and not self.depthwise
+        self.from_state = conv == "fused-state" and self.triton
         if self.triton or self.fused:
             from models.qwen3_tts.conv_triton import taps_weight
 
@@ -64,25 +67,35 @@ class _Dense:
         self.state = state  # [S, ctx, C_in] or None (k = 1)
 
     def __call__(self, x: Tensor, slots: Tensor, act: _SnakeNWC | None = None,
-                 residual: Tensor | None = None) -> Tensor:
-        """conv(act(x)) + residual ([N, n, C_out]), the last two optional."""
-        if self.fused and (self.context or act is not None or residual is not None):
-            return self._fused(x, slots, act, residual)  # (k = 1 with nothing to fold in: cuBLAS)
-        y = self._conv(x if act is None else act(x), slots)
+                 residual: Tensor | None = None, out_act: _SnakeNWC | None = None) -> Tensor:
+        """out_act(conv(act(x)) + residual) ([N, n, C_out]), the three optional; ``out_act`` only
+        with ``conv="fused"`` or "fused-state" (in the kernel's epilogue)."""
+        if act is not None:
+            x = act(x)
+        if self.fused and (self.context or residual is not None or out_act is not None):
+            return self._fused(x, slots, residual, out_act)  # (k = 1 with nothing to fold in: cuBLAS)
+        if out_act is not None:
+            raise ValueError("out_act needs codec_conv=fused or fused-state")
+        y = self._conv(x, slots)
         return y if residual is None else residual + y
 
-    def _fused(self, x: Tensor, slots: Tensor, act: _SnakeNWC | None, residual: Tensor | None) -> Tensor:
+    def _fused(self, x: Tensor, slots: Tensor, residual: Tensor | None, out_act: _SnakeNWC | None) -> Tensor:
         from models.qwen3_tts.conv_triton import conv_taps
 
-        snake = None if act is None else (act.alpha, act.inv_beta)
         res = None if residual is None else residual.contiguous()
+        snake_out = None if out_act is None else (out_act.alpha, out_act.inv_beta)
+        x = x.contiguous()
         if not self.context:  # k = 1
-            return conv_taps(x.contiguous(), self.weight, self.bias, x.shape[1], 1, snake, res)
+            return conv_taps(x, self.weight, self.bias, x.shape[1], 1, res, snake_out=snake_out)
         state = self.state
         assert state is not None
-        x = x.contiguous()
-        out = conv_taps(x, self.weight, self.bias, x.shape[1], self.dilation, snake, res, state=(state, slots))
-        _keep_last(state, slots, x, self.context)  # (inputs before SnakeBeta; after the kernel read them)
+        if not self.from_state:
+            full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, ctx + n, C]
+            state.index_copy_(0, slots, full[:, -self.context:])
+            return conv_taps(full, self.weight, self.bias, x.shape[1], self.dilation, res, snake_out=snake_out)
+        out = conv_taps(x, self.weight, self.bias, x.shape[1], self.dilation, res, state=(state, slots),
+                        snake_out=snake_out)
+        _keep_last(state, slots, x, self.context)  # (after the kernel read them)
         return out
 
     def _conv(self, x: Tensor, slots: Tensor) -> Tensor:
@@ -146,25 +159,24 @@ class _Trans:
         # conv="triton": (before, now) are two taps of dilation 1 over [state, inputs], read in
         # place by the Triton GEMM (conv_triton), not a two-fold copy side by side
         self.taps = None
-        self.fused = conv == "fused" and bool(self.context)
-        if conv in ("triton", "fused") and self.context:
+        self.from_state = conv == "fused-state" and bool(self.context)
+        if conv in _TRITON_CONVS and self.context:
             from models.qwen3_tts.conv_triton import taps_weight
 
             self.taps = taps_weight(self.weight.view(s * c_out, 2, c_in).transpose(1, 2))  # [2*C_in, s*C_out]
 
     def __call__(self, x: Tensor, slots: Tensor, act: _SnakeNWC | None = None) -> Tensor:
-        """The transposed conv of act(x) (``act`` optional; applied in the kernel when fused)."""
-        if act is not None and not self.fused:
+        """The transposed conv of act(x) (``act`` optional)."""
+        if act is not None:
             x = act(x)
         if self.context:
             state = self.state
             assert state is not None
-            if self.fused:  # the state read in the kernel, then its input (before SnakeBeta) kept
+            if self.from_state:  # the state read in the kernel, then the last input kept
                 from models.qwen3_tts.conv_triton import conv_taps
 
                 x = x.contiguous()
-                snake = None if act is None else (act.alpha, act.inv_beta)
-                out = conv_taps(x, self.taps, self.bias, x.shape[1], 1, snake, state=(state, slots))
+                out = conv_taps(x, self.taps, self.bias, x.shape[1], 1, state=(state, slots))
                 state.index_copy_(0, slots, x[:, -1:])
                 return out.view(out.shape[0], -1, self.c_out)  # [N, n*s, C_out]
             full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, 1 + n, C_in]
@@ -244,10 +256,13 @@ class CodecStreamNWC(CodecStream):
         compile, ``compile_fallback`` runs it unfused: ``compiled_snake``).
         ``conv``: the dense convolutions as GEMMs of their gathered taps ("gemm"), cuDNN's
         channels-last convolution ("cudnn"), the Triton implicit GEMM ("triton": CUDA only) or
-        that kernel with the SnakeBeta before and the residual sum after each folded in ("fused")."""
+        that kernel with each residual sum and each SnakeBeta that follows a convolution inside a
+        residual unit in its epilogue ("fused"), and with the states read in the kernel too
+        ("fused-state")."""
         if conv not in CODEC_CONVS:
             raise ValueError(f"codec_conv must be one of {', '.join(CODEC_CONVS)}, got {conv!r}")
-        if conv in ("triton", "fused") and torch.device(device or "cpu").type != "cuda" and not _interpreting():
+        self._fused = conv in ("fused", "fused-state")
+        if conv in _TRITON_CONVS and torch.device(device or "cpu").type != "cuda" and not _interpreting():
             raise ValueError(f"codec_conv={conv} needs a CUDA device (its kernel is Triton's)")
         super().__init__(codec, max_slots, device=device, dtype=dtype)
         dt = self.k[0].dtype
@@ -310,8 +325,11 @@ class CodecStreamNWC(CodecStream):
         h = self._first(h, slots)
         for act, tconv, units in self._blocks:
             h = tconv(h, slots, act)
-            for act1, conv1, act2, conv2 in units:
-                h = conv2(conv1(h, slots, act1), slots, act2, residual=h)  # h + conv2(act2(conv1(act1(h))))
+            for act1, conv1, act2, conv2 in units:  # h + conv2(act2(conv1(act1(h))))
+                if self._fused:  # act2 in conv1's epilogue (its output feeds nothing else), the sum in conv2's
+                    h = conv2(conv1(h, slots, act1, out_act=act2), slots, residual=h)
+                else:
+                    h = conv2(conv1(h, slots, act1), slots, act2, residual=h)
         h = self._last(h, slots, self._last_snake)  # [N, n, 1]
         return h.clamp(-1.0, 1.0)[:, :, 0]
 
@@ -323,7 +341,7 @@ def make_codec_stream(codec: Codec, max_slots: int, *, layout: str = "ncw", comp
     """The per-slot codec stream in ``layout`` ("ncw": ``CodecStream``; "nwc": ``CodecStreamNWC``,
     with ``compile`` its SnakeBeta fused by ``torch.compile`` (``compile_fallback``: unfused where
     it cannot compile, rather than an error), ``conv`` its dense convolutions' kind: "gemm", the
-    default, "cudnn", "triton" or "fused")."""
+    default, "cudnn", "triton", "fused" or "fused-state")."""
     if layout not in CODEC_LAYOUTS:
         raise ValueError(f"codec_layout must be one of {', '.join(CODEC_LAYOUTS)}, got {layout!r}")
     if layout == "nwc":

@@ -9,13 +9,15 @@ tensor of the state's context followed by the new inputs: row ``(i, t)``'s colum
 c`` is ``full[i, t + j * dilation, c]``, so a block of columns within one tap is a contiguous run
 of channels. Float32 accumulation; the bias added before the one rounding to the output dtype.
 
-With ``snake`` the SnakeBeta before the convolution is applied to each input as it is loaded
-(in float32, rounded to the input dtype as the separate kernel's output would be), so the
-activation is not written and read again, and with ``residual`` the residual sum after it is
-added in the epilogue (``codec_conv=fused``). A convolution fed that way keeps its state's
-inputs before SnakeBeta (zeros stay zeros: SnakeBeta(0) = 0). With ``state`` the kernel reads a
+With ``residual`` the residual sum after the convolution is added in the epilogue, and with
+``snake_out`` the SnakeBeta that the next convolution takes is applied to the output there (per
+output channel, after the one rounding, as the separate kernel would), so neither is written and
+read again (``codec_conv=fused``). SnakeBeta in the epilogue is computed once per output; in the
+loads (session 36's form, measured twice as slow on an H200) it was computed again for every
+tap and every block of output channels that read an input. With ``state`` the kernel reads a
 row's first ``ctx`` inputs from its slot's state and the rest from the new inputs, so the
-[state, inputs] concatenation (a copy of every input) is not made either.
+[state, inputs] concatenation (a copy of every input) is not made either
+(``codec_conv=fused-state``).
 """
 
 from __future__ import annotations
@@ -39,15 +41,15 @@ def taps_weight(weight: Tensor) -> Tensor:
 
 
 def conv_taps(full: Tensor, weight: Tensor, bias: Tensor | None, n: int, dilation: int,
-              snake: tuple[Tensor, Tensor] | None = None, residual: Tensor | None = None,
-              state: tuple[Tensor, Tensor] | None = None) -> Tensor:
+              residual: Tensor | None = None, state: tuple[Tensor, Tensor] | None = None,
+              snake_out: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """full [N, L, C_in] (contiguous; L = (k - 1) * dilation + n), weight [k * C_in, C_out]
-    (``taps_weight``), bias [C_out] or None -> [N, n, C_out] in ``full``'s dtype. ``snake``:
-    (alpha, inv_beta) [C_in] each, SnakeBeta applied to the inputs first (``codec_nwc.snake``);
-    ``residual``: [N, n, C_out] (contiguous) added to the output. ``state``: (states [S, ctx,
-    C_in], slots int64 [N]), contiguous, ctx = (k - 1) * dilation: then ``full`` is the new
-    inputs [N, n, C_in] alone and the inputs before them are ``states[slots]`` (the caller
-    updates the states after)."""
+    (``taps_weight``), bias [C_out] or None -> [N, n, C_out] in ``full``'s dtype. ``residual``:
+    [N, n, C_out] (contiguous) added to the output. ``state``: (states [S, ctx, C_in], slots
+    int64 [N]), contiguous, ctx = (k - 1) * dilation: then ``full`` is the new inputs [N, n,
+    C_in] alone and the inputs before them are ``states[slots]`` (the caller updates the states
+    after). ``snake_out``: (alpha, inv_beta) [C_out] each, SnakeBeta (``codec_nwc.snake``)
+    applied to the output last."""
     if triton is None:
         raise RuntimeError("codec_conv=triton needs Triton (it comes with CUDA torch)")
     batch, length, c_in = full.shape
@@ -66,17 +68,17 @@ def conv_taps(full: Tensor, weight: Tensor, bias: Tensor | None, n: int, dilatio
                          f"do not fit {length} inputs")
     if residual is not None and (residual.shape != (batch, n, c_out) or not residual.is_contiguous()):
         raise ValueError(f"conv_taps: residual {tuple(residual.shape)} is not a contiguous [{batch}, {n}, {c_out}]")
-    if snake is not None and (snake[0].shape != (c_in,) or snake[1].shape != (c_in,)):
-        raise ValueError(f"conv_taps: SnakeBeta's parameters must be [{c_in}]")
+    if snake_out is not None and (snake_out[0].shape != (c_out,) or snake_out[1].shape != (c_out,)):
+        raise ValueError(f"conv_taps: the output SnakeBeta's parameters must be [{c_out}]")
     out = torch.empty(batch, n, c_out, dtype=full.dtype, device=full.device)
-    alpha, inv_beta = snake if snake is not None else (weight, weight)  # (unread without SNAKE)
+    alpha, inv_beta = snake_out if snake_out is not None else (weight, weight)  # (unread without SNAKE_OUT)
     m = batch * n
     block_m, block_n = 64, (32 if c_out <= 32 else 64 if c_out <= 64 else 128)
     block_k = 64 if c_in % 64 == 0 else 32 if c_in % 32 == 0 else 16
     grid = (triton.cdiv(m, block_m), triton.cdiv(c_out, block_n))
     conv_taps_kernel[grid](full, weight, bias if bias is not None else weight, out, m, n, length, c_in, c_out, k_total,
                  dilation, alpha, inv_beta, residual if residual is not None else out, states, slots, ctx,
-                 HAS_BIAS=bias is not None, SNAKE=snake is not None, RESIDUAL=residual is not None,
+                 HAS_BIAS=bias is not None, SNAKE_OUT=snake_out is not None, RESIDUAL=residual is not None,
                  FROM_STATE=state is not None,
                  IEEE=full.dtype == torch.float32,  # (float32 as torch computes it: no TF32)
                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4 if block_n < 128 else 8, num_stages=3)
@@ -87,7 +89,7 @@ if triton is not None:  # (else the kernel is not made: the callers say Triton i
     @triton.jit
     def conv_taps_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, n, L, C_in, C_out, K, dil, alpha_ptr, inv_beta_ptr, r_ptr,
                          s_ptr, slots_ptr, CTX,
-                         HAS_BIAS: tl.constexpr, SNAKE: tl.constexpr, RESIDUAL: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, SNAKE_OUT: tl.constexpr, RESIDUAL: tl.constexpr,
                          FROM_STATE: tl.constexpr, IEEE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # output rows (i, t)
@@ -112,13 +114,6 @@ if triton is not None:  # (else the kernel is not made: the callers say Triton i
             else:
                 col = (rk // C_in) * dil * C_in + rk % C_in
                 a = tl.load(x_ptr + base[:, None] + col[None, :], mask=valid, other=0.0)
-            if SNAKE:  # x + sin(alpha x)^2 / beta per input channel, rounded as the unfused kernel's output
-                ch = rk % C_in
-                al = tl.load(alpha_ptr + ch, mask=rk < K, other=0.0).to(tl.float32)
-                ib = tl.load(inv_beta_ptr + ch, mask=rk < K, other=0.0).to(tl.float32)
-                af = a.to(tl.float32)
-                sn = tl.sin(af * al[None, :])
-                a = (af + ib[None, :] * sn * sn).to(a.dtype)
             w = tl.load(w_ptr + rk[:, None] * C_out + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < C_out),
                         other=0.0)
             if IEEE:
@@ -131,4 +126,11 @@ if triton is not None:  # (else the kernel is not made: the callers say Triton i
         keep = (rm[:, None] < M) & (rn[None, :] < C_out)
         if RESIDUAL:  # (the output rounded once, after the sum)
             acc += tl.load(r_ptr + at, mask=keep, other=0.0).to(tl.float32)
-        tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=keep)
+        y = acc.to(y_ptr.dtype.element_ty)
+        if SNAKE_OUT:  # y + sin(alpha y)^2 / beta per output channel, on the rounded y, as the separate kernel
+            al = tl.load(alpha_ptr + rn, mask=rn < C_out, other=0.0).to(tl.float32)
+            ib = tl.load(inv_beta_ptr + rn, mask=rn < C_out, other=0.0).to(tl.float32)
+            yf = y.to(tl.float32)
+            sn = tl.sin(yf * al[None, :])
+            y = (yf + ib[None, :] * sn * sn).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + at, y, mask=keep)

@@ -13,6 +13,11 @@ import torch
 
 from tests.triton_interpreter import run_interpreted
 
+# The module's interpreter run (a fixture) lands on its first test: minutes in Triton's CPU
+# interpreter (4 min 43 s alone on a 2-core machine for the Qwen3 runner), past the suite's
+# 300 s default.
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
@@ -39,22 +44,24 @@ def test_the_codec_step_with_it_equals_the_step_with_gathered_taps(interpreted: 
     assert interpreted["codec"] < 1e-5
 
 
-def test_snakebeta_and_the_residual_folded_in_equal_them_apart(interpreted: dict) -> None:
-    """``conv_taps`` with ``snake`` and ``residual`` (``codec_conv=fused``) equals SnakeBeta, then
-    torch's convolution, then the sum, for 7 taps with dilation 3 and for one tap, and with
-    ``state`` (a row's first inputs read from its slot's state, not a concatenation): float32
-    within 1e-6 relative, float16 within its rounding."""
+def test_the_residual_and_the_next_snakebeta_folded_in_equal_them_apart(interpreted: dict) -> None:
+    """``conv_taps`` with ``residual`` and ``snake_out`` (``codec_conv=fused``) equals torch's
+    convolution, then the sum (rounded to the dtype), then SnakeBeta, for 7 taps with dilation 3
+    and for one tap, and with ``state`` (a row's first inputs read from its slot's state, not a
+    concatenation: ``fused-state``): float32 within 5e-6 relative (the kernel's sine is not
+    torch's: 1.04e-6 seen), float16 within its rounding."""
     errors = interpreted["fused"]
     assert len(errors) == 5  # (the two of more than one tap again with their first inputs in a state)
     for case, err in errors.items():
-        assert err < (2e-3 if "float16" in case else 1e-6), (case, err)
+        assert err < (2e-3 if "float16" in case else 5e-6), (case, err)
 
 
 def test_the_codec_step_fused_equals_the_step_with_gathered_taps(interpreted: dict) -> None:
-    """The streamed step with ``conv="fused"`` (every SnakeBeta before a convolution inside the
-    kernel, its state holding the inputs before it; every residual sum in its epilogue) equals
-    ``conv="gemm"`` within 1e-5 relative over 12 frames."""
+    """The streamed step with ``conv="fused"`` (each residual unit's inner SnakeBeta in its first
+    convolution's epilogue, its sum in the second's) and with ``conv="fused-state"`` (the states
+    read in the kernel too) equals ``conv="gemm"`` within 1e-5 relative over 12 frames."""
     assert interpreted["codec_fused"] < 1e-5
+    assert interpreted["codec_fused_state"] < 1e-5
 
 
 def test_the_code_predictors_one_kernel_attention_equals_its_cache_and_sdpa(interpreted: dict) -> None:
@@ -73,6 +80,6 @@ def test_without_cuda_it_is_refused_at_load() -> None:
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("the interpreter is on in this process")
-    for conv in ("triton", "fused"):
+    for conv in ("triton", "fused", "fused-state"):
         with pytest.raises(ValueError, match="CUDA"):
             make_codec_stream(Codec(TINY.codec), 1, layout="nwc", conv=conv, device=torch.device("cpu"))

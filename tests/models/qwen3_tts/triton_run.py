@@ -37,7 +37,8 @@ for case in [(3, 5, 24, 40, 7, 3, True, torch.float32), (2, 9, 64, 96, 7, 1, Fal
     assert got.dtype == dt and got.shape == want.shape
     out["kernel"][str(case[:7] + (str(dt),))] = rel(got, want)
 
-# SnakeBeta folded into the load and the residual into the epilogue (codec_conv=fused), k = 1 and 7
+# The residual sum and the next SnakeBeta in the epilogue (codec_conv=fused), k = 1 and 7, and
+# the first inputs read from the rows' states (codec_conv=fused-state)
 out["fused"] = {}
 for case in [(3, 5, 24, 40, 7, 3, True, torch.float32), (2, 9, 64, 64, 1, 1, True, torch.float32),
              (2, 12, 32, 48, 7, 1, False, torch.float16)]:
@@ -45,22 +46,23 @@ for case in [(3, 5, 24, 40, 7, 3, True, torch.float32), (2, 9, 64, 64, 1, 1, Tru
     full = torch.randn(n_rows, (k - 1) * d + n, c_in, generator=g).to(dt)
     w = torch.randn(c_out, c_in, k, generator=g).to(dt)
     b = torch.randn(c_out, generator=g).to(dt) if bias else None
-    alpha = torch.rand(c_in, generator=g).add(0.5).to(dt)
-    inv_beta = torch.rand(c_in, generator=g).add(0.5).to(dt)
+    alpha = torch.rand(c_out, generator=g).add(0.5).to(dt)
+    inv_beta = torch.rand(c_out, generator=g).add(0.5).to(dt)
     res = torch.randn(n_rows, n, c_out, generator=g).to(dt)
-    act = snake(full.float(), alpha.float(), inv_beta.float()).to(dt).float()
-    want = F.conv1d(act.transpose(1, 2), w.float(), None if b is None else b.float(), dilation=d).transpose(1, 2)
-    got = conv_taps(full, taps_weight(w), b, n, d, (alpha, inv_beta), res)
+    conv = F.conv1d(full.float().transpose(1, 2), w.float(), None if b is None else b.float(), dilation=d).transpose(1, 2)
+    summed = (conv + res.float()).to(dt)  # (rounded where the unfused step rounds it)
+    want = snake(summed.float(), alpha.float(), inv_beta.float())
+    got = conv_taps(full, taps_weight(w), b, n, d, res, snake_out=(alpha, inv_beta))
     assert got.dtype == dt and got.shape == want.shape
-    out["fused"][str(case[:7] + (str(dt),))] = rel(got, want + res.float())
+    out["fused"][str(case[:7] + (str(dt),))] = rel(got, want)
     if k > 1:  # the first (k - 1) * d inputs read from the rows' slots in a state of 5 slots
         ctx = (k - 1) * d
         states = torch.randn(5, ctx, c_in, generator=g).to(dt)
         slots = torch.randperm(5, generator=g)[:n_rows]
         states[slots] = full[:, :ctx]
-        from_state = conv_taps(full[:, ctx:].contiguous(), taps_weight(w), b, n, d, (alpha, inv_beta), res,
-                               state=(states, slots))
-        out["fused"][str(case[:7] + (str(dt), "state"))] = rel(from_state, want + res.float())
+        from_state = conv_taps(full[:, ctx:].contiguous(), taps_weight(w), b, n, d, res, state=(states, slots),
+                               snake_out=(alpha, inv_beta))
+        out["fused"][str(case[:7] + (str(dt), "state"))] = rel(from_state, want)
 
 torch.manual_seed(1)
 codec = Codec(TINY.codec)
@@ -83,13 +85,14 @@ import models.qwen3_tts.conv_triton as conv_triton  # noqa: E402
 conv_triton.conv_taps = counted
 pcm = {}
 with torch.no_grad():
-    for conv in ("gemm", "triton", "fused"):
+    for conv in ("gemm", "triton", "fused", "fused-state"):
         stream = make_codec_stream(codec, 2, layout="nwc", conv=conv)
         slots = torch.tensor([1])
         stream.reset(slots)
         pcm[conv] = torch.cat([stream.step(slots, codes[t:t + 1])[0] for t in range(len(codes))])
 out["codec"] = rel(pcm["triton"], pcm["gemm"])
 out["codec_fused"] = rel(pcm["fused"], pcm["gemm"])
+out["codec_fused_state"] = rel(pcm["fused-state"], pcm["gemm"])
 out["codec_peak"] = float(pcm["gemm"].abs().max())
 out["codec_finite"] = bool(torch.isfinite(pcm["triton"]).all())
 out["codec_std"] = float(pcm["gemm"].std())
