@@ -117,20 +117,29 @@ def test_cli_on_off_switches_reach_the_engine_config(flag, name, default):
         EngineConfig(**{name: "yes"})
 
 
-def test_cli_decode_attention_reaches_the_engine_config():
-    """voxgate serve --decode-attention cuda-cores (default) | tensor-cores; others refused."""
+@pytest.mark.parametrize("flag, name, default, others, bad, refusal", [
+    ("--decode-attention", "decode_attention", "cuda-cores", ("tensor-cores",), "tensor",
+     "decode_attention must be one of cuda-cores, tensor-cores"),
+    ("--sampler-kernel", "sampler_kernel", "auto", ("torch", "triton"), "cuda",
+     "sampler_kernel must be auto, torch or triton"),
+])
+def test_cli_choices_reach_the_engine_config(flag, name, default, others, bad, refusal):
+    """voxgate serve --decode-attention cuda-cores (default) | tensor-cores and --sampler-kernel
+    auto (default) | torch | triton reach EngineConfig; other values are refused by the parser
+    and the config."""
     from engine.config import EngineConfig
     from gateway.cli import build_parser, configs_from_args
 
     parser = build_parser()
     _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus"]))
-    assert eng.decode_attention == "cuda-cores"
-    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", "--decode-attention", "tensor-cores"]))
-    assert eng.decode_attention == "tensor-cores"
+    assert getattr(eng, name) == default
+    for value in others:
+        _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", flag, value]))
+        assert getattr(eng, name) == value
     with pytest.raises(SystemExit):
-        parser.parse_args(["serve", "--decode-attention", "tensor"])
-    with pytest.raises(ValueError, match="decode_attention must be one of cuda-cores, tensor-cores"):
-        EngineConfig(decode_attention="tensor")
+        parser.parse_args(["serve", flag, bad])
+    with pytest.raises(ValueError, match=refusal):
+        EngineConfig(**{name: bad})
 
 
 def test_hold_undue_prompts_reaches_the_scheduler(llm_tiny_dir, small_snac_dir):
@@ -234,27 +243,14 @@ def test_a_model_setting_text_takes_its_defaults_type() -> None:
         v("b", "maybe", False)
 
 
-def test_cli_sampler_kernel_reaches_the_engine_config_and_the_sampler(monkeypatch):
-    """voxgate serve --sampler-kernel auto (default) | torch | triton reaches EngineConfig, others
-    are refused; the build sets ``Sampler.kernel`` for the process (before the heads make their
-    samplers), and refuses "triton" where Triton does not import."""
-    from engine.config import EngineConfig
+def test_the_build_checks_the_sampler_kernel(monkeypatch):
+    """The build's ``Sampler.kernel`` (set for the process before the heads make their samplers;
+    the CLI's part: test_cli_choices_reach_the_engine_config): "triton" refused where Triton does
+    not import, another name refused, "auto" torch until the program is loaded."""
     from engine.llm import build as build_mod
     from engine.llm import sample_triton
     from engine.llm.sampler import Sampler
-    from gateway.cli import build_parser, configs_from_args
 
-    parser = build_parser()
-    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus"]))
-    assert eng.sampler_kernel == "auto"
-    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", "--sampler-kernel", "torch"]))
-    assert eng.sampler_kernel == "torch"
-    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus", "--sampler-kernel", "triton"]))
-    assert eng.sampler_kernel == "triton"
-    with pytest.raises(SystemExit):
-        parser.parse_args(["serve", "--sampler-kernel", "cuda"])
-    with pytest.raises(ValueError, match="sampler_kernel"):
-        EngineConfig(sampler_kernel="cuda")
     monkeypatch.setattr(Sampler, "kernel", "torch")
     monkeypatch.setattr(sample_triton, "triton", object())
     assert build_mod._sampler_kernel("triton") == "triton"
