@@ -87,27 +87,31 @@ class _Dense:
         x = x.contiguous()
         if not self.context:  # k = 1
             return conv_taps(x, self.weight, self.bias, x.shape[1], 1, res, snake_out=snake_out)
+        if not self.from_state:
+            return conv_taps(self._with_state(x, slots), self.weight, self.bias, x.shape[1], self.dilation, res,
+                             snake_out=snake_out)
         state = self.state
         assert state is not None
-        if not self.from_state:
-            full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, ctx + n, C]
-            state.index_copy_(0, slots, full[:, -self.context:])
-            return conv_taps(full, self.weight, self.bias, x.shape[1], self.dilation, res, snake_out=snake_out)
         out = conv_taps(x, self.weight, self.bias, x.shape[1], self.dilation, res, state=(state, slots),
                         snake_out=snake_out)
         _keep_last(state, slots, x, self.context)  # (after the kernel read them)
         return out
+
+    def _with_state(self, x: Tensor, slots: Tensor) -> Tensor:
+        """[state, x] ([N, ctx + n, C]) for the slots' rows; their states become its last ctx."""
+        state = self.state
+        assert state is not None
+        full = torch.cat((state.index_select(0, slots), x), dim=1)
+        state.index_copy_(0, slots, full[:, -self.context:])
+        return full
 
     def _conv(self, x: Tensor, slots: Tensor) -> Tensor:
         if not self.context:
             if self.fused:  # (the taps' form of the weight: [C_in, C_out])
                 return F.linear(x, self.weight.t(), self.bias)
             return F.linear(x, self.weight, self.bias)  # k = 1: [N, n, C_in] -> [N, n, C_out]
-        state = self.state
-        assert state is not None
         n, d = x.shape[1], self.dilation
-        full = torch.cat((state.index_select(0, slots), x), dim=1)  # [N, ctx + n, C]
-        state.index_copy_(0, slots, full[:, -self.context:])
+        full = self._with_state(x, slots)
         if self.triton or self.fused:  # the taps read where they lie: no gathered copy
             from models.qwen3_tts.conv_triton import conv_taps
 
