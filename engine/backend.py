@@ -53,7 +53,9 @@ class JobError:
 @dataclass
 class JobOutput:
     job_id: int
-    pcm: np.ndarray | None = None  # float32 [n], may be None or empty
+    # float32 [n], may be None or empty; valid until the backend's next step (it may be a view of
+    # a buffer the backend reuses: whoever keeps it longer copies it)
+    pcm: np.ndarray | None = None
     is_finished: bool = False
     error: JobError | None = None
 

@@ -309,15 +309,24 @@ class EngineCore:
         """One backend step; its outputs become ordered ``Audio``/``Done``/``Error`` messages."""
         out: list[Message] = []
         self._step_formats.clear()
+        owner, streams = self._job_owner, self._streams
         for result in self.backend.step():
-            if result.pcm is not None:
-                self.num_samples_made += result.pcm.size
-            key = self._job_owner.get(result.job_id)
-            stream = self._streams.get(key) if key is not None else None
+            pcm = result.pcm
+            if pcm is not None:
+                self.num_samples_made += pcm.size
+            key = owner.get(result.job_id)
+            stream = streams.get(key) if key is not None else None
             if stream is None:
-                self._job_owner.pop(result.job_id, None)
-                if result.pcm is not None:
-                    self.num_samples_dropped["cancelled"] += result.pcm.size
+                owner.pop(result.job_id, None)
+                if pcm is not None:
+                    self.num_samples_dropped["cancelled"] += pcm.size
+                continue
+            jobs = stream.jobs
+            if (len(jobs) == 1 and jobs[0].job_id == result.job_id and pcm is not None and pcm.size
+                    and not result.is_finished and result.error is None):
+                # the common case, as _on_output takes it: more audio of a stream's only job
+                out.append(self._audio(stream, jobs[0], pcm))
+                self._schedule(stream, jobs[0])
                 continue
             out.extend(self._on_output(stream, result))
         if self._step_formats:
@@ -441,8 +450,8 @@ class EngineCore:
                 for ahead in itertools.islice(stream.jobs, 1, None):  # needed after the head's: later too
                     if not ahead.is_finished:
                         self._schedule(stream, ahead)
-            else:
-                job.held.append(result.pcm)
+            else:  # a copy: the backend's array may be a view of a buffer its next step reuses
+                job.held.append(result.pcm.copy())
         if result.is_finished:
             job.is_finished = True
             self._job_owner.pop(job.job_id, None)

@@ -412,19 +412,32 @@ class LMBackend:
         taken = work.taken
         for (seq, _), pcm in zip(taken.live, work.live_audio()):
             if pcm is not None and pcm.size:
-                audio.setdefault(seq.seq_id, []).append(pcm)
+                parts = audio.get(seq.seq_id)
+                if parts is None:
+                    audio[seq.seq_id] = [pcm]
+                else:
+                    parts.append(pcm)
         for seq, tail in zip(taken.ended, work.tail_audio()):
             if tail is not None and tail.size:
                 audio.setdefault(seq.seq_id, []).append(tail)
         ended_ids = {s.seq_id for s in taken.ended}
+        dropped = work.dropped
         outputs: list[JobOutput] = []
         for seq, _ in taken.new:
-            if seq.seq_id in work.dropped:
+            job_id = seq.seq_id
+            if job_id in dropped:
                 continue
-            is_finished = seq.seq_id in ended_ids
-            parts = audio.pop(seq.seq_id, [])
-            if parts or is_finished:
-                outputs.extend(_chunked(seq.seq_id, parts, is_finished))
+            is_finished = job_id in ended_ids
+            parts = audio.pop(job_id, None)
+            if parts is None:
+                if is_finished:
+                    outputs.append(JobOutput(job_id, pcm=np.zeros(0, np.float32), is_finished=True))
+            elif len(parts) == 1 and parts[0].size <= MAX_CHUNK_SAMPLES and parts[0].dtype == np.float32:
+                # a frame model's row, as the program gave it (the engine core encodes it before
+                # the next step, and copies what it holds longer: a program may reuse its buffer)
+                outputs.append(JobOutput(job_id, pcm=parts[0], is_finished=is_finished))
+            else:
+                outputs.extend(_chunked(job_id, parts, is_finished))
         return outputs
 
     def _release(self, seq: Sequence) -> None:

@@ -273,3 +273,38 @@ def test_no_flushed_after_cancel() -> None:
     core.step()
     out = core.cancel(1) + _run(core)
     assert not any(isinstance(x, m.Flushed) for x in out)
+
+
+class _ReusedBufferBackend(FakeBackend):
+    """Each step's audio is a view of one buffer that the next step overwrites (a backend may
+    hand out its own buffer: ``JobOutput.pcm`` holds only until its next step)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.buffer = np.zeros((8, self.chunk_samples), dtype=np.float32)
+        self.num_steps = 0
+
+    def step(self) -> list:  # type: ignore[override]
+        out = super().step()
+        self.num_steps += 1
+        for i, o in enumerate(out):
+            if o.pcm is not None:
+                self.buffer[i] = self.num_steps / 10 + o.job_id / 100  # this step's, this job's value
+                o.pcm = self.buffer[i]
+        return out
+
+
+def test_held_audio_of_a_segment_ahead_survives_the_backends_next_step() -> None:
+    """Audio of a segment generated ahead waits in the core while the head speaks; the backend
+    reuses its buffer meanwhile, and the held chunk still comes out with its own samples."""
+    backend = _ReusedBufferBackend(chunks_per_job=2, chunk_samples=50)
+    core = EngineCore(backend, CoreConfig(first_segment_min_chars=5, min_segment_chars=10, max_segment_chars=60))
+    core.open(1, None, {}, "pcm_f32le")
+    core.add_text(1, "First part here. Second part here. ")
+    core.end(1)
+    chunks = [np.frombuffer(a.pcm, "<f4") for a in _run(core) if isinstance(a, m.Audio)]
+    assert [job_id for job_id, _ in backend.added] == [1, 2, 3]
+    # step 1: job 1's first chunk sent, job 2's (ahead) held; step 2: job 1's last, then job 2's
+    # held chunk (made at step 1: 0.1 + 2 / 100, its buffer row since overwritten) and its last
+    assert [round(float(c[0]), 4) for c in chunks] == [0.11, 0.21, 0.12, 0.22, 0.33, 0.43]
+    assert all(np.all(c == c[0]) for c in chunks)

@@ -201,3 +201,23 @@ def test_the_program_hears_how_soon_each_jobs_audio_is_due(llm_model):
     assert program.dues[0][0] is program.tokens[1] and program.dues[0][1] == pytest.approx(0.15)
     assert program.dues[1][0] is program.tokens[2] and program.dues[1][1] == pytest.approx(1.5)
     assert len(program.dues) == 2
+
+
+def test_a_steps_audio_becomes_one_output_a_row_chunked_past_the_contracts_largest() -> None:
+    """``LMBackend._outputs``: a row's one frame (a frame model's step) is its output as is; a
+    longer or multi-part row is cut at MAX_CHUNK_SAMPLES in float32; a sequence that ended
+    gets is_finished on its last output (an empty one without audio); a dropped job none."""
+    from engine.llm.backend import LMBackend, _Inflight, _Taken
+    from engine.llm.sequence import SamplingParams, Sequence
+
+    seqs = [Sequence(i, [1], SamplingParams(max_tokens=10)) for i in range(5)]
+    frame = np.arange(1920, dtype=np.float32)
+    long = np.arange(MAX_CHUNK_SAMPLES + 100, dtype=np.float64)
+    live = [(seqs[0], 0), (seqs[1], 0), (seqs[2], 0), (seqs[4], 0)]
+    taken = _Taken(new=[(s, 0) for s in seqs], live=live, ended=[seqs[1], seqs[3]])
+    work = _Inflight(taken, lambda: [frame, long, frame, frame], lambda: [frame[:10], None], dropped={4})
+    outs = LMBackend.__new__(LMBackend)._outputs(work)
+    assert [(o.job_id, o.pcm.size, o.is_finished) for o in outs] == [
+        (0, 1920, False), (1, MAX_CHUNK_SAMPLES, False), (1, 110, True), (2, 1920, False), (3, 0, True)]
+    assert outs[0].pcm is frame and all(o.pcm.dtype == np.float32 for o in outs)
+    assert np.array_equal(np.concatenate([outs[1].pcm, outs[2].pcm]), np.concatenate([long, frame[:10]]))

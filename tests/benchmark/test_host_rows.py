@@ -1,0 +1,18 @@
+"""``benchmark.host_rows``: each part of the host's work on a step's rows runs and is timed."""
+
+from __future__ import annotations
+
+from benchmark.host_rows import main, measure
+
+
+def test_every_part_is_timed_and_the_total_is_their_sum() -> None:
+    r = measure(16, repeat=3)
+    parts = ("codec_in", "codec_out", "outputs", "core_step", "encode")
+    assert all(r[p] > 0 for p in parts)
+    assert abs(r["total"] - sum(r[p] for p in parts)) < 1e-9
+
+
+def test_main_prints_a_row_per_row_count(capsys) -> None:
+    assert main(["--rows", "8,16", "--repeat", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out[2:]] == ["8", "16"]
