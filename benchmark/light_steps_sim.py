@@ -8,8 +8,11 @@ An estimate, not a measurement: step times are a model (``KyutaiSteps``: the par
 docs/performance.md at 1, 128 and 256 rows, linear between, plus host work fitted to two
 served figures), the engine core's deadlines are reproduced (first audio due 0.15 s after a
 stream's start, then when its client's playback runs dry) and the client plays from its first
-audio with a 100 ms buffer, as ``voxgate bench`` counts it. Asynchronous steps, prompts' own
-cost and the codec's separate stream are not modelled. Use it to choose what to measure.
+audio with a 100 ms buffer, as ``voxgate bench`` counts it. ``--async-steps`` runs the steps as
+``LMBackend`` does on CUDA (a step's audio leaves one call later); prompts' own cost and the
+codec's separate stream are not modelled. Use it to choose what to measure.
+
+    python -m benchmark.light_steps_sim --parts e307713 --async-steps --light-slack-s 0.1,0.05
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 
 from engine.llm.page_allocator import PageAllocator
 from engine.llm.scheduler import Scheduler, SchedulerConfig
-from engine.llm.sequence import SamplingParams, Sequence
+from engine.llm.sequence import SamplingParams, Sequence, SequenceStatus
 
 __all__ = ["KyutaiSteps", "SimResult", "main", "simulate"]
 
@@ -93,16 +96,23 @@ class SimResult:
 
 def simulate(streams: int, light_steps: int, *, ramp_s: float = 10.0, duration_s: float = 15.0,
              model: KyutaiSteps | None = None, fill: int = 32, start_buffer_s: float = 0.1,
-             light_until: int = LIGHT_UNTIL) -> SimResult:
+             light_until: int = LIGHT_UNTIL, async_steps: bool = False, light_slack_s: float = 0.1) -> SimResult:
     """Streams started evenly over ``ramp_s`` and, while ``duration_s`` lasts, each replaced as
     it ends (``voxgate bench``'s concurrency mode); every stream's TTFA and underruns.
     ``light_until`` above the variants' 18 steps: a turn's whole steps before its first audio
-    go in steps of their own too (a step with such a row costs a whole frame's head)."""
+    go in steps of their own too (a step with such a row costs a whole frame's head).
+    ``async_steps``: as ``LMBackend`` runs them on CUDA, a call schedules and launches step k+1
+    while k runs, takes k's tokens when k ends, and k's audio leaves at the end of the next call
+    (its codec work runs beside k+1); without, a step's audio leaves as it ends."""
+    if async_steps:
+        return _simulate_async(streams, light_steps, ramp_s=ramp_s, duration_s=duration_s, model=model or KyutaiSteps(),
+                               fill=fill, start_buffer_s=start_buffer_s, light_until=light_until,
+                               light_slack_s=light_slack_s)
     model = model or KyutaiSteps()
     now = [0.0]
     cfg = SchedulerConfig(max_num_seqs=2048, max_num_batched_tokens=4096, max_model_len=512, max_waiting=4096,
                           decode_horizon_s=1.0, decode_fill_seqs=fill, light_steps_max=light_steps,
-                          light_until_step=light_until if light_steps else 0)
+                          light_until_step=light_until if light_steps else 0, light_slack_s=light_slack_s)
     sched = Scheduler(cfg, PageAllocator(2048 * 12 + 1, 16), clock=lambda: now[0])
     result = SimResult(streams, light_steps)
     arrivals = [ramp_s * i / streams for i in range(streams)]
@@ -152,21 +162,102 @@ def simulate(streams: int, light_steps: int, *, ramp_s: float = 10.0, duration_s
     return result
 
 
+def _simulate_async(streams: int, light_steps: int, *, ramp_s: float, duration_s: float, model: KyutaiSteps,
+                    fill: int, start_buffer_s: float, light_until: int, light_slack_s: float) -> SimResult:
+    now = [0.0]
+    cfg = SchedulerConfig(max_num_seqs=2048, max_num_batched_tokens=4096, max_model_len=512, max_waiting=4096,
+                          decode_horizon_s=1.0, decode_fill_seqs=fill, light_steps_max=light_steps,
+                          light_until_step=light_until if light_steps else 0, light_slack_s=light_slack_s)
+    sched = Scheduler(cfg, PageAllocator(2048 * 12 + 1, 16), clock=lambda: now[0])
+    result = SimResult(streams, light_steps)
+    arrivals = [ramp_s * i / streams for i in range(streams)]
+    live: dict[int, _Stream] = {}
+    next_id = 0
+    gpu_free = 0.0
+    inflight: tuple[object, float] | None = None  # the launched step whose tokens are not yet taken
+    leaving: list[tuple[Sequence, int]] = []  # (row, its token's index) whose audio leaves this call
+
+    def start(t: float) -> None:
+        nonlocal next_id
+        seq = Sequence(next_id, [1], SamplingParams(max_tokens=FIRST_AUDIO_STEP + AUDIO_FRAMES))
+        sched.add(seq)
+        sched.set_deadline(seq.seq_id, t + 0.15, first_audio=True)
+        live[seq.seq_id] = _Stream(t, seq)
+        next_id += 1
+
+    def deliver(seq: Sequence, k: int) -> None:  # token k's frame reaches the engine core
+        st = live[seq.seq_id]
+        if k >= FIRST_AUDIO_STEP:
+            if st.frames == 0:
+                st.first_audio = now[0]
+                result.ttfa_ms.append(1e3 * (now[0] - st.start))
+            elif now[0] > st.first_audio + start_buffer_s + FRAME_S * st.frames:
+                st.underruns += 1
+            st.frames += 1
+            sched.set_deadline(seq.seq_id, st.first_audio + FRAME_S * st.frames)
+        if k + 1 >= seq.params.max_tokens:
+            result.underrun_streams += st.underruns > 0
+            del live[seq.seq_id]
+            if now[0] < duration_s:
+                start(now[0])
+
+    while arrivals or live:
+        while arrivals and arrivals[0] <= now[0]:
+            start(arrivals.pop(0))
+        batch = sched.schedule()
+        if batch is not None:
+            sched.advance(batch)
+            rows = batch.num_decode_seqs
+            cheap = batch.is_light and all(s.num_output_tokens <= LIGHT_UNTIL for s in batch.seqs[:rows])
+            ms = model.light_ms(rows) if cheap else model.full_ms(max(rows, 1))
+            gpu_free = max(now[0], gpu_free) + ms / 1e3
+            result.steps += 1
+            result.light += batch.is_light
+        taken: list[tuple[Sequence, int]] = []
+        if inflight is not None:
+            prev, end = inflight
+            now[0] = max(now[0], end)  # wait for its tokens
+            sched.fill(prev, [0] * prev.num_seqs)  # type: ignore[attr-defined]
+            for seq, index in zip(prev.seqs, prev.output_index):  # type: ignore[attr-defined]
+                if index < 0 or seq.status is not SequenceStatus.RUNNING:  # as LMBackend._take_tokens
+                    continue
+                taken.append((seq, index))
+                if index + 1 >= seq.params.max_tokens:
+                    sched.finish(seq)
+        for seq, k in leaving:
+            deliver(seq, k)
+        leaving = taken
+        inflight = (batch, gpu_free) if batch is not None else None
+        if batch is None and inflight is None and not leaving:
+            if not arrivals:
+                if live:
+                    raise RuntimeError("streams left with no work scheduled")
+                break
+            now[0] = max(now[0], arrivals[0])
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--streams", default="128,256,400")
     p.add_argument("--light", default="0,4,8", help="light_steps_max values (0: off)")
     p.add_argument("--fill", default="32", help="decode_fill_seqs values, comma-separated")
     p.add_argument("--parts", default="45808a2", choices=sorted(PARTS), help="the step model: parts measured at that commit")
+    p.add_argument("--light-slack-s", default="0.1", help="light_slack_s values, comma-separated (--light-slack-s)")
+    p.add_argument("--async-steps", action="store_true",
+                   help="steps asynchronous as LMBackend runs them on CUDA (a step's audio leaves one call later)")
     args = p.parse_args(argv)
-    print(f"Kyutai TTS on a modelled H200, parts at `{args.parts}` (an estimate: benchmark/light_steps_sim.py's docstring)")
-    print(" streams  fill light  TTFA p50   p90   p99  underran  steps  light share")
+    print(f"Kyutai TTS on a modelled H200, parts at `{args.parts}`{', steps asynchronous' if args.async_steps else ''} "
+          "(an estimate: benchmark/light_steps_sim.py's docstring)")
+    print(" streams  fill light slack  TTFA p50   p90   p99  underran  steps  light share")
     for n in (int(x) for x in args.streams.split(",")):
         for fill in (int(x) for x in args.fill.split(",")):
             for light in (int(x) for x in args.light.split(",")):
-                r = simulate(n, light, fill=fill, model=PARTS[args.parts])
-                print(f"{n:8d} {fill:5d} {light:5d} {r.pct(0.5):9.0f} {r.pct(0.9):5.0f} {r.pct(0.99):5.0f} "
-                      f"{r.underrun_streams:9d} {r.steps:6d} {r.light / max(r.steps, 1):12.2f}", flush=True)
+                for slack in (float(x) for x in args.light_slack_s.split(",")):
+                    r = simulate(n, light, fill=fill, model=PARTS[args.parts], async_steps=args.async_steps,
+                                 light_slack_s=slack)
+                    print(f"{n:8d} {fill:5d} {light:5d} {slack:5.2f} {r.pct(0.5):9.0f} {r.pct(0.9):5.0f} {r.pct(0.99):5.0f} "
+                          f"{r.underrun_streams:9d} {r.steps:6d} {r.light / max(r.steps, 1):12.2f}", flush=True)
     return 0
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import math
 import re
-
 from dataclasses import dataclass, field
 
 from engine.admission import AdmissionConfig
@@ -70,6 +70,9 @@ class EngineConfig:
     # many steps in a row of their own while the other due rows can wait: -1 = auto (the
     # program's default on CUDA: Kyutai TTS 4, measured on two H200s; others 0), 0 = off.
     light_steps: int = -1
+    # Light steps run while no playing stream's row is due within this many seconds
+    # (engine.llm.scheduler light_slack_s; default 0.1, measured with it on two H200s).
+    light_slack_s: float = 0.1
     # The runtime sampler's draw (engine.llm.sampler Sampler.kernel): "torch", "triton" (one
     # kernel a sample for vocabularies up to 8,192 columns on CUDA: engine.llm.sample_triton), or
     # "auto" = the program's default on CUDA where Triton imports (Qwen3-TTS triton, measured on
@@ -181,6 +184,8 @@ class EngineConfig:
             raise ValueError("sampler_kernel must be auto, torch or triton")
         if self.light_steps < -1:
             raise ValueError("light_steps must be -1 (auto), 0 (off) or a step count")
+        if not (math.isfinite(self.light_slack_s) and self.light_slack_s >= 0.0):
+            raise ValueError(f"light_slack_s must be >= 0 seconds, got {self.light_slack_s}")
         if self.prefill_batch_seqs < -1:
             raise ValueError("prefill_batch_seqs must be -1 (auto), 0 or a prompt count")
         if not 0 <= self.ramp_step_samples <= 8192:

@@ -327,6 +327,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                            "(Kyutai TTS: before its first codes) take up to N steps in a row of "
                            "their own while the other due rows can wait (-1 auto: the model's, "
                            "Kyutai TTS 4 on CUDA, others off; 0 off)")
+    tune.add_argument("--light-slack-s", type=float, default=EngineConfig.light_slack_s, metavar="S",
+                      help="light steps run while no playing stream is due within S seconds "
+                           "(default 0.1)")
     tune.add_argument("--sampler-kernel", choices=("auto", "torch", "triton"), default=EngineConfig.sampler_kernel,
                       help="the sampler's draw: torch's operators, or one Triton kernel a sample "
                            "for vocabularies up to 8,192 (frame models' codebooks; CUDA); auto: "

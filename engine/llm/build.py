@@ -60,16 +60,18 @@ def _auto_sampler_kernel(defaults: ServingDefaults, device: str) -> str:
     return _sampler_kernel(defaults.sampler_kernel)
 
 
-def _light_steps(asked: int, head: Any, defaults: ServingDefaults, device: str) -> dict[str, Any]:
+def _light_steps(asked: int, head: Any, defaults: ServingDefaults, device: str, slack_s: float = 0.1) -> dict[str, Any]:
     """The scheduler's light-step settings: ``asked`` (-1 = the program's default on CUDA, off
     on the CPU), for a head that names its light steps (``light_until_step``) and captures its
-    cheaper variants up to some rows (``variants``); none for another head."""
+    cheaper variants up to some rows (``variants``), while no playing row is due within
+    ``slack_s``; none for another head."""
     until = int(getattr(head, "light_until_step", 0) or 0)
     variants = tuple(getattr(head, "variants", ()) or ())
     n = asked if asked >= 0 else (defaults.light_steps if device == "cuda" else 0)
     if n <= 0 or until <= 0:
         return {}
-    return {"light_steps_max": n, "light_until_step": until, "light_max_rows": min(variants) if variants else 16}
+    return {"light_steps_max": n, "light_until_step": until, "light_max_rows": min(variants) if variants else 16,
+            "light_slack_s": slack_s}
 
 
 def _prefill_batching(wait_s: float, batch_seqs: int, runner: Any,
@@ -163,6 +165,7 @@ def build_lm_backend(
     prefill_wait_s: float | None = None,
     prefill_batch_seqs: int | None = None,
     light_steps: int | None = None,
+    light_slack_s: float | None = None,
     sampler_kernel: str | None = None,
     hold_undue_prompts: bool | str | None = None,
     async_steps: bool | str | None = None,
@@ -204,7 +207,8 @@ def build_lm_backend(
     program's defaults with prefill graphs, off otherwise and with mixed graphs
     (``_prefill_batching``). ``light_steps``: a new sequence's cheap first steps (the head's
     ``light_until_step``) take up to that many steps in a row of their own (``_light_steps``; -1 =
-    the program's default on CUDA, 0 = off). ``sampler_kernel``: "auto" (default: the program's
+    the program's default on CUDA, 0 = off), while no playing row is due within
+    ``light_slack_s`` (default 0.1 s). ``sampler_kernel``: "auto" (default: the program's
     ``ServingDefaults.sampler_kernel`` on CUDA where Triton imports, torch elsewhere), "torch" or
     "triton" (``Sampler.kernel``, set for the process). ``hold_undue_prompts`` (True / "on"; default off): under load,
     prompts not due within the horizon wait. ``async_steps``: launch each step before the
@@ -344,7 +348,8 @@ def build_lm_backend(
     fill = pick(decode_fill_seqs, "decode_fill_seqs", -1)
     if fill < 0:
         fill = defaults.decode_fill_seqs if device == "cuda" else 0
-    light = _light_steps(pick(light_steps, "light_steps", -1), loaded.head, defaults, device)
+    light = _light_steps(pick(light_steps, "light_steps", -1), loaded.head, defaults, device,
+                         pick(light_slack_s, "light_slack_s", 0.1))
     prefill_wait, prefill_batch = _prefill_batching(pick(prefill_wait_s, "prefill_wait_s", -1.0),
                                                     pick(prefill_batch_seqs, "prefill_batch_seqs", -1), runner, defaults)
     scheduler = Scheduler(
