@@ -329,7 +329,7 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                            "Kyutai TTS 4 on CUDA, others off; 0 off)")
     tune.add_argument("--light-slack-s", type=float, default=EngineConfig.light_slack_s, metavar="S",
                       help="light steps run while no playing stream is due within S seconds "
-                           "(default 0.1)")
+                           "(default: %(default)s)")
     tune.add_argument("--sampler-kernel", choices=("auto", "torch", "triton"), default=EngineConfig.sampler_kernel,
                       help="the sampler's draw: torch's operators, or one Triton kernel a sample "
                            "for vocabularies up to 8,192 (frame models' codebooks; CUDA); auto: "
