@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from benchmark.sched_sim import SimResult, StreamShape, run
 from engine.llm.page_allocator import PageAllocator
-from engine.llm.scheduler import Scheduler, SchedulerConfig
-from engine.llm.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.llm.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 
 __all__ = ["KyutaiSteps", "SimResult", "main", "simulate"]
 
@@ -71,170 +70,31 @@ PARTS = {
 }
 
 
-@dataclass
-class _Stream:
-    start: float
-    seq: Sequence
-    first_audio: float = math.nan
-    frames: int = 0
-    underruns: int = 0
-
-
-@dataclass
-class SimResult:
-    streams: int
-    light_steps: int
-    ttfa_ms: list[float] = field(default_factory=list)
-    underrun_streams: int = 0
-    steps: int = 0
-    light: int = 0
-
-    def pct(self, q: float) -> float:
-        xs = sorted(self.ttfa_ms)
-        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else math.nan
-
-
 def simulate(streams: int, light_steps: int, *, ramp_s: float = 10.0, duration_s: float = 15.0,
              model: KyutaiSteps | None = None, fill: int = 32, start_buffer_s: float = 0.1,
              light_until: int = LIGHT_UNTIL, async_steps: bool = False, light_slack_s: float = 0.1) -> SimResult:
     """Streams started evenly over ``ramp_s`` and, while ``duration_s`` lasts, each replaced as
-    it ends (``voxgate bench``'s concurrency mode); every stream's TTFA and underruns.
-    ``light_until`` above the variants' 18 steps: a turn's whole steps before its first audio
-    go in steps of their own too (a step with such a row costs a whole frame's head).
-    ``async_steps``: as ``LMBackend`` runs them on CUDA, a call schedules and launches step k+1
-    while k runs, takes k's tokens when k ends, and k's audio leaves at the end of the next call
-    (its codec work runs beside k+1); without, a step's audio leaves as it ends."""
-    if async_steps:
-        return _simulate_async(streams, light_steps, ramp_s=ramp_s, duration_s=duration_s, model=model or KyutaiSteps(),
-                               fill=fill, start_buffer_s=start_buffer_s, light_until=light_until,
-                               light_slack_s=light_slack_s)
+    it ends (``voxgate bench``'s concurrency mode); every stream's TTFA and underruns
+    (``benchmark.sched_sim``). ``light_until`` above the variants' 18 steps: a turn's whole
+    steps before its first audio go in steps of their own too (a step with such a row costs a
+    whole frame's head). ``async_steps``: steps as ``LMBackend`` runs them on CUDA (a step's
+    audio leaves one call later); without, a step's audio leaves as it ends."""
     model = model or KyutaiSteps()
     now = [0.0]
     cfg = SchedulerConfig(max_num_seqs=2048, max_num_batched_tokens=4096, max_model_len=512, max_waiting=4096,
                           decode_horizon_s=1.0, decode_fill_seqs=fill, light_steps_max=light_steps,
                           light_until_step=light_until if light_steps else 0, light_slack_s=light_slack_s)
     sched = Scheduler(cfg, PageAllocator(2048 * 12 + 1, 16), clock=lambda: now[0])
-    result = SimResult(streams, light_steps)
-    arrivals = [ramp_s * i / streams for i in range(streams)]
-    live: dict[int, _Stream] = {}
-    next_id = 0
 
-    def start(t: float) -> None:
-        nonlocal next_id
-        seq = Sequence(next_id, [1], SamplingParams(max_tokens=FIRST_AUDIO_STEP + AUDIO_FRAMES))
-        sched.add(seq)
-        sched.set_deadline(seq.seq_id, t + 0.15, first_audio=True)
-        live[seq.seq_id] = _Stream(t, seq)
-        next_id += 1
+    def step_ms(batch: ScheduledBatch) -> float:
+        rows = batch.num_decode_seqs  # (advanced: a row's token in this step is counted)
+        cheap = batch.is_light and all(s.num_output_tokens <= LIGHT_UNTIL for s in batch.seqs[:rows])
+        return model.light_ms(rows) if cheap else model.full_ms(max(rows, 1))
 
-    while arrivals or live:
-        while arrivals and arrivals[0] <= now[0]:
-            start(arrivals.pop(0))
-        batch = sched.schedule()
-        if batch is None:
-            if not arrivals:
-                break
-            now[0] = arrivals[0]
-            continue
-        rows = batch.num_decode_seqs
-        cheap = batch.is_light and all(len(s.output_ids) < LIGHT_UNTIL for s in batch.seqs[:rows])
-        ms = model.light_ms(rows) if cheap else model.full_ms(max(rows, 1))
-        now[0] += ms / 1e3
-        result.steps += 1
-        result.light += batch.is_light
-        for seq, _ in sched.update(batch, [0] * batch.num_seqs):
-            st = live[seq.seq_id]
-            k = len(seq.output_ids) - 1  # this token's index
-            if k >= FIRST_AUDIO_STEP:
-                if st.frames == 0:
-                    st.first_audio = now[0]
-                    result.ttfa_ms.append(1e3 * (now[0] - st.start))
-                elif now[0] > st.first_audio + start_buffer_s + FRAME_S * st.frames:
-                    st.underruns += 1  # the client's buffer ran dry before this frame came
-                st.frames += 1
-                sched.set_deadline(seq.seq_id, st.first_audio + FRAME_S * st.frames)
-            if len(seq.output_ids) >= seq.params.max_tokens:
-                sched.finish(seq)
-                result.underrun_streams += st.underruns > 0
-                del live[seq.seq_id]
-                if now[0] < duration_s:
-                    start(now[0])
-    return result
-
-
-def _simulate_async(streams: int, light_steps: int, *, ramp_s: float, duration_s: float, model: KyutaiSteps,
-                    fill: int, start_buffer_s: float, light_until: int, light_slack_s: float) -> SimResult:
-    now = [0.0]
-    cfg = SchedulerConfig(max_num_seqs=2048, max_num_batched_tokens=4096, max_model_len=512, max_waiting=4096,
-                          decode_horizon_s=1.0, decode_fill_seqs=fill, light_steps_max=light_steps,
-                          light_until_step=light_until if light_steps else 0, light_slack_s=light_slack_s)
-    sched = Scheduler(cfg, PageAllocator(2048 * 12 + 1, 16), clock=lambda: now[0])
-    result = SimResult(streams, light_steps)
-    arrivals = [ramp_s * i / streams for i in range(streams)]
-    live: dict[int, _Stream] = {}
-    next_id = 0
-    gpu_free = 0.0
-    inflight: tuple[object, float] | None = None  # the launched step whose tokens are not yet taken
-    leaving: list[tuple[Sequence, int]] = []  # (row, its token's index) whose audio leaves this call
-
-    def start(t: float) -> None:
-        nonlocal next_id
-        seq = Sequence(next_id, [1], SamplingParams(max_tokens=FIRST_AUDIO_STEP + AUDIO_FRAMES))
-        sched.add(seq)
-        sched.set_deadline(seq.seq_id, t + 0.15, first_audio=True)
-        live[seq.seq_id] = _Stream(t, seq)
-        next_id += 1
-
-    def deliver(seq: Sequence, k: int) -> None:  # token k's frame reaches the engine core
-        st = live[seq.seq_id]
-        if k >= FIRST_AUDIO_STEP:
-            if st.frames == 0:
-                st.first_audio = now[0]
-                result.ttfa_ms.append(1e3 * (now[0] - st.start))
-            elif now[0] > st.first_audio + start_buffer_s + FRAME_S * st.frames:
-                st.underruns += 1
-            st.frames += 1
-            sched.set_deadline(seq.seq_id, st.first_audio + FRAME_S * st.frames)
-        if k + 1 >= seq.params.max_tokens:
-            result.underrun_streams += st.underruns > 0
-            del live[seq.seq_id]
-            if now[0] < duration_s:
-                start(now[0])
-
-    while arrivals or live:
-        while arrivals and arrivals[0] <= now[0]:
-            start(arrivals.pop(0))
-        batch = sched.schedule()
-        if batch is not None:
-            sched.advance(batch)
-            rows = batch.num_decode_seqs
-            cheap = batch.is_light and all(s.num_output_tokens <= LIGHT_UNTIL for s in batch.seqs[:rows])
-            ms = model.light_ms(rows) if cheap else model.full_ms(max(rows, 1))
-            gpu_free = max(now[0], gpu_free) + ms / 1e3
-            result.steps += 1
-            result.light += batch.is_light
-        taken: list[tuple[Sequence, int]] = []
-        if inflight is not None:
-            prev, end = inflight
-            now[0] = max(now[0], end)  # wait for its tokens
-            sched.fill(prev, [0] * prev.num_seqs)  # type: ignore[attr-defined]
-            for seq, index in zip(prev.seqs, prev.output_index):  # type: ignore[attr-defined]
-                if index < 0 or seq.status is not SequenceStatus.RUNNING:  # as LMBackend._take_tokens
-                    continue
-                taken.append((seq, index))
-                if index + 1 >= seq.params.max_tokens:
-                    sched.finish(seq)
-        for seq, k in leaving:
-            deliver(seq, k)
-        leaving = taken
-        inflight = (batch, gpu_free) if batch is not None else None
-        if batch is None and inflight is None and not leaving:
-            if not arrivals:
-                if live:
-                    raise RuntimeError("streams left with no work scheduled")
-                break
-            now[0] = max(now[0], arrivals[0])
-    return result
+    shape = StreamShape(prompt_tokens=1, first_audio_token=FIRST_AUDIO_STEP, audio_frames=AUDIO_FRAMES,
+                        frame_s=FRAME_S, start_buffer_s=start_buffer_s)
+    return run(sched, now, shape, SimResult(streams, light_steps), step_ms=step_ms, ramp_s=ramp_s,
+               duration_s=duration_s, async_steps=async_steps)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,13 +21,12 @@ the codec's own stream are not modelled. Use it to choose what to measure.
 from __future__ import annotations
 
 import argparse
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from benchmark.light_steps_sim import _interp
+from benchmark.sched_sim import SimResult, StreamShape, run
 from engine.llm.page_allocator import PageAllocator
-from engine.llm.scheduler import Scheduler, SchedulerConfig
-from engine.llm.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.llm.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 
 __all__ = ["FrameSteps", "SimResult", "main", "simulate"]
 
@@ -55,111 +54,29 @@ class FrameSteps:
         return one + self.row_cost * (_interp(max(rows, 1), self.rows_ms) - one) + self.prompt_ms * prompts
 
 
-@dataclass
-class _Stream:
-    start: float
-    seq: Sequence
-    first_audio: float = math.nan
-    frames: int = 0
-    underruns: int = 0
-
-
-@dataclass
-class SimResult:
-    streams: int
-    ttfa_ms: list[float] = field(default_factory=list)
-    underrun_streams: int = 0
-    steps: int = 0
-    rows: int = 0
-    max_step_ms: float = 0.0
-
-    def pct(self, q: float) -> float:
-        xs = sorted(self.ttfa_ms)
-        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else math.nan
-
-
 def simulate(streams: int, *, ramp_s: float = 10.0, duration_s: float = 15.0,
              model: FrameSteps | None = None, fill: int = 256, horizon_s: float = 1.0,
              prefill_wait_s: float = 0.05, start_buffer_s: float = 0.1) -> SimResult:
     """Streams started evenly over ``ramp_s`` and, while ``duration_s`` lasts, each replaced as
-    its last audio arrives (``voxgate bench``'s concurrency mode); every stream's TTFA and
-    underruns. Steps are asynchronous as ``LMBackend`` runs them: a call schedules and launches
-    step k+1 while k runs, takes k's tokens when k ends, and k's audio leaves at the end of the
-    next call (its codec work runs beside k+1). ``fill``, ``horizon_s`` and ``prefill_wait_s``:
-    the scheduler's settings (Qwen3-TTS's defaults: 256, 1 s and 0.05 s)."""
+    its last audio arrives (``voxgate bench``'s concurrency mode), steps asynchronous as
+    ``LMBackend`` runs them on CUDA (``benchmark.sched_sim``); every stream's TTFA and underruns.
+    ``fill``, ``horizon_s`` and ``prefill_wait_s``: the scheduler's settings (Qwen3-TTS's
+    defaults: 256, 1 s and 0.05 s)."""
     model = model or FrameSteps()
     now = [0.0]
-    clock = lambda: now[0]  # noqa: E731
     cfg = SchedulerConfig(max_num_seqs=2048, max_num_batched_tokens=4096, max_model_len=512, max_waiting=4096,
                           max_num_prefill_seqs=32, max_num_prefill_tokens=512, whole_prompts=True,
                           decode_horizon_s=horizon_s, decode_fill_seqs=fill, prefill_wait_s=prefill_wait_s,
                           prefill_batch_seqs=8)
-    sched = Scheduler(cfg, PageAllocator(2048 * 10 + 1, 16), clock=clock)
-    result = SimResult(streams)
-    arrivals = [ramp_s * i / streams for i in range(streams)]
-    live: dict[int, _Stream] = {}
-    next_id = 0
-    gpu_free = 0.0
-    inflight: tuple[object, float] | None = None  # the launched step whose tokens are not yet taken
-    leaving: list[Sequence] = []  # rows whose frame's audio leaves at the end of this call
+    sched = Scheduler(cfg, PageAllocator(2048 * 10 + 1, 16), clock=lambda: now[0])
 
-    def start(t: float) -> None:
-        nonlocal next_id
-        seq = Sequence(next_id, [1] * PROMPT_TOKENS, SamplingParams(max_tokens=FRAMES))
-        sched.add(seq)
-        sched.set_deadline(seq.seq_id, t + 0.15, first_audio=True)
-        live[seq.seq_id] = _Stream(t, seq)
-        next_id += 1
+    def step_ms(batch: ScheduledBatch) -> float:
+        return model.wall_ms(batch.num_decode_seqs, batch.num_seqs - batch.num_decode_seqs)
 
-    def deliver(seq: Sequence) -> None:  # a frame's audio reaches the engine core (and the client)
-        st = live[seq.seq_id]
-        if st.frames == 0:
-            st.first_audio = now[0]
-            result.ttfa_ms.append(1e3 * (now[0] - st.start))
-        elif now[0] > st.first_audio + start_buffer_s + FRAME_S * st.frames:
-            st.underruns += 1  # the client's buffer ran dry before this frame came
-        st.frames += 1
-        sched.set_deadline(seq.seq_id, st.first_audio + FRAME_S * st.frames)
-        if st.frames >= FRAMES:
-            result.underrun_streams += st.underruns > 0
-            del live[seq.seq_id]
-            if now[0] < duration_s:
-                start(now[0])
-
-    while arrivals or live:
-        while arrivals and arrivals[0] <= now[0]:
-            start(arrivals.pop(0))
-        batch = sched.schedule()
-        if batch is not None:
-            sched.advance(batch)
-            rows, prompts = batch.num_decode_seqs, batch.num_seqs - batch.num_decode_seqs
-            ms = model.wall_ms(rows, prompts)
-            gpu_free = max(now[0], gpu_free) + ms / 1e3
-            result.steps += 1
-            result.rows += rows
-            result.max_step_ms = max(result.max_step_ms, ms)
-        taken: list[Sequence] = []
-        if inflight is not None:
-            prev, end = inflight
-            now[0] = max(now[0], end)  # wait for its tokens
-            sched.fill(prev, [0] * prev.num_seqs)  # type: ignore[attr-defined]
-            for seq, index in zip(prev.seqs, prev.output_index):  # type: ignore[attr-defined]
-                if index < 0 or seq.status is not SequenceStatus.RUNNING:  # as LMBackend._take_tokens
-                    continue
-                taken.append(seq)
-                if index + 1 >= seq.params.max_tokens:
-                    sched.finish(seq)
-        for seq in leaving:
-            deliver(seq)
-        leaving = taken
-        inflight = (batch, gpu_free) if batch is not None else None
-        if batch is None and inflight is None and not leaving:
-            if not arrivals:
-                if live:
-                    raise RuntimeError("streams left with no work scheduled")
-                break
-            now[0] = max(now[0], arrivals[0])
-    return result
+    shape = StreamShape(prompt_tokens=PROMPT_TOKENS, first_audio_token=0, audio_frames=FRAMES, frame_s=FRAME_S,
+                        start_buffer_s=start_buffer_s)
+    return run(sched, now, shape, SimResult(streams), step_ms=step_ms, ramp_s=ramp_s, duration_s=duration_s,
+               async_steps=True)
 
 
 def main(argv: list[str] | None = None) -> int:
