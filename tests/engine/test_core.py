@@ -308,3 +308,22 @@ def test_held_audio_of_a_segment_ahead_survives_the_backends_next_step() -> None
     # held chunk (made at step 1: 0.1 + 2 / 100, its buffer row since overwritten) and its last
     assert [round(float(c[0]), 4) for c in chunks] == [0.11, 0.21, 0.12, 0.22, 0.33, 0.43]
     assert all(np.all(c == c[0]) for c in chunks)
+
+
+def test_pcm_encoding_is_exact_as_steps_grow_and_shrink() -> None:
+    """The core encodes into buffers it keeps between steps: a small step after a large one,
+    float64 chunks and samples past [-1, 1] still give each chunk exactly its own bytes."""
+    from engine.core import _PcmEncoder
+
+    enc = _PcmEncoder()
+    rng = np.random.default_rng(3)
+    for sizes in ((4000, 3000), (7, 1, 5), (2400,), (9000, 10)):
+        pcms = [rng.uniform(-1.5, 1.5, n).astype(np.float64 if n % 2 else np.float32) for n in sizes]
+        for fmt in ("pcm_s16le", "pcm_f32le"):
+            got = enc.encode(fmt, pcms)
+            for data, pcm in zip(got, pcms):
+                if fmt == "pcm_f32le":
+                    assert data == pcm.astype("<f4").tobytes()
+                else:  # round toward zero of clip(x, -1, 1) * 32767, as float32
+                    scaled = np.clip(pcm.astype(np.float32) * np.float32(32767.0), -32767, 32767)
+                    assert data == scaled.astype("<i2").tobytes()
