@@ -8,7 +8,12 @@ Each part runs on its own over B rows of one 1,920-sample frame (Qwen3-TTS: 80 m
 and 16 codes: the frame codes to the codec's input tensor (``SlotCodec.launch``'s host half),
 the codec's output rows to numpy (its collect), ``LMBackend._outputs`` (rows to ``JobOutput``),
 ``EngineCore.step`` over those outputs (stream bookkeeping, deadlines, PCM encoding) with a
-backend that only returns them, and the loop's message encoding (``engine.messages``). Medians
+backend that only returns them, and the loop's message encoding (``engine.messages``). Then,
+with ``--program`` (default ``qwen3-tts-tiny``), a whole ``LMBackend.step`` of that program with
+the device's part stubbed (the runner returns its tokens at once, the codec its samples): the
+scheduler, the tokens' bookkeeping, the program's inputs and outputs (``lm_backend``; it
+includes ``codec_in``, ``codec_out`` and ``outputs``, so it is not added to ``total``; ``all`` is
+it with ``core_step`` and ``encode``: the step's host work from the runner's tokens out). Medians
 of ``--repeat`` runs, microseconds a row; CPU only, no GPU needed.
 """
 
@@ -96,8 +101,9 @@ def _median_us(fn: Callable[[], Any], repeat: int, rows: int) -> float:
     return statistics.median(times) / rows * 1e6
 
 
-def measure(rows: int, repeat: int = 30) -> dict[str, float]:
-    """Microseconds a row of each part at ``rows`` rows (module docstring)."""
+def measure(rows: int, repeat: int = 30, program: str | None = None) -> dict[str, float]:
+    """Microseconds a row of each part at ``rows`` rows (module docstring); ``program``: also
+    ``lm_backend``, a whole ``LMBackend.step`` of that program with the device stubbed."""
     rng = np.random.default_rng(0)
     frame = (rng.standard_normal(FRAME_SAMPLES) * 0.1).astype(np.float32)
     codes = rng.integers(0, 2048, (rows, NUM_CODES)).tolist()
@@ -131,21 +137,62 @@ def measure(rows: int, repeat: int = 30) -> dict[str, float]:
         raise RuntimeError(f"the core made {len(messages)} messages for {rows} rows")
     out["encode"] = _median_us(lambda: m.encode(m.Batch(messages)), repeat, rows)
     out["total"] = sum(out.values())
+    if program:
+        out["lm_backend"] = _lm_backend_us(program, rows, repeat)
+        out["all"] = out["lm_backend"] + out["core_step"] + out["encode"]  # the step's host work, end to end
     return out
+
+
+def _lm_backend_us(program: str, rows: int, repeat: int) -> float:
+    """``LMBackend.step`` of ``program`` (a tiny one: --load-format dummy on the CPU) at ``rows``
+    decode rows, asynchronous steps, with the runner and the codec stubbed."""
+    from engine.llm.build import build_lm_backend
+    from engine.llm.model_runner import LaunchedStep
+    from models.registry import load_factory, resolve
+
+    resolved = resolve(program)
+    backend = build_lm_backend(load_factory(resolved.entry), resolved.model_id, device="cpu", load_format="dummy",
+                               max_model_len=1024, max_waiting=rows + 8, max_num_seqs=rows + 1, async_steps="on",
+                               warmup=False)
+    voice, options = backend.validate(None, {"max_tokens": 1000, "seed": 1})
+    text = "Hello there, this is a test of the engine on a long enough sentence to keep it busy for a while. " * 3
+    for job in range(rows):
+        backend.add_job(job, text, voice, options)
+        backend.push_text(job, "", final=True)
+    for _ in range(3):  # the prompts, on the tiny model
+        backend.step()
+    codec = backend.program.codec.stream
+    zeros = torch.zeros(rows + 8, FRAME_SAMPLES)
+    codec.step = lambda slots, codes: zeros[: slots.shape[0]]
+    codec.reset = lambda slots: None
+
+    def launch(batch: Any, feed: Any = None) -> LaunchedStep:
+        tokens = torch.full((batch.num_seqs, NUM_CODES), 5, dtype=torch.int64)  # no stop code
+        return LaunchedStep(lambda: tokens.tolist(), tokens[:, 0])
+
+    backend.runner.launch = launch
+    backend.step()
+    if backend.scheduler.num_running != rows:
+        raise RuntimeError(f"{backend.scheduler.num_running} rows running, not {rows}")
+    return _median_us(backend.step, repeat, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=list_type(number_type(int, 1)), default=[256, 873])
     p.add_argument("--repeat", type=number_type(int, 3), default=30)
+    p.add_argument("--program", default="qwen3-tts-tiny", help="lm_backend's program ('none': skip it)")
     args = p.parse_args(argv)
+    program = None if args.program == "none" else args.program
     print(f"host work per row on {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
           f"torch {torch.__version__} (us a row, medians of {args.repeat})")
     names = ("codec_in", "codec_out", "outputs", "core_step", "encode", "total")
-    print(f"{'rows':>6} " + " ".join(f"{n:>10}" for n in names) + "   ms a step")
+    extra = ("lm_backend", "all") if program else ()
+    print(f"{'rows':>6} " + " ".join(f"{n:>10}" for n in names) + "   ms a step" + "".join(f" {n:>10}" for n in extra))
     for rows in args.rows:
-        r = measure(rows, args.repeat)
-        print(f"{rows:6d} " + " ".join(f"{r[n]:10.2f}" for n in names) + f"   {r['total'] * rows / 1e3:8.2f}", flush=True)
+        r = measure(rows, args.repeat, program)
+        print(f"{rows:6d} " + " ".join(f"{r[n]:10.2f}" for n in names) + f"   {r['total'] * rows / 1e3:8.2f}"
+              + "".join(f" {r[n]:10.2f}" for n in extra), flush=True)
     return 0
 
 

@@ -10,9 +10,18 @@ def test_every_part_is_timed_and_the_total_is_their_sum() -> None:
     parts = ("codec_in", "codec_out", "outputs", "core_step", "encode")
     assert all(r[p] > 0 for p in parts)
     assert abs(r["total"] - sum(r[p] for p in parts)) < 1e-9
+    assert "lm_backend" not in r
+
+
+def test_a_whole_lm_backend_step_of_a_tiny_program_with_the_device_stubbed() -> None:
+    """Every row decodes a frame each step (the stub never stops one), and the step's host work
+    end to end is the backend's with the core's and the encoding's."""
+    r = measure(12, repeat=3, program="qwen3-tts-tiny")
+    assert r["lm_backend"] > 0
+    assert abs(r["all"] - (r["lm_backend"] + r["core_step"] + r["encode"])) < 1e-9
 
 
 def test_main_prints_a_row_per_row_count(capsys) -> None:
-    assert main(["--rows", "8,16", "--repeat", "3"]) == 0
+    assert main(["--rows", "8,16", "--repeat", "3", "--program", "none"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in out[2:]] == ["8", "16"]
