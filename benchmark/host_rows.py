@@ -1,6 +1,6 @@
 """The host's work per decode row of a frame model's step, from the runner's tokens to the bytes
 the engine loop writes, with the device's part left out: what a step of B rows costs the
-engine's one thread beside the GPU (docs/performance.md, "The host's work per row").
+engine's one thread beside the GPU (docs/performance.md, "On the CPU").
 
     python -m benchmark.host_rows [--rows 256,873] [--repeat 30]
 
