@@ -9,12 +9,14 @@ and 16 codes: the frame codes to the codec's input tensor (``SlotCodec.launch``'
 the codec's output rows to numpy (its collect), ``LMBackend._outputs`` (rows to ``JobOutput``),
 ``EngineCore.step`` over those outputs (stream bookkeeping, deadlines, PCM encoding) with a
 backend that only returns them, and the loop's message encoding (``engine.messages``). Then,
-with ``--program`` (default ``qwen3-tts-tiny``), a whole ``LMBackend.step`` of that program with
-the device's part stubbed (the runner returns its tokens at once, the codec its samples): the
+with ``--program`` (default ``qwen3-tts-tiny``; ``tiny`` is Orpheus), a whole ``LMBackend.step``
+of that program with the device's part stubbed (the runner returns its tokens at once, the codec
+its samples): the
 scheduler, the tokens' bookkeeping, the program's inputs and outputs (``lm_backend``; it
 includes ``codec_in``, ``codec_out`` and ``outputs``, so it is not added to ``total``; ``all`` is
-it with ``core_step`` and ``encode``: the step's host work from the runner's tokens out). Medians
-of ``--repeat`` runs, microseconds a row; CPU only, no GPU needed.
+it with ``core_step`` and ``encode`` for each output a row makes: the step's host work from the
+runner's tokens out). Medians of ``--repeat`` runs (``lm_backend``: the mean over whole
+seven-step cycles), microseconds a row; CPU only, no GPU needed.
 """
 
 from __future__ import annotations
@@ -138,43 +140,75 @@ def measure(rows: int, repeat: int = 30, program: str | None = None) -> dict[str
     out["encode"] = _median_us(lambda: m.encode(m.Batch(messages)), repeat, rows)
     out["total"] = sum(out.values())
     if program:
-        out["lm_backend"] = _lm_backend_us(program, rows, repeat)
-        out["all"] = out["lm_backend"] + out["core_step"] + out["encode"]  # the step's host work, end to end
+        out["lm_backend"], out["outputs_a_row"] = _lm_backend_us(program, rows, repeat)
+        # the step's host work end to end: the core and the encoding work per output (a chunk)
+        out["all"] = out["lm_backend"] + out["outputs_a_row"] * (out["core_step"] + out["encode"])
     return out
 
 
-def _lm_backend_us(program: str, rows: int, repeat: int) -> float:
+def _lm_backend_us(program: str, rows: int, repeat: int) -> tuple[float, float]:
     """``LMBackend.step`` of ``program`` (a tiny one: --load-format dummy on the CPU) at ``rows``
-    decode rows, asynchronous steps, with the runner and the codec stubbed."""
+    decode rows, asynchronous steps, with the runner and the codec stubbed: a frame program
+    (Qwen3-TTS and the others with a ``SlotCodec``) gets frames of codes, Orpheus (``tiny``)
+    audio tokens valid at each row's position (a frame completes every seventh). Microseconds a
+    row, and the outputs a row (1 for a frame program, about 1/7 for Orpheus)."""
     from engine.llm.build import build_lm_backend
     from engine.llm.model_runner import LaunchedStep
     from models.registry import load_factory, resolve
 
     resolved = resolve(program)
     backend = build_lm_backend(load_factory(resolved.entry), resolved.model_id, device="cpu", load_format="dummy",
-                               max_model_len=1024, max_waiting=rows + 8, max_num_seqs=rows + 1, async_steps="on",
+                               max_model_len=2048, max_waiting=rows + 8, max_num_seqs=rows + 1, async_steps="on",
                                warmup=False)
-    voice, options = backend.validate(None, {"max_tokens": 1000, "seed": 1})
-    text = "Hello there, this is a test of the engine on a long enough sentence to keep it busy for a while. " * 3
+    voice, options = backend.validate(None, {"max_tokens": 4000, "seed": 1})
+    streaming = bool(backend.info.input_streaming)
+    text = "Hello there, this is a test of the engine on a long enough sentence to keep it busy for a while."
     for job in range(rows):
-        backend.add_job(job, text, voice, options)
-        backend.push_text(job, "", final=True)
+        backend.add_job(job, text * (3 if streaming else 1), voice, options)
+        if streaming:
+            backend.push_text(job, "", final=True)
     for _ in range(3):  # the prompts, on the tiny model
         backend.step()
-    codec = backend.program.codec.stream
-    zeros = torch.zeros(rows + 8, FRAME_SAMPLES)
-    codec.step = lambda slots, codes: zeros[: slots.shape[0]]
-    codec.reset = lambda slots: None
+    prog = backend.program
+    if getattr(prog, "stream_codec", None) is not None:  # Orpheus: SNAC's stateful step
+        from models.orpheus.tokens import AUDIO_BASE, CODEBOOK_SIZE, SAMPLES_PER_FRAME
+
+        snac = prog.stream_codec
+        zeros = torch.zeros(rows + 8, SAMPLES_PER_FRAME)
+        snac.step = lambda slots, codes, end: zeros[: slots.shape[0]]
+        snac.reset = lambda fresh: None
+        prog.decode_fn = lambda requests: [np.zeros(SAMPLES_PER_FRAME, np.float32) for _ in requests]  # the ramp's windows
+
+        def tokens_for(batch: Any) -> torch.Tensor:
+            return torch.tensor([AUDIO_BASE + CODEBOOK_SIZE * s.allowed_row + 5 for s in batch.seqs], dtype=torch.int64)
+        feed_of = lambda tokens: tokens  # noqa: E731
+    else:
+        codec = prog.codec.stream
+        zeros = torch.zeros(rows + 8, FRAME_SAMPLES)
+        codec.step = lambda slots, codes: zeros[: slots.shape[0]]
+        codec.reset = lambda slots: None
+
+        def tokens_for(batch: Any) -> torch.Tensor:
+            return torch.full((batch.num_seqs, NUM_CODES), 5, dtype=torch.int64)  # no stop code
+        feed_of = lambda tokens: tokens[:, 0]  # noqa: E731
 
     def launch(batch: Any, feed: Any = None) -> LaunchedStep:
-        tokens = torch.full((batch.num_seqs, NUM_CODES), 5, dtype=torch.int64)  # no stop code
-        return LaunchedStep(lambda: tokens.tolist(), tokens[:, 0])
+        tokens = tokens_for(batch)
+        return LaunchedStep(lambda: tokens.tolist(), feed_of(tokens))
 
     backend.runner.launch = launch
-    backend.step()
+    for _ in range(40):  # past Orpheus's window-decoder ramp (a segment's first four frames)
+        backend.step()
     if backend.scheduler.num_running != rows:
         raise RuntimeError(f"{backend.scheduler.num_running} rows running, not {rows}")
-    return _median_us(backend.step, repeat, rows)
+    # the mean over whole seven-step cycles: Orpheus's rows, started together, complete their
+    # frames on the same step (served, they start apart); a median would be a step without
+    steps = 7 * -(-repeat // 7)
+    outputs = 0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        outputs += len(backend.step())
+    return (time.perf_counter() - t0) / steps / rows * 1e6, outputs / steps / rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,12 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"host work per row on {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
           f"torch {torch.__version__} (us a row, medians of {args.repeat})")
     names = ("codec_in", "codec_out", "outputs", "core_step", "encode", "total")
-    extra = ("lm_backend", "all") if program else ()
-    print(f"{'rows':>6} " + " ".join(f"{n:>10}" for n in names) + "   ms a step" + "".join(f" {n:>10}" for n in extra))
+    extra = ("lm_backend", "outputs_a_row", "all") if program else ()
+    print(f"{'rows':>6} " + " ".join(f"{n:>10}" for n in names) + "   ms a step" + "".join(f" {n:>13}" for n in extra))
     for rows in args.rows:
         r = measure(rows, args.repeat, program)
         print(f"{rows:6d} " + " ".join(f"{r[n]:10.2f}" for n in names) + f"   {r['total'] * rows / 1e3:8.2f}"
-              + "".join(f" {r[n]:10.2f}" for n in extra), flush=True)
+              + "".join(f" {r[n]:13.2f}" for n in extra), flush=True)
     return 0
 
 

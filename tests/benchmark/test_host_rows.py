@@ -14,11 +14,18 @@ def test_every_part_is_timed_and_the_total_is_their_sum() -> None:
 
 
 def test_a_whole_lm_backend_step_of_a_tiny_program_with_the_device_stubbed() -> None:
-    """Every row decodes a frame each step (the stub never stops one), and the step's host work
-    end to end is the backend's with the core's and the encoding's."""
+    """Every row of a frame program decodes a frame each step (the stub never stops one), and the
+    step's host work end to end is the backend's with the core's and the encoding's."""
     r = measure(12, repeat=3, program="qwen3-tts-tiny")
-    assert r["lm_backend"] > 0
+    assert r["lm_backend"] > 0 and r["outputs_a_row"] == 1.0
     assert abs(r["all"] - (r["lm_backend"] + r["core_step"] + r["encode"])) < 1e-9
+
+
+def test_orpheus_makes_a_frame_every_seventh_row_with_the_device_stubbed() -> None:
+    """Orpheus (``tiny``): the stub's tokens are valid audio ids at each row's position, so a
+    row's frame completes every seventh step and the core's part counts that often."""
+    r = measure(14, repeat=7, program="tiny")
+    assert r["lm_backend"] > 0 and abs(r["outputs_a_row"] - 1 / 7) < 0.05
 
 
 def test_main_prints_a_row_per_row_count(capsys) -> None:
