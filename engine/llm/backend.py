@@ -359,18 +359,21 @@ class LMBackend:
             self.scheduler.update(batch, tokens)
         stop_ids = self.program.stop_ids
         new: list[tuple[Sequence, Any]] = []
+        live: list[tuple[Sequence, Any]] = []  # rows whose token is not a stop: audio to decode
         ended: list[Sequence] = []
         for seq, index, tok, row in zip(batch.seqs, batch.output_index, tokens, rows):
             if index < 0 or seq.status is not SequenceStatus.RUNNING:  # not sampled; ended or aborted meanwhile
                 continue
             tok = int(tok)
             new.append((seq, row))
-            if tok in stop_ids or index + 1 >= seq.params.max_tokens:
+            is_stop = tok in stop_ids
+            if not is_stop:
+                live.append((seq, row))
+            if is_stop or index + 1 >= seq.params.max_tokens:
                 ended.append(seq)
         for seq in ended:
             self.scheduler.finish(seq)
             self._turns.pop(seq.seq_id, None)
-        live = [(s, r) for s, r in new if int(r if not isinstance(r, list) else r[0]) not in stop_ids]
         if self._feeds_inputs and not filled:
             self._refresh_inputs(batch)
         return _Taken(new, live, ended)
