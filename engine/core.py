@@ -46,22 +46,21 @@ class _PcmEncoder:
         np.concatenate([p.reshape(-1) for p in pcms], out=x, casting="same_kind")
         if fmt == "pcm_s16le":
             np.multiply(x, np.float32(32767.0), out=x)
-            np.clip(x, -32767.0, 32767.0, out=x)
             if self._i16.size < n:
                 self._i16 = np.empty(n, dtype="<i2")
             y = self._i16[:n]
-            np.copyto(y, x, casting="unsafe")
-            data = y.tobytes()
+            np.clip(x, -32767.0, 32767.0, out=y, casting="unsafe")  # the cast truncates toward zero
         elif fmt == "pcm_f32le":
-            data = x.astype("<f4", copy=False).tobytes()
+            y = x.astype("<f4", copy=False)  # a view on a little-endian host
         else:
             raise ValueError(f"unknown PCM format {fmt!r}")
-        width = _BYTES_PER_SAMPLE[fmt]
+        # each chunk's bytes copied once, straight from the buffer (one bytes of the whole step,
+        # then sliced, copied every sample twice)
         out: list[bytes] = []
         pos = 0
         for pcm in pcms:
-            end = pos + pcm.size * width
-            out.append(data[pos:end])
+            end = pos + pcm.size
+            out.append(y[pos:end].tobytes())
             pos = end
         return out
 
