@@ -12,18 +12,19 @@ audio with a 100 ms buffer, as ``voxgate bench`` counts it. ``--async-steps`` ru
 ``LMBackend`` does on CUDA (a step's audio leaves one call later); prompts' own cost and the
 codec's separate stream are not modelled. Use it to choose what to measure.
 
-    python -m benchmark.light_steps_sim --parts e307713 --async-steps --light-slack-s 0.1,0.05
+    python -m benchmark.light_steps_sim --parts e307713 --async-steps --light-slack-s 0.1,0.05,0.02 --light-rows 16,32
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 from dataclasses import dataclass
 
 from benchmark.sched_sim import SimResult, StreamShape, run
 from engine.llm.page_allocator import PageAllocator
-from engine.llm.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from engine.llm.scheduler import LIGHT_SLACK_S, ScheduledBatch, Scheduler, SchedulerConfig
 
 __all__ = ["KyutaiSteps", "SimResult", "main", "simulate"]
 
@@ -72,7 +73,8 @@ PARTS = {
 
 def simulate(streams: int, light_steps: int, *, ramp_s: float = 10.0, duration_s: float = 15.0,
              model: KyutaiSteps | None = None, fill: int = 32, start_buffer_s: float = 0.1,
-             light_until: int = LIGHT_UNTIL, async_steps: bool = False, light_slack_s: float = 0.1) -> SimResult:
+             light_until: int = LIGHT_UNTIL, async_steps: bool = False, light_slack_s: float = LIGHT_SLACK_S,
+             light_rows: int = 16) -> SimResult:
     """Streams started evenly over ``ramp_s`` and, while ``duration_s`` lasts, each replaced as
     it ends (``voxgate bench``'s concurrency mode); every stream's TTFA and underruns
     (``benchmark.sched_sim``). ``light_until`` above the variants' 18 steps: a turn's whole
@@ -83,7 +85,8 @@ def simulate(streams: int, light_steps: int, *, ramp_s: float = 10.0, duration_s
     now = [0.0]
     cfg = SchedulerConfig(max_num_seqs=2048, max_num_batched_tokens=4096, max_model_len=512, max_waiting=4096,
                           decode_horizon_s=1.0, decode_fill_seqs=fill, light_steps_max=light_steps,
-                          light_until_step=light_until if light_steps else 0, light_slack_s=light_slack_s)
+                          light_until_step=light_until if light_steps else 0, light_slack_s=light_slack_s,
+                          light_max_rows=light_rows)
     sched = Scheduler(cfg, PageAllocator(2048 * 12 + 1, 16), clock=lambda: now[0])
 
     def step_ms(batch: ScheduledBatch) -> float:
@@ -103,21 +106,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--light", default="0,4,8", help="light_steps_max values (0: off)")
     p.add_argument("--fill", default="32", help="decode_fill_seqs values, comma-separated")
     p.add_argument("--parts", default="45808a2", choices=sorted(PARTS), help="the step model: parts measured at that commit")
-    p.add_argument("--light-slack-s", default="0.1", help="light_slack_s values, comma-separated (--light-slack-s)")
+    p.add_argument("--light-slack-s", default=str(LIGHT_SLACK_S), help="light_slack_s values, comma-separated (--light-slack-s)")
+    p.add_argument("--light-rows", default="16",
+                   help="light_max_rows values, comma-separated (the rows the head's light variants are captured for)")
     p.add_argument("--async-steps", action="store_true",
                    help="steps asynchronous as LMBackend runs them on CUDA (a step's audio leaves one call later)")
     args = p.parse_args(argv)
     print(f"Kyutai TTS on a modelled H200, parts at `{args.parts}`{', steps asynchronous' if args.async_steps else ''} "
           "(an estimate: benchmark/light_steps_sim.py's docstring)")
-    print(" streams  fill light slack  TTFA p50   p90   p99  underran  steps  light share")
+    print(" streams  fill light slack  rows  TTFA p50   p90   p99  underran  steps  light share")
     for n in (int(x) for x in args.streams.split(",")):
         for fill in (int(x) for x in args.fill.split(",")):
             for light in (int(x) for x in args.light.split(",")):
-                for slack in (float(x) for x in args.light_slack_s.split(",")):
+                for slack, rows in itertools.product((float(x) for x in args.light_slack_s.split(",")),
+                                                     [int(x) for x in args.light_rows.split(",")]):
                     r = simulate(n, light, fill=fill, model=PARTS[args.parts], async_steps=args.async_steps,
-                                 light_slack_s=slack)
-                    print(f"{n:8d} {fill:5d} {light:5d} {slack:5.2f} {r.pct(0.5):9.0f} {r.pct(0.9):5.0f} {r.pct(0.99):5.0f} "
-                          f"{r.underrun_streams:9d} {r.steps:6d} {r.light / max(r.steps, 1):12.2f}", flush=True)
+                                 light_slack_s=slack, light_rows=rows)
+                    print(f"{n:8d} {fill:5d} {light:5d} {slack:5.2f} {rows:5d} {r.pct(0.5):9.0f} {r.pct(0.9):5.0f} "
+                          f"{r.pct(0.99):5.0f} {r.underrun_streams:9d} {r.steps:6d} {r.light / max(r.steps, 1):12.2f}",
+                          flush=True)
     return 0
 
 

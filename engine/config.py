@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from engine.admission import AdmissionConfig
 from engine.core import CoreConfig
+from engine.llm.scheduler import LIGHT_SLACK_S
 
 __all__ = ["EngineConfig"]
 
@@ -71,8 +72,8 @@ class EngineConfig:
     # program's default on CUDA: Kyutai TTS 4, measured on two H200s; others 0), 0 = off.
     light_steps: int = -1
     # Light steps run while no playing stream's row is due within this many seconds
-    # (engine.llm.scheduler light_slack_s; default 0.1, measured with it on two H200s).
-    light_slack_s: float = 0.1
+    # (engine.llm.scheduler LIGHT_SLACK_S: 0.05, measured against 0.1 on two H200s).
+    light_slack_s: float = LIGHT_SLACK_S
     # The runtime sampler's draw (engine.llm.sampler Sampler.kernel): "torch", "triton" (one
     # kernel a sample for vocabularies up to 8,192 columns on CUDA: engine.llm.sample_triton), or
     # "auto" = the program's default on CUDA where Triton imports (Qwen3-TTS triton, measured on

@@ -17,7 +17,7 @@ from engine.llm.backend import LMBackend
 from engine.llm.model_runner import ModelRunner
 from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
 from engine.llm.sampler import Sampler
-from engine.llm.scheduler import Scheduler
+from engine.llm.scheduler import LIGHT_SLACK_S, Scheduler
 
 __all__ = ["auto_decode_cap", "build_lm_backend", "model_setting_value"]
 
@@ -60,7 +60,7 @@ def _auto_sampler_kernel(defaults: ServingDefaults, device: str) -> str:
     return _sampler_kernel(defaults.sampler_kernel)
 
 
-def _light_steps(asked: int, head: Any, defaults: ServingDefaults, device: str, slack_s: float = 0.1) -> dict[str, Any]:
+def _light_steps(asked: int, head: Any, defaults: ServingDefaults, device: str, slack_s: float = LIGHT_SLACK_S) -> dict[str, Any]:
     """The scheduler's light-step settings: ``asked`` (-1 = the program's default on CUDA, off
     on the CPU), for a head that names its light steps (``light_until_step``) and captures its
     cheaper variants up to some rows (``variants``), while no playing row is due within
@@ -208,7 +208,7 @@ def build_lm_backend(
     (``_prefill_batching``). ``light_steps``: a new sequence's cheap first steps (the head's
     ``light_until_step``) take up to that many steps in a row of their own (``_light_steps``; -1 =
     the program's default on CUDA, 0 = off), while no playing row is due within
-    ``light_slack_s`` (default 0.1 s). ``sampler_kernel``: "auto" (default: the program's
+    ``light_slack_s`` (default ``LIGHT_SLACK_S``, 0.05 s). ``sampler_kernel``: "auto" (default: the program's
     ``ServingDefaults.sampler_kernel`` on CUDA where Triton imports, torch elsewhere), "torch" or
     "triton" (``Sampler.kernel``, set for the process). ``hold_undue_prompts`` (True / "on"; default off): under load,
     prompts not due within the horizon wait. ``async_steps``: launch each step before the
@@ -349,7 +349,7 @@ def build_lm_backend(
     if fill < 0:
         fill = defaults.decode_fill_seqs if device == "cuda" else 0
     light = _light_steps(pick(light_steps, "light_steps", -1), loaded.head, defaults, device,
-                         pick(light_slack_s, "light_slack_s", 0.1))
+                         pick(light_slack_s, "light_slack_s", LIGHT_SLACK_S))
     prefill_wait, prefill_batch = _prefill_batching(pick(prefill_wait_s, "prefill_wait_s", -1.0),
                                                     pick(prefill_batch_seqs, "prefill_batch_seqs", -1), runner, defaults)
     scheduler = Scheduler(

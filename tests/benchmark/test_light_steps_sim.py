@@ -33,6 +33,15 @@ def test_main_takes_fills_and_the_parts_of_a_commit(capsys) -> None:
         assert PARTS["e307713"].full_ms(rows) < PARTS["45808a2"].full_ms(rows)
 
 
+def test_main_takes_slacks_and_light_rows(capsys) -> None:
+    """A row per (slack, light rows); a cap of one light row a step keeps a burst of new turns
+    in whole steps longer than a cap of 16 does."""
+    assert main(["--streams", "16", "--light", "4", "--light-slack-s", "0.05,0.1", "--light-rows", "1,16"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("16 ")]
+    assert [(r[3], r[4]) for r in rows] == [("0.05", "1"), ("0.05", "16"), ("0.10", "1"), ("0.10", "16")]
+    one, many = (simulate(64, 4, duration_s=4.0, ramp_s=1.0, light_rows=n) for n in (1, 16))
+    assert many.pct(0.9) < one.pct(0.9)
+
 
 def test_asynchronous_steps_deliver_audio_a_step_later_and_keep_every_stream() -> None:
     """With steps asynchronous (a step's audio leaves one call later) the first audio comes

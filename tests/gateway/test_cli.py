@@ -224,15 +224,15 @@ def test_light_steps_map_onto_the_engine_and_its_scheduler(no_serving: None, cap
         light_until_step, variants = 18, (16, 12)
 
     assert _light_steps(4, Head(), ServingDefaults(), "cuda") == {
-        "light_steps_max": 4, "light_until_step": 18, "light_max_rows": 12, "light_slack_s": 0.1}
-    assert _light_steps(4, Head(), ServingDefaults(), "cuda", 0.05)["light_slack_s"] == 0.05
+        "light_steps_max": 4, "light_until_step": 18, "light_max_rows": 12, "light_slack_s": 0.05}
+    assert _light_steps(4, Head(), ServingDefaults(), "cuda", 0.02)["light_slack_s"] == 0.02
     assert _light_steps(-1, Head(), ServingDefaults(), "cuda") == {}  # no program default yet
     assert _light_steps(-1, Head(), ServingDefaults(light_steps=2), "cpu") == {}  # auto: off on the CPU
     assert _light_steps(4, object(), ServingDefaults(), "cuda") == {}  # a head without light steps
     assert cli.main(["serve", "--model", "synthetic", "--light-steps", "-2"]) == 2
     assert "light_steps must be" in capsys.readouterr().err
-    _, slack = cli.configs_from_args(cli.build_parser().parse_args(["serve", "--model", "synthetic", "--light-slack-s", "0.05"]))
-    assert slack.light_slack_s == 0.05 and default.light_slack_s == 0.1
+    _, slack = cli.configs_from_args(cli.build_parser().parse_args(["serve", "--model", "synthetic", "--light-slack-s", "0.1"]))
+    assert slack.light_slack_s == 0.1 and default.light_slack_s == 0.05
     assert cli.main(["serve", "--model", "synthetic", "--light-slack-s", "-1"]) == 2
     assert "light_slack_s must be >= 0" in capsys.readouterr().err
 

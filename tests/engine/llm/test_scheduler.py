@@ -404,6 +404,6 @@ def test_a_first_audio_target_does_not_stop_light_steps():
     s.set_deadline(1, 100.5)
     s.set_deadline(0, 99.9, first_audio=True)  # past its first-audio target: still no underrun
     assert [q.seq_id for q in _run_step(s).seqs] == [1]
-    s.set_deadline(0, 100.05)  # playing, due within the 0.1 s slack
+    s.set_deadline(0, 100.03)  # playing, due within the 0.05 s slack
     assert [q.seq_id for q in _run_step(s).seqs] == [0, 1]
-    assert SchedulerConfig().light_slack_s == 0.1
+    assert SchedulerConfig().light_slack_s == 0.05
