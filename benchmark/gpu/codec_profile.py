@@ -6,6 +6,7 @@ CUDA graph with cuDNN's algorithm search off and on, then its kernels under ``to
 (top by time; ``--top 0``: none).
 
     python -m benchmark.gpu.codec_profile --batch 512 [--layout ncw,nwc,nwc-cudnn+compile] [--dtype bfloat16] [--top 25]
+    python -m benchmark.gpu.codec_profile --batch 512,1024 --layout nwc-triton+compile,nwc-triton+compile+ring
 
 GPU only; random weights (``--load-format dummy``).
 """
@@ -27,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", default="512", help="rows, comma-separated")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--layout", default="ncw,nwc,nwc+compile,nwc-cudnn+compile",
-                   help="step layouts, comma-separated: LAYOUT[-CONV][+compile] (codec_layout, "
-                        "codec_conv, codec_compile on)")
+                   help="step layouts, comma-separated: LAYOUT[-CONV][+compile][+ring] (codec_layout, "
+                        "codec_conv, codec_compile on, codec_attention=triton)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--top", type=int, default=25, help="kernels listed")
     args = p.parse_args(argv)
@@ -44,11 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(x) for x in args.batch.split(",")]
     layouts = args.layout.split(",")
     loaded = load_qwen3_tts(args.model, device=dev, dtype=torch.bfloat16, codec_dtype=dtype, load_format="dummy")
-    def build(spec: str) -> Any:  # "nwc-cudnn+compile": layout, dense convolutions' kind, compile
-        base = spec.removesuffix("+compile")
+    def build(spec: str) -> Any:  # "nwc-cudnn+compile+ring": layout, dense convolutions' kind, flags
+        base, *flags = spec.split("+")
+        if set(flags) - {"compile", "ring"}:
+            raise SystemExit(f"codec_profile: unknown flags in {spec!r} (compile, ring)")
         layout, _, conv = base.partition("-")
-        return make_codec_stream(loaded.codec, max(batches), layout=layout, conv=conv or None,
-                                 compile=spec.endswith("+compile"), device=dev, dtype=dtype)
+        stream = make_codec_stream(loaded.codec, max(batches), layout=layout, conv=conv or None,
+                                   compile="compile" in flags, device=dev, dtype=dtype)
+        if "ring" in flags:  # codec_attention=triton
+            from models.qwen3_tts.ring_attend_triton import ring_attend
+
+            stream.attend = ring_attend
+        return stream
 
     streams = {lay: build(lay) for lay in layouts}
     groups = loaded.config.talker.num_code_groups

@@ -7,8 +7,8 @@ from typing import Any
 from engine.llm.backend import LMBackend
 from engine.llm.program import KVShape, LoadContext, ProgramModel, ServingDefaults, codec_dtype as program_codec_dtype
 
-__all__ = ["CODEC_DEFAULTS_CUDA", "QWEN3_DEFAULTS", "build_qwen3_backend", "code_predictor_attention", "codec_settings",
-           "load"]
+__all__ = ["CODEC_DEFAULTS_CUDA", "QWEN3_DEFAULTS", "build_qwen3_backend", "code_predictor_attention", "codec_attention",
+           "codec_settings", "load"]
 
 # No decode cap: every running stream decodes each step (640 streams on time on two H200s with
 # the fill of 256; a fill of 512 did worse at 704: docs/performance.md). The runtime sampler's
@@ -53,6 +53,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     codec_stream = make_codec_stream(loaded.codec, ctx.max_num_seqs, layout=layout, compile=compile_codec,
                                      compile_fallback=compile_fallback, conv=conv, device=ctx.device,
                                      dtype=codec_dtype)
+    codec_stream.attend = codec_attention(ctx)
     program = Qwen3Program(talker, config, tokenizer, codec_stream, model_name=model_id, slots=slots,
                            speaker_encoder=loaded.model.speaker_encoder)
     if ctx.use_graphs:
@@ -104,6 +105,27 @@ def code_predictor_attention(ctx: LoadContext) -> Any:
     if attend_triton.triton is None:
         raise ValueError("code_predictor_attention=triton needs Triton (it comes with CUDA torch)")
     return attend_triton.attend_position
+
+
+def codec_attention(ctx: LoadContext) -> Any:
+    """``codec_attention``: "torch" (the default: the ring writes, a gather of the step's
+    slots' windows and two float32 einsums a layer) or "triton" (``ring_attend``: one kernel a
+    layer reads each slot's window where it lies; CUDA, or Triton's CPU interpreter) -> the
+    codec stream's ``attend`` (None for "torch"). Not the default until measured on an H200."""
+    import os
+
+    from models.qwen3_tts import ring_attend_triton
+
+    value = str(ctx.setting("codec_attention", "torch"))
+    if value == "torch":
+        return None
+    if value != "triton":
+        raise ValueError(f"codec_attention must be torch or triton, got {value!r}")
+    if not ctx.device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("codec_attention=triton needs a CUDA device (its kernel is Triton's)")
+    if ring_attend_triton.triton is None:
+        raise ValueError("codec_attention=triton needs Triton (it comes with CUDA torch)")
+    return ring_attend_triton.ring_attend
 
 
 def triton_available() -> bool:

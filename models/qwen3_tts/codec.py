@@ -7,6 +7,8 @@ the per-slot state: docs/models/qwen3_tts.md, "Codec".
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -302,6 +304,9 @@ class CodecStream:
         self.k = [torch.zeros(kv_shape, device=device, dtype=dtype) for _ in range(c.num_hidden_layers)]
         self.v = [torch.zeros(kv_shape, device=device, dtype=dtype) for _ in range(c.num_hidden_layers)]
         self.pos = torch.zeros(s, dtype=torch.int64, device=device)  # frames decoded per slot
+        # The transformer's write and attention of a layer in one call (``ring_attend``'s
+        # signature: ``codec_attention=triton``), or None: the ring writes and ``_attend``.
+        self.attend: Callable[..., Tensor] | None = None
 
     @torch.no_grad()
     def reset(self, slots: Tensor) -> None:
@@ -333,14 +338,19 @@ class CodecStream:
         pos = self.pos.index_select(0, slots)  # [N]
         cos, sin = rope_cos_sin(pos, self.codec.inv_freq, x.dtype)  # [N, 1, D]
         cos, sin = cos[:, None], sin[:, None]  # [N, 1, 1, D] over [N, n=1, H, D]
-        ring = pos % w  # [N] where this frame's k/v go
-        j = torch.arange(w, device=x.device)
-        entry_pos = pos[:, None] - (pos[:, None] - j[None, :]) % w  # [N, W] position held by entry j
-        keep = (entry_pos >= 0)[:, None, None, :]  # [N, 1, 1, W]
+        attend = self.attend
+        if attend is None:
+            ring = pos % w  # [N] where this frame's k/v go
+            j = torch.arange(w, device=x.device)
+            entry_pos = pos[:, None] - (pos[:, None] - j[None, :]) % w  # [N, W] position held by entry j
+            keep = (entry_pos >= 0)[:, None, None, :]  # [N, 1, 1, W]
         h = t.input_proj(x)
         for layer, kc, vc in zip(t.layers, self.k, self.v):
             q, k, v = layer.qkv(layer.input_layernorm(h), c.num_attention_heads, c.num_key_value_heads, c.head_dim)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            if attend is not None:  # the ring write and the attention in one call
+                h = layer.finish(h, attend(q, k, v, kc, vc, slots, pos))
+                continue
             kc[slots, ring] = k[:, 0]
             vc[slots, ring] = v[:, 0]
             h = layer.finish(h, _attend(q, kc.index_select(0, slots), vc.index_select(0, slots), keep))

@@ -177,3 +177,30 @@ def test_the_code_predictor_attention_default_follows_cuda_and_triton(monkeypatc
     assert code_predictor_attention(ctx("cuda")) is None
     with pytest.raises(ValueError, match="needs Triton"):
         code_predictor_attention(ctx("cuda", code_predictor_attention="triton"))
+
+
+def test_the_codec_attention_setting() -> None:
+    """``codec_attention``: "torch" (the default everywhere) leaves the ring writes and
+    ``_attend`` (None); "triton" is ``ring_attend``, refused without CUDA outside Triton's
+    interpreter; another name is refused with the two it takes."""
+    import os
+    from types import SimpleNamespace
+
+    from models.qwen3_tts import ring_attend_triton
+    from models.qwen3_tts.build import codec_attention
+
+    def ctx(device: str, **given):
+        return SimpleNamespace(device=device, setting=lambda name, default: given.get(name, default))
+
+    assert codec_attention(ctx("cuda")) is None and codec_attention(ctx("cpu")) is None
+    assert codec_attention(ctx("cuda", codec_attention="torch")) is None
+    with pytest.raises(ValueError, match="torch or triton"):
+        codec_attention(ctx("cuda", codec_attention="flash"))
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        with pytest.raises(ValueError, match="CUDA"):
+            codec_attention(ctx("cpu", codec_attention="triton"))
+    if ring_attend_triton.triton is not None:
+        assert codec_attention(ctx("cuda", codec_attention="triton")) is ring_attend_triton.ring_attend
+    else:
+        with pytest.raises(ValueError, match="needs Triton"):
+            codec_attention(ctx("cuda", codec_attention="triton"))

@@ -124,4 +124,50 @@ with torch.no_grad():
 out["predictor_codes_equal"] = bool(torch.equal(runs[True][0], runs[False][0]))
 out["predictor_logits"] = rel(runs[False][1], runs[True][1])
 out["predictor_distinct_codes"] = len(set(runs[True][0].flatten().tolist()))
+# The codec transformer's attention over each slot's window (codec_attention=triton): the kernel
+# alone against the ring writes and ``_attend`` (float32 and float16, grouped queries, a window
+# that is not a power of two, rows before and after their window filled, slots out of order),
+# then the codec step streamed with it against the step without, slots starting apart
+from models.qwen3_tts.codec import _attend  # noqa: E402
+from models.qwen3_tts.ring_attend_triton import ring_attend  # noqa: E402
+
+out["ring"] = {}
+for n_rows, h, hkv, d, w, dt in [(4, 4, 2, 16, 72, torch.float32), (3, 8, 8, 64, 20, torch.float32),
+                                 (4, 4, 2, 16, 72, torch.float16)]:
+    slots = torch.tensor([5, 0, 3, 1][:n_rows])
+    pos = torch.tensor([0, 7, w - 1, 3 * w + 5][:n_rows])
+    k_ring, v_ring = (torch.randn(6, w, hkv, d, generator=g).to(dt) for _ in range(2))
+    q = torch.randn(n_rows, 1, h, d, generator=g).to(dt)
+    k, v = (torch.randn(n_rows, 1, hkv, d, generator=g).to(dt) for _ in range(2))
+    kr, vr = k_ring.clone(), v_ring.clone()
+    ring = pos % w
+    kr[slots, ring], vr[slots, ring] = k[:, 0], v[:, 0]
+    j = torch.arange(w)
+    keep = ((pos[:, None] - (pos[:, None] - j[None, :]) % w) >= 0)[:, None, None, :]
+    want = _attend(q, kr.index_select(0, slots), vr.index_select(0, slots), keep)
+    got = ring_attend(q, k, v, k_ring, v_ring, slots, pos)
+    assert got.dtype == dt and got.shape == want.shape
+    case = str((n_rows, h, hkv, d, w, str(dt)))
+    out["ring"][case] = rel(got, want)
+    out["ring"][case + " rings"] = max(rel(k_ring, kr), rel(v_ring, vr))  # (the new key and value written)
+
+starts = {1: 0, 3: 3, 0: 5}  # slot -> the step it starts at; 14 steps: every window wraps
+seqs = {slot: torch.randint(0, TINY.codec.codebook_size, (14, TINY.codec.num_quantizers), generator=g)
+        for slot in starts}
+ring_pcm = {}
+with torch.no_grad():
+    for att in (None, ring_attend):
+        stream = make_codec_stream(codec, 4, layout="nwc", conv="gemm")
+        stream.attend = att
+        stream.reset(torch.tensor(sorted(starts)))
+        got_pcm: dict = {slot: [] for slot in starts}
+        for t in range(14):
+            live = [slot for slot in (3, 1, 0) if starts[slot] <= t]
+            step_codes = torch.stack([seqs[slot][t - starts[slot]] for slot in live])
+            audio = stream.step(torch.tensor(live), step_codes)
+            for i, slot in enumerate(live):
+                got_pcm[slot].append(audio[i])
+        ring_pcm[att is None] = torch.cat([torch.cat(got_pcm[slot]) for slot in sorted(starts)])
+out["codec_ring"] = rel(ring_pcm[False], ring_pcm[True])
+out["codec_ring_std"] = float(ring_pcm[True].std())
 print(json.dumps(out))
