@@ -99,7 +99,7 @@ def test_light_steps_are_kyutais_default_on_cuda_only() -> None:
 
     head = SimpleNamespace(light_until_step=18, variants=(16, 16))
     assert _light_steps(-1, head, KYUTAI_DEFAULTS, "cuda") == {"light_steps_max": 4, "light_until_step": 18,
-                                                               "light_max_rows": 16, "light_slack_s": 0.1}
+                                                               "light_max_rows": 16, "light_slack_s": 0.05}
     assert _light_steps(-1, head, KYUTAI_DEFAULTS, "cpu") == {}
     assert _light_steps(0, head, KYUTAI_DEFAULTS, "cuda") == {}
     assert _light_steps(2, head, KYUTAI_DEFAULTS, "cpu")["light_steps_max"] == 2
