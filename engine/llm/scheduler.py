@@ -30,8 +30,8 @@ class RequestError(Exception):
 
 
 # Light steps run while no playing row is due within this many seconds: 0.05 took Kyutai TTS's
-# 400 streams from a TTFA p50 of 375 to 267 ms (p90 503 to 400) on one H200 and to 271 / 457 on
-# another, every stream on time (docs/performance.md); 0.1 before.
+# 400 streams from a TTFA p50 of 375 to 267 ms (p90 503 to 400) on one H200 and gave 271 / 457
+# and 242 / 366 on two others, every stream on time (docs/performance.md); 0.1 before.
 LIGHT_SLACK_S = 0.05
 
 
