@@ -90,21 +90,11 @@ def code_predictor_attention(ctx: LoadContext) -> Any:
     the default on CUDA where Triton imports; elsewhere only under Triton's CPU interpreter) or
     "sdpa" (the default elsewhere: the cache writes and torch's attention) -> the code
     predictor's ``attend`` (None for "sdpa")."""
-    import os
-
     from models.qwen3_tts import attend_triton
 
     default = "triton" if ctx.device.startswith("cuda") and attend_triton.triton is not None else "sdpa"
-    value = str(ctx.setting("code_predictor_attention", default))
-    if value == "sdpa":
-        return None
-    if value != "triton":
-        raise ValueError(f"code_predictor_attention must be sdpa or triton, got {value!r}")
-    if not ctx.device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("code_predictor_attention=triton needs a CUDA device (its kernel is Triton's)")
-    if attend_triton.triton is None:
-        raise ValueError("code_predictor_attention=triton needs Triton (it comes with CUDA torch)")
-    return attend_triton.attend_position
+    return attend_triton.attend_position if _triton_asked(ctx, "code_predictor_attention", default, "sdpa",
+                                                          attend_triton.triton) else None
 
 
 def codec_attention(ctx: LoadContext) -> Any:
@@ -112,20 +102,28 @@ def codec_attention(ctx: LoadContext) -> Any:
     slots' windows and two float32 einsums a layer) or "triton" (``ring_attend``: one kernel a
     layer reads each slot's window where it lies; CUDA, or Triton's CPU interpreter) -> the
     codec stream's ``attend`` (None for "torch"). Not the default until measured on an H200."""
-    import os
-
     from models.qwen3_tts import ring_attend_triton
 
-    value = str(ctx.setting("codec_attention", "torch"))
-    if value == "torch":
-        return None
+    return ring_attend_triton.ring_attend if _triton_asked(ctx, "codec_attention", "torch", "torch",
+                                                           ring_attend_triton.triton) else None
+
+
+def _triton_asked(ctx: LoadContext, name: str, default: str, other: str, triton: Any) -> bool:
+    """Whether setting ``name`` (``default`` when not given) asks for its Triton kernel rather
+    than ``other``; "triton" is refused without CUDA outside Triton's CPU interpreter and where
+    Triton (the kernel module's ``triton``) is missing, any other name with the two it takes."""
+    import os
+
+    value = str(ctx.setting(name, default))
+    if value == other:
+        return False
     if value != "triton":
-        raise ValueError(f"codec_attention must be torch or triton, got {value!r}")
+        raise ValueError(f"{name} must be {other} or triton, got {value!r}")
     if not ctx.device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("codec_attention=triton needs a CUDA device (its kernel is Triton's)")
-    if ring_attend_triton.triton is None:
-        raise ValueError("codec_attention=triton needs Triton (it comes with CUDA torch)")
-    return ring_attend_triton.ring_attend
+        raise ValueError(f"{name}=triton needs a CUDA device (its kernel is Triton's)")
+    if triton is None:
+        raise ValueError(f"{name}=triton needs Triton (it comes with CUDA torch)")
+    return True
 
 
 def triton_available() -> bool:
