@@ -19,9 +19,11 @@ QWEN3_DEFAULTS = ServingDefaults(decode_cap=0, decode_cap_fp8=0, sampler_kernel=
 # The codec step on CUDA: channels-last, SnakeBeta compiled (29.8 ms at 512 rows against 43.9 for
 # the reference's layout and 35.5 uncompiled, 9c8f0f3f), its dense convolutions the Triton
 # implicit GEMM where Triton is installed (21.5 ms at 512 rows against 29.6 for gathered taps,
-# 7d77926e; 768 streams served on time on two H200s against 640, docs/performance.md). On the CPU
-# the reference's layout (inductor's C++ build is not required).
-CODEC_DEFAULTS_CUDA = ("nwc", True, "triton")
+# 7d77926e; 768 streams served on time on two H200s against 640, docs/performance.md), since
+# session 40 in its ``fused`` form (the residual sum and the next SnakeBeta in the kernel's
+# epilogue: 42.9 against 45.0 ms at 1,024 rows, 29.6 against 31.6 with the ring attention below,
+# a8fb659b). On the CPU the reference's layout (inductor's C++ build is not required).
+CODEC_DEFAULTS_CUDA = ("nwc", True, "fused")
 
 
 def load(ctx: LoadContext) -> ProgramModel:
@@ -31,8 +33,8 @@ def load(ctx: LoadContext) -> ProgramModel:
     channels-last activations, models/qwen3_tts/codec_nwc.py; "ncw": the reference's modules;
     the same audio), ``codec_compile`` (that step's SnakeBeta fused by ``torch.compile``) and
     ``codec_conv`` ("gemm", "cudnn", "triton", "fused" or "fused-state": its dense convolutions' kind). Defaults: ``nwc``
-    compiled with the Triton convolution on CUDA (``CODEC_DEFAULTS_CUDA``; "gemm" where Triton is
-    missing), ``ncw`` on the CPU."""
+    compiled with the Triton convolution in its fused form on CUDA (``CODEC_DEFAULTS_CUDA``;
+    "gemm" where Triton is missing), ``ncw`` on the CPU."""
     from engine.llm.fp8 import quantise_decoder_linears_
     from models.qwen3_tts.codec_nwc import make_codec_stream
     from models.qwen3_tts.loader import load_qwen3_tts
@@ -80,8 +82,8 @@ def codec_settings(ctx: LoadContext) -> tuple[str, bool, bool, str | None]:
         asked = model_setting_value("codec_compile", asked, False)
     compile_codec = bool(asked) if asked is not None else (compile_default and layout == "nwc")
     conv = ctx.setting("codec_conv", None)  # (None: the device's default, or the layout's own)
-    if conv is None and layout == "nwc" and conv_default == "triton":
-        conv = "triton" if triton_available() else None
+    if conv is None and layout == "nwc" and conv_default is not None:
+        conv = conv_default if triton_available() else None
     return layout, compile_codec, asked is None, None if conv is None else str(conv)
 
 
@@ -98,13 +100,16 @@ def code_predictor_attention(ctx: LoadContext) -> Any:
 
 
 def codec_attention(ctx: LoadContext) -> Any:
-    """``codec_attention``: "torch" (the default: the ring writes, a gather of the step's
-    slots' windows and two float32 einsums a layer) or "triton" (``ring_attend``: one kernel a
-    layer reads each slot's window where it lies; CUDA, or Triton's CPU interpreter) -> the
-    codec stream's ``attend`` (None for "torch"). Not the default until measured on an H200."""
+    """``codec_attention``: "triton" (``ring_attend``: one kernel a layer writes the ring and
+    reads each slot's window where it lies; the default on CUDA where Triton imports, elsewhere
+    only under Triton's CPU interpreter) or "torch" (the default elsewhere: the ring writes, a
+    gather of the step's slots' windows and two float32 einsums a layer) -> the codec stream's
+    ``attend`` (None for "torch"). The codec step at 1,024 rows 31.6 against 45.0 ms (a8fb659b,
+    docs/performance.md)."""
     from models.qwen3_tts import ring_attend_triton
 
-    return ring_attend_triton.ring_attend if _triton_asked(ctx, "codec_attention", "torch", "torch",
+    default = "triton" if ctx.device.startswith("cuda") and ring_attend_triton.triton is not None else "torch"
+    return ring_attend_triton.ring_attend if _triton_asked(ctx, "codec_attention", default, "torch",
                                                            ring_attend_triton.triton) else None
 
 

@@ -104,7 +104,7 @@ def test_missing_weights_fail_clearly(tmp_path):
 
 def test_codec_step_defaults_follow_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA the codec step is channels-last with SnakeBeta compiled and its dense convolutions
-    the Triton implicit GEMM (the faster step served on the H200s), falling back to unfused where
+    the Triton implicit GEMM in its fused form (the faster step measured), falling back to unfused where
     it cannot compile since nobody asked for it, and to gathered taps where Triton is missing; on
     the CPU the reference's layout; a setting given wins (a compile asked for has no fallback),
     and asking for the channels-first layout on CUDA turns the compile and the kernel off with it."""
@@ -117,13 +117,14 @@ def test_codec_step_defaults_follow_the_device(monkeypatch: pytest.MonkeyPatch) 
         return SimpleNamespace(device=device, setting=lambda name, default: given.get(name, default))
 
     monkeypatch.setattr(build, "triton_available", lambda: True)
-    assert codec_settings(ctx("cuda")) == ("nwc", True, True, "triton")
-    assert codec_settings(ctx("cuda:1")) == ("nwc", True, True, "triton")
+    assert codec_settings(ctx("cuda")) == ("nwc", True, True, "fused")
+    assert codec_settings(ctx("cuda:1")) == ("nwc", True, True, "fused")
+    assert codec_settings(ctx("cuda", codec_conv="triton")) == ("nwc", True, True, "triton")
     assert codec_settings(ctx("cuda", codec_conv="gemm")) == ("nwc", True, True, "gemm")
     assert codec_settings(ctx("cpu")) == ("ncw", False, True, None)
     assert codec_settings(ctx("cuda", codec_layout="ncw")) == ("ncw", False, True, None)
-    assert codec_settings(ctx("cuda", codec_compile="false")) == ("nwc", False, False, "triton")
-    assert codec_settings(ctx("cuda", codec_compile="on")) == ("nwc", True, False, "triton")
+    assert codec_settings(ctx("cuda", codec_compile="false")) == ("nwc", False, False, "fused")
+    assert codec_settings(ctx("cuda", codec_compile="on")) == ("nwc", True, False, "fused")
     assert codec_settings(ctx("cpu", codec_layout="nwc", codec_compile=True)) == ("nwc", True, False, None)
     assert codec_settings(ctx("cpu", codec_layout="nwc", codec_conv="cudnn")) == ("nwc", False, True, "cudnn")
     monkeypatch.setattr(build, "triton_available", lambda: False)
@@ -180,9 +181,9 @@ def test_the_code_predictor_attention_default_follows_cuda_and_triton(monkeypatc
 
 
 def test_the_codec_attention_setting() -> None:
-    """``codec_attention``: "torch" (the default everywhere) leaves the ring writes and
-    ``_attend`` (None); "triton" is ``ring_attend``, refused without CUDA outside Triton's
-    interpreter; another name is refused with the two it takes."""
+    """``codec_attention``: "torch" leaves the ring writes and ``_attend`` (None); "triton" is
+    ``ring_attend``, refused without CUDA outside Triton's interpreter; another name is refused
+    with the two it takes."""
     import os
     from types import SimpleNamespace
 
@@ -192,7 +193,7 @@ def test_the_codec_attention_setting() -> None:
     def ctx(device: str, **given):
         return SimpleNamespace(device=device, setting=lambda name, default: given.get(name, default))
 
-    assert codec_attention(ctx("cuda")) is None and codec_attention(ctx("cpu")) is None
+    assert codec_attention(ctx("cpu")) is None
     assert codec_attention(ctx("cuda", codec_attention="torch")) is None
     with pytest.raises(ValueError, match="torch or triton"):
         codec_attention(ctx("cuda", codec_attention="flash"))
@@ -204,3 +205,23 @@ def test_the_codec_attention_setting() -> None:
     else:
         with pytest.raises(ValueError, match="needs Triton"):
             codec_attention(ctx("cuda", codec_attention="triton"))
+
+
+def test_the_codec_attention_default_follows_cuda_and_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing set: the ring kernel on CUDA where Triton imports (the faster codec step
+    measured), the torch path on the CPU and on CUDA without Triton."""
+    from types import SimpleNamespace
+
+    from models.qwen3_tts import ring_attend_triton
+    from models.qwen3_tts.build import codec_attention
+
+    def ctx(device: str, **given):
+        return SimpleNamespace(device=device, setting=lambda name, default: given.get(name, default))
+
+    monkeypatch.setattr(ring_attend_triton, "triton", object())
+    assert codec_attention(ctx("cuda")) is ring_attend_triton.ring_attend
+    assert codec_attention(ctx("cuda:1")) is ring_attend_triton.ring_attend
+    assert codec_attention(ctx("cuda", codec_attention="torch")) is None
+    assert codec_attention(ctx("cpu")) is None
+    monkeypatch.setattr(ring_attend_triton, "triton", None)
+    assert codec_attention(ctx("cuda")) is None
