@@ -4,8 +4,9 @@ codebooks sampled) and the Mimi decode, each alone, with how many kernels each l
 the head's two cheaper variants that a turn's first 18 steps run (text only, codebook 0 only),
 and the head with its depth transformer's fused pieces uncompiled (the A/B of `kyutai_compile`)
 and, on a GPU, with the other depth attention (the A/B of `kyutai_depth_attention`), with the
-other top-k draw (of `kyutai_sampling`), and the temporal transformer with the other voice
-cross-attention (of `kyutai_cross_attention`).
+other top-k draw (of `kyutai_sampling`), the temporal transformer with the other voice
+cross-attention (of `kyutai_cross_attention`), and the Mimi decode with the other attention
+(of `mimi_attention`).
 
     python -m benchmark.gpu.kyutai_parts --batch 1,64,128,256 [--kernels 128] [--json F]
     python -m benchmark.gpu.kyutai_parts --model kyutai-tts-tiny --device cpu --batch 2   # a smoke run
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     triton_draw = head.fns.draw is top_k_draw_triton
     bank = lm.slots.bank
     other_cross = "triton" if bank.attention == "sdpa" else "sdpa"
+    other_mimi = "triton" if stream.attention == "sdpa" else "sdpa"  # (mimi_attention's A/B)
     rows = []
     for b in batches:
         slots = torch.arange(b, dtype=i64, device=dev)
@@ -132,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                                                          lambda: head.sample(hidden, r))  # noqa: B023
             parts["backbone_other_cross"] = lambda: _with(bank, "attention", other_cross,  # noqa: B023
                                                                 lambda: lm(pos, pos, attn, slots))  # noqa: B023
+            parts["mimi_other_attention"] = lambda: _with(stream, "attention", other_mimi,  # noqa: B023
+                                                          lambda: stream.step(slots, codes))  # noqa: B023
         row: dict = {"rows": b}
         tables = []
         for part, fn in parts.items():
@@ -152,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; {'torch' if triton_draw else 'Triton'} draw {row['head_other_draw_ms']:5.2f} ms "
                  f"({row['head_other_draw_kernels']})" if "head_other_draw_ms" in row else "")
               + (f"; backbone with the {other_cross} cross-attention {row['backbone_other_cross_ms']:5.2f} ms "
-                 f"({row['backbone_other_cross_kernels']})" if "backbone_other_cross_ms" in row else ""), flush=True)
+                 f"({row['backbone_other_cross_kernels']})" if "backbone_other_cross_ms" in row else "")
+              + (f"; mimi with the {other_mimi} attention {row['mimi_other_attention_ms']:5.2f} ms "
+                 f"({row['mimi_other_attention_kernels']})" if "mimi_other_attention_ms" in row else ""), flush=True)
         for t in tables:
             print(t, flush=True)
         attn = None

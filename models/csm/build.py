@@ -1,5 +1,5 @@
 """Loading the CSM program for the runtime (``--model csm``, ``sesame/csm-1b``, ``csm-tiny``); its
-program settings (``codec_dtype``, ``csm_context_frames``): docs/models/csm.md, "Serving".
+program settings (``codec_dtype``, ``csm_context_frames``, ``mimi_attention``): docs/models/csm.md, "Serving".
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     from models.csm.program import CsmProgram
     from models.csm.prompt import StandInTokenizer
     from models.csm.voices import FramePool, VoiceCache
+    from models.mimi.attend_triton import attention_setting as mimi_attention_setting
     from models.mimi.stream import MimiDecodeStream
 
     codec_dtype = program_codec_dtype(ctx)
@@ -41,7 +42,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     pool = FramePool(frames, config.num_codebooks, ctx.device)
     slots = CsmSlots(model, ctx.max_num_seqs, pool.table, ctx.device)
     codec = MimiDecodeStream(loaded.mimi, ctx.max_num_seqs, num_codebooks=config.num_codebooks, device=ctx.device,
-                             dtype=codec_dtype)
+                             dtype=codec_dtype, attention=mimi_attention_setting(ctx))
     program = CsmProgram(model, config, loaded.tokenizer or StandInTokenizer(), slots=slots, voices=VoiceCache(pool),
                          mimi=loaded.mimi, codec_stream=codec, max_model_len=ctx.max_model_len,
                          model_name=ctx.model_id)

@@ -1,7 +1,7 @@
 """Loading the Kyutai TTS program for the runtime (``--model kyutai-tts``, ``kyutai/tts-...``).
 
 Its settings (``kyutai_n_q``, ``voice_dir``, ``voice_bank_size``, ``codec_dtype``, ``kyutai_compile``,
-``kyutai_depth_attention``, ``kyutai_cross_attention``, ``kyutai_sampling``; read with
+``kyutai_depth_attention``, ``kyutai_cross_attention``, ``kyutai_sampling``, ``mimi_attention``; read with
 ``LoadContext.setting``) are in docs/models/kyutai_tts.md, "Serving".
 """
 
@@ -35,6 +35,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     from models.kyutai_tts.loader import load_kyutai_tts
     from models.kyutai_tts.machine import MachineParams
     from models.kyutai_tts.program import KyutaiProgram, VoiceTable
+    from models.mimi.attend_triton import attention_setting as mimi_attention_setting
     from models.mimi.stream import MimiDecodeStream
 
     codec_dtype = program_codec_dtype(ctx)
@@ -68,7 +69,7 @@ def load(ctx: LoadContext) -> ProgramModel:
                       attention=depth_attention(ctx), sampling=sampling(ctx))
     head.warm_compiled()  # (before the runtime captures its graphs: no compile during serving)
     codec = MimiDecodeStream(loaded.mimi, ctx.max_num_seqs, num_codebooks=tts.n_q, device=ctx.device,
-                             dtype=codec_dtype)
+                             dtype=codec_dtype, attention=mimi_attention_setting(ctx))
     program = KyutaiProgram(lm, config, loaded.tokenizer, slots=slots, machine=machine,
                             voices=VoiceTable(lm, bank, voices), codec_stream=codec, model_name=ctx.model_id,
                             default_voice=DEFAULT_VOICE)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from models.mimi.attend_triton import ATTENTIONS, ring_attend_steps
 from models.mimi.codec import Mimi
 from models.mimi.modules import ProjectedTransformer, StreamConv, StreamConvTr, _ResBlock, attend, attend_mask, rope_table
 
@@ -24,7 +25,13 @@ class MimiDecodeStream:
     delay_samples = 0  # see the module docstring
 
     def __init__(self, mimi: Mimi, max_slots: int, *, num_codebooks: int | None = None,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 attention: str = "sdpa") -> None:
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+        # "triton": each transformer layer's ring writes and attention in one kernel
+        # (``attend_triton.ring_attend_steps``); "sdpa": the writes, a gather and a masked SDPA
+        self.attention = attention
         if max_slots <= 0:
             raise ValueError(f"max_slots must be positive, got {max_slots}")
         n_q = mimi.config.quantizer.n_q
@@ -103,12 +110,16 @@ class MimiDecodeStream:
         k_pos = last - (last - j) % w  # [N, W] the position each ring entry holds (< 0: empty)
         rows = slots[:, None].expand(-1, n)
         table = rope_table(q_pos, c.head_dim, c.max_period)  # every layer's rotations
-        mask = attend_mask(q_pos, k_pos, w)  # and mask
+        fused = self.attention == "triton"
+        mask = None if fused else attend_mask(q_pos, k_pos, w)  # and mask
         for layer, kc, vc in zip(tr.transformer.layers, self.k, self.v):
             q, k, v = layer.qkv(layer.norm1(z), q_pos, table)
-            kc[rows, ring] = k
-            vc[rows, ring] = v
-            o = attend(q, kc.index_select(0, slots), vc.index_select(0, slots), q_pos, k_pos, w, mask)
+            if fused:  # the ring writes and the attention in one kernel
+                o = ring_attend_steps(q, k, v, kc, vc, slots, pos0)
+            else:
+                kc[rows, ring] = k
+                vc[rows, ring] = v
+                o = attend(q, kc.index_select(0, slots), vc.index_select(0, slots), q_pos, k_pos, w, mask)
             z = layer.finish(z, o)
         self.pos.index_copy_(0, slots, pos0 + n)
         return tr.project_out(z)

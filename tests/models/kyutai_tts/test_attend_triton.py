@@ -63,6 +63,10 @@ def test_without_cuda_it_is_refused_and_a_bad_name_too() -> None:
         with pytest.raises(ValueError, match=words):
             build_kyutai_backend("tiny", device="cpu", max_num_seqs=2, max_model_len=128, warmup=False,
                                  load_format="dummy", kyutai_n_q=4, kyutai_sampling=value)
+    for value, words in (("triton", "CUDA"), ("flash", "sdpa or triton")):  # (Mimi's, models/mimi/attend_triton.py)
+        with pytest.raises(ValueError, match=words):
+            build_kyutai_backend("tiny", device="cpu", max_num_seqs=2, max_model_len=128, warmup=False,
+                                 load_format="dummy", kyutai_n_q=4, mimi_attention=value)
 
 
 def test_it_is_the_default_on_cuda_where_triton_imports(monkeypatch: pytest.MonkeyPatch) -> None:
