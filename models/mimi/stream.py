@@ -70,7 +70,7 @@ class MimiDecodeStream:
             elif isinstance(m, StreamConvTr) and m.overlap:
                 self._tconvs[id(m)] = torch.zeros(s, m.inner.out_channels, m.overlap, device=device, dtype=dtype)
         # the quantizer's decode as one lookup: every codebook's table already through its
-        # output projection, [K * bins, C], the codes offset by k * bins (``_embed``)
+        # output projection, [K * bins, C], the codes offset by k * bins (``step``)
         self._codebooks = projected_codebooks(mimi, self.num_codebooks).to(device=device, dtype=dtype)
         bins = mimi.config.quantizer.bins
         self._code_offsets = torch.arange(self.num_codebooks, device=device, dtype=torch.int64) * bins
@@ -126,14 +126,15 @@ class MimiDecodeStream:
         n = z.shape[1]
         pos0 = self.pos.index_select(0, slots)  # [N]
         q_pos = pos0[:, None] + torch.arange(n, device=z.device)  # [N, n]
-        ring = q_pos % w
-        last = q_pos[:, -1:]  # [N, 1]
-        j = torch.arange(w, device=z.device)[None]
-        k_pos = last - (last - j) % w  # [N, W] the position each ring entry holds (< 0: empty)
-        rows = slots[:, None].expand(-1, n)
         table = rope_table(q_pos, c.head_dim, c.max_period)  # every layer's rotations
-        fused = self.attention == "triton"
-        mask = None if fused else attend_mask(q_pos, k_pos, w)  # and mask
+        fused = self.attention == "triton"  # (the kernel finds the ring entries and mask itself)
+        if not fused:
+            ring = q_pos % w
+            last = q_pos[:, -1:]  # [N, 1]
+            j = torch.arange(w, device=z.device)[None]
+            k_pos = last - (last - j) % w  # [N, W] the position each ring entry holds (< 0: empty)
+            rows = slots[:, None].expand(-1, n)
+            mask = attend_mask(q_pos, k_pos, w)  # and mask
         for layer, kc, vc in zip(tr.transformer.layers, self.k, self.v):
             q, k, v = layer.qkv(layer.norm1(z), q_pos, table)
             if fused:  # the ring writes and the attention in one kernel
