@@ -33,17 +33,9 @@ def attention_setting(ctx: Any) -> str:
     """``mimi_attention`` of a program's load context (Kyutai TTS and CSM share Mimi): "sdpa"
     (the default: the ring writes, a gather of the step's slots' rings and a masked SDPA) or
     "triton" (``ring_attend_steps``; CUDA, or Triton's CPU interpreter, and Triton installed)."""
-    import os
+    from models.triton_setting import triton_asked
 
-    value = str(ctx.setting("mimi_attention", "sdpa"))
-    if value not in ATTENTIONS:
-        raise ValueError(f"mimi_attention must be sdpa or triton, got {value!r}")
-    if value == "triton":
-        if not ctx.device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("mimi_attention=triton needs a CUDA device (its kernel is Triton's)")
-        if triton is None:
-            raise ValueError("mimi_attention=triton needs Triton (it comes with CUDA torch)")
-    return value
+    return "triton" if triton_asked(ctx, "mimi_attention", "sdpa", "sdpa", triton) else "sdpa"
 
 
 def ring_attend_steps(q: Tensor, k: Tensor, v: Tensor, k_ring: Tensor, v_ring: Tensor, slots: Tensor,

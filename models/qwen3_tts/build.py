@@ -93,9 +93,10 @@ def code_predictor_attention(ctx: LoadContext) -> Any:
     "sdpa" (the default elsewhere: the cache writes and torch's attention) -> the code
     predictor's ``attend`` (None for "sdpa")."""
     from models.qwen3_tts import attend_triton
+    from models.triton_setting import triton_asked
 
     default = "triton" if ctx.device.startswith("cuda") and attend_triton.triton is not None else "sdpa"
-    return attend_triton.attend_position if _triton_asked(ctx, "code_predictor_attention", default, "sdpa",
+    return attend_triton.attend_position if triton_asked(ctx, "code_predictor_attention", default, "sdpa",
                                                           attend_triton.triton) else None
 
 
@@ -107,28 +108,11 @@ def codec_attention(ctx: LoadContext) -> Any:
     ``attend`` (None for "torch"). The codec step at 1,024 rows 31.6 against 45.0 ms (a8fb659b,
     docs/performance.md)."""
     from models.qwen3_tts import ring_attend_triton
+    from models.triton_setting import triton_asked
 
     default = "triton" if ctx.device.startswith("cuda") and ring_attend_triton.triton is not None else "torch"
-    return ring_attend_triton.ring_attend if _triton_asked(ctx, "codec_attention", default, "torch",
+    return ring_attend_triton.ring_attend if triton_asked(ctx, "codec_attention", default, "torch",
                                                            ring_attend_triton.triton) else None
-
-
-def _triton_asked(ctx: LoadContext, name: str, default: str, other: str, triton: Any) -> bool:
-    """Whether setting ``name`` (``default`` when not given) asks for its Triton kernel rather
-    than ``other``; "triton" is refused without CUDA outside Triton's CPU interpreter and where
-    Triton (the kernel module's ``triton``) is missing, any other name with the two it takes."""
-    import os
-
-    value = str(ctx.setting(name, default))
-    if value == other:
-        return False
-    if value != "triton":
-        raise ValueError(f"{name} must be {other} or triton, got {value!r}")
-    if not ctx.device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"{name}=triton needs a CUDA device (its kernel is Triton's)")
-    if triton is None:
-        raise ValueError(f"{name}=triton needs Triton (it comes with CUDA torch)")
-    return True
 
 
 def triton_available() -> bool:
