@@ -58,6 +58,8 @@ def level_rows(level: dict[str, Any], *, sample_rate: int, start_buffer_s: float
 _COLUMNS = [("t_s", "t s", "{:6.1f}"), ("steps_per_s", "steps/s", "{:7.0f}"), ("ms_per_step", "ms/step", "{:7.2f}"),
             ("decode_rows_per_step", "decode", "{:6.0f}"), ("deferred_decodes_per_step", "defer", "{:5.0f}"),
             ("prefill_rows_per_step", "prompts", "{:7.2f}"), ("light_steps_fraction", "light", "{:5.2f}"),
+            ("light_ms_per_step", "light ms", "{:8.2f}"), ("loaded_ms_per_step", "loaded ms", "{:9.2f}"),
+            ("loaded_rows_per_step", "loaded rows", "{:11.0f}"),
             ("streams", "streams", "{:7.0f}"),
             ("queued_jobs", "queued", "{:6.0f}"), ("running_jobs", "running", "{:7.0f}"),
             ("gc_pause_ms_per_s", "gc ms/s", "{:7.1f}"),

@@ -77,7 +77,8 @@ class GatewayMetrics:
             "voxgate_engine_totals",
             "Engine counters since the engine (re)started, by name: steps and busy_s (seconds in "
             "steps) from its loop; lm_steps, decode_rows, deferred_decodes, prefill_rows, "
-            "prefill_tokens, light_steps and light_rows from the LM backend; gc_collections, gc_full_collections, gc_pause_s "
+            "prefill_tokens, light_steps, light_rows, light_busy_s and loaded_busy_s (seconds of the "
+            "backend's step calls that took a light step's tokens and any other step's) from the LM backend; gc_collections, gc_full_collections, gc_pause_s "
             "(all collections' pauses), gc_max_pause_s and gc_frozen_objects from the engine "
             "process's garbage collector. Rates of these give rows per step and step time. "
             "Summed over the serving engines.",

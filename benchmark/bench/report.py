@@ -71,6 +71,9 @@ def format_summary(result: BenchResult) -> str:
                     if "decode_rows_per_step" in srv else "")
             if srv.get("light_steps_fraction"):  # (docs/scheduling.md, "Light steps")
                 rows += f", {100 * srv['light_steps_fraction']:.0f}% of them light steps"
+                if "light_ms_per_step" in srv and "loaded_ms_per_step" in srv:
+                    rows += (f" ({srv['light_ms_per_step']:.1f} ms; the others {srv['loaded_ms_per_step']:.1f} ms "
+                             f"with {srv['loaded_rows_per_step']:.0f} rows)")
             slow = _slowest_interval(run.summary.extra.get("server_timeline") or [])
             lines.append(f"server at {run.summary.level:g}: {srv['ms_per_step']:.1f} ms per engine step, "
                          f"busy {100 * srv['busy_fraction']:.0f}%{rows}{slow}")

@@ -136,5 +136,14 @@ def level_figures(before: tuple[float, dict[str, float]] | None,
             if name in delta:
                 out[f"{name}_per_step"] = delta[name] / lm_steps
         if "light_steps" in delta:  # (light steps: docs/scheduling.md)
-            out["light_steps_fraction"] = delta["light_steps"] / lm_steps
+            light = delta["light_steps"]
+            out["light_steps_fraction"] = light / lm_steps
+            # each kind's time a step and the loaded steps' rows (the backend's step calls by
+            # the kind of step whose tokens they took: a call's time is mostly that wait)
+            if light and "light_busy_s" in delta:
+                out["light_ms_per_step"] = 1e3 * delta["light_busy_s"] / light
+            if lm_steps > light and "loaded_busy_s" in delta:
+                out["loaded_ms_per_step"] = 1e3 * delta["loaded_busy_s"] / (lm_steps - light)
+                out["loaded_rows_per_step"] = (delta.get("decode_rows", 0.0) - delta.get("light_rows", 0.0)) \
+                    / (lm_steps - light)
     return out

@@ -45,8 +45,12 @@ class LMBackend:
         self._inflight: _Inflight | None = None
         self._t_step = 0.0  # when the call that launched ``_running`` began
         # Counters since start (``totals``; the engine's Stats carry them to the gateway's metrics)
-        self._totals = dict.fromkeys(("lm_steps", "decode_rows", "deferred_decodes", "prefill_steps",
-                                      "prefill_rows", "prefill_tokens", "light_steps", "light_rows"), 0)
+        self._totals: dict[str, float] = dict.fromkeys(
+            ("lm_steps", "decode_rows", "deferred_decodes", "prefill_steps", "prefill_rows", "prefill_tokens",
+             "light_steps", "light_rows"), 0)
+        # Seconds of ``step`` calls, by the kind of the launched step each one took the tokens of
+        # (a call's time is mostly its wait for that step): light steps apart from the others
+        self._totals.update(light_busy_s=0.0, loaded_busy_s=0.0)
         self._closed = False
         # Input streaming (``Program.input_streaming``): a job is one turn whose text arrives
         # while it speaks; the program chooses each decode row's input (``next_input``).
@@ -157,10 +161,12 @@ class LMBackend:
         if seq is not None and note_due is not None:
             note_due(seq.program_state, deadline_s - self.scheduler.now())
 
-    def totals(self) -> dict[str, int]:
+    def totals(self) -> dict[str, float]:
         """Counters since start: steps launched, decode rows, decodes deferred (cap, horizon),
-        steps with prompts, prefill rows and tokens; the runner's steps that ran eagerly (no
-        graph) and the program's own counters where they have them."""
+        steps with prompts, prefill rows and tokens, light steps and their rows, the seconds of
+        ``step`` calls that took a light step's tokens and a loaded (any other) step's; the
+        runner's steps that ran eagerly (no graph) and the program's own counters where they
+        have them."""
         out = dict(self._totals)
         eager = getattr(self.runner, "num_eager_steps", None)
         if eager is not None:
@@ -279,8 +285,16 @@ class LMBackend:
         N+1 and tends to finish with it, so waiting for it here would leave the device idle
         while the host finishes the call; one call later it is done (the audio leaves one step
         later: a few ms)."""
-        if self.async_steps:
-            return self._step_async()
+        t0 = time.perf_counter()
+        waited = self._running[0] if self._running is not None else None  # whose tokens this call takes
+        try:
+            return self._step_async() if self.async_steps else self._step_sync()
+        finally:
+            if waited is not None:
+                key = "light_busy_s" if waited.is_light else "loaded_busy_s"
+                self._totals[key] += time.perf_counter() - t0
+
+    def _step_sync(self) -> list[JobOutput]:
         outputs, self._pending = self._pending, []
         taken = None
         now = time.perf_counter()

@@ -224,6 +224,10 @@ def test_summary_says_where_streams_first_underran() -> None:
             in format_summary(result))
     result.levels[1].summary.extra["server"]["light_steps_fraction"] = 0.4  # (light steps on)
     assert "13 prompt tokens per LM step, 40% of them light steps; slowest second" in format_summary(result)
+    result.levels[1].summary.extra["server"].update(light_ms_per_step=3.04, loaded_ms_per_step=29.6,
+                                                     loaded_rows_per_step=212.4)  # (each kind's time)
+    assert ("40% of them light steps (3.0 ms; the others 29.6 ms with 212 rows); slowest second"
+            in format_summary(result))
     result.levels[0].summary.extra["client_loop_lag_ms"] = {"p50": 0.2, "p99": 3.0, "max": 9.0}
     result.levels[1].summary.extra["client_loop_lag_ms"] = {"p50": 4.0, "p99": 120.0, "max": 800.0}
     text = format_summary(result)

@@ -44,6 +44,14 @@ def test_level_figures_are_deltas_and_rates_over_the_window() -> None:
     light = level_figures((0.0, {"steps": 0, "busy_s": 0.0, "lm_steps": 0, "light_steps": 0}),
                           (1.0, {"steps": 80, "busy_s": 0.8, "lm_steps": 80, "light_steps": 20}))
     assert light["light_steps_fraction"] == pytest.approx(0.25)  # a quarter of the LM steps light
+    assert "light_ms_per_step" not in light and "loaded_ms_per_step" not in light  # (an older server)
+    split = level_figures((0.0, {"steps": 0, "busy_s": 0.0, "lm_steps": 0, "light_steps": 0, "decode_rows": 0,
+                                 "light_rows": 0, "light_busy_s": 0.0, "loaded_busy_s": 0.0}),
+                          (1.0, {"steps": 80, "busy_s": 0.8, "lm_steps": 80, "light_steps": 60, "decode_rows": 4300,
+                                 "light_rows": 300, "light_busy_s": 0.18, "loaded_busy_s": 0.6}))
+    assert split["light_ms_per_step"] == pytest.approx(3.0)  # 0.18 s over 60 light steps
+    assert split["loaded_ms_per_step"] == pytest.approx(30.0)  # 0.6 s over the 20 others
+    assert split["loaded_rows_per_step"] == pytest.approx(200.0)  # (4,300 - 300) rows over them
     assert "light_steps_fraction" not in f
 
 

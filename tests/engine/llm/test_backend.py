@@ -138,7 +138,8 @@ def test_backend_reports_the_step_period_while_steps_run_back_to_back(llm_model)
 
 def test_totals_count_rows_tokens_and_deferred_decodes(llm_model):
     """The backend's counters: one prefill row per prompt with its tokens, one decode row per
-    token after the first, and the decodes the cap deferred."""
+    token after the first, the decodes the cap deferred, and the step calls' time by the kind
+    of step whose tokens they took."""
     backend = make_backend(llm_model, runner_kw=dict(num_pages=64, page_size=4),
                            sched_kw=dict(max_num_decode_seqs=1, max_num_batched_tokens=16))
     _add(backend, 0, n=6, max_tokens=8)
@@ -152,6 +153,7 @@ def test_totals_count_rows_tokens_and_deferred_decodes(llm_model):
     assert t["decode_rows"] == 2 * 7  # the first token of each comes from its prefill
     assert t["deferred_decodes"] > 0  # one decode row per step: the other job waited
     assert t["lm_steps"] >= t["decode_rows"]
+    assert t["light_busy_s"] == 0 and t["loaded_busy_s"] > 0  # no light steps: every step call is a loaded one's
 
 
 def test_admission_hears_the_decode_cap_and_the_fill_of_rows_not_yet_due(llm_model):

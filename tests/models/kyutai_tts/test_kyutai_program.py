@@ -313,6 +313,7 @@ def test_light_steps_run_a_new_turn_in_its_cheap_variants_beside_a_speaking_one(
     assert backend.scheduler.num_light_steps >= len(light)
     totals = backend.totals()
     assert totals["light_steps"] == backend.scheduler.num_light_steps and totals["light_rows"] >= totals["light_steps"]
+    assert totals["light_busy_s"] > 0 and totals["loaded_busy_s"] > 0  # each kind's step calls timed apart
     # admission's step samples leave the light rows out (a light step alone is no sample)
     assert backend.step_counts()[0] == totals["decode_rows"] - totals["light_rows"]
 
