@@ -181,7 +181,8 @@ class LMBackend:
         step's share with the step's time (``engine.admission``). Light steps' rows are left
         out: a few rows in a cheap step variant are not what a row costs in a whole step (a
         light step without prompts is then no sample at all)."""
-        return self._totals["decode_rows"] - self._totals["light_rows"], self._totals["prefill_tokens"]
+        t = self._totals
+        return int(t["decode_rows"] - t["light_rows"]), int(t["prefill_tokens"])
 
     @property
     def max_decode_rows(self) -> int:
