@@ -10,8 +10,10 @@ key written so far; none at all for the first codebook, whose one key has weight
 one Triton kernel, ``attend_triton``), the
 embedding of a sampled code without the handling of a zero (-1) input (a sample is never one),
 the input projection of every weight set in one matmul a frame (``KyutaiLM.join_depformer_in``),
-and three fused pieces (``FrameFns``: a residual sum with the next norm, the gating's silu-mul,
-the top-k draw), compiled by ``torch.compile`` when the head is (``kyutai_compile``).
+and the fused pieces (``FrameFns``: a residual sum with the next norm, the same with the
+codebook's input embedding looked up inside it in the tables ``KyutaiLM.fold_depformer_emb``
+made, the gating's silu-mul, the top-k draw), compiled by ``torch.compile`` when the head is
+(``kyutai_compile``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from models.kyutai_tts.layers import Gating, RMSNorm, rms_norm
 from models.kyutai_tts.sampling import top_k_draw
 
 __all__ = ["GREEDY", "PLAIN", "AudioSampling", "DepformerLayers", "FrameFns", "add_norm", "attend_sdpa", "decode_frame",
-           "silu_mul"]
+           "embed_add_norm", "silu_mul", "text_add_norm"]
 
 
 class _StepAttention(nn.Module):
@@ -79,6 +81,8 @@ class FrameFns(NamedTuple):
     silu_mul: Callable[[Tensor], Tensor]
     draw: Callable[..., Tensor]
     attend: Callable[[Tensor, Tensor, int], Tensor]  # (qkv, cache, k) -> [B, H, D]: ``attend_sdpa``'s contract
+    embed_add_norm: Callable[..., tuple[Tensor, Tensor]]  # a code's folded embedding added, then the norm
+    text_add_norm: Callable[..., tuple[Tensor, Tensor]]  # the same for the machine's (multiplexed) text output
 
     @classmethod
     def compiled(cls, backend: str | Callable = "inductor",
@@ -92,13 +96,32 @@ class FrameFns(NamedTuple):
         def wrap(f: Callable) -> Callable:
             return torch.compile(f, dynamic=True, fullgraph=True, backend=backend, options=options)
 
-        return cls(wrap(add_norm), wrap(silu_mul), draw or wrap(top_k_draw), attend or attend_sdpa)
+        return cls(wrap(add_norm), wrap(silu_mul), draw or wrap(top_k_draw), attend or attend_sdpa,
+                   wrap(embed_add_norm), wrap(text_add_norm))
 
 
 def add_norm(x: Tensor, delta: Tensor, alpha: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """(x + delta, its ``rms_norm``): a residual sum and the next norm, one kernel compiled."""
     y = x + delta
     return y, rms_norm(y, alpha, eps)
+
+
+def embed_add_norm(x: Tensor, table: Tensor, code: Tensor, alpha: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """``add_norm`` of x and row ``code`` [B] of a folded embedding ``table`` [card + 1, D] (a
+    sampled code, never -1): compiled, the look-up is read inside the sum's kernel."""
+    return add_norm(x, F.embedding(code, table), alpha, eps)
+
+
+def text_add_norm(x: Tensor, table: Tensor, ids: Tensor, n: int, alpha: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """``add_norm`` of x and the demultiplexed text embedding of ``ids`` [B] (``(second + 1) * n
+    + first``, -1 for none: zero) from ``KyutaiLM.depformer_text_folded`` [2 n + 1, D] (the
+    first token's half, the second's, a zero row): ``DemuxEmbedding`` with its projections
+    folded, one kernel compiled."""
+    zero = table.shape[0] - 1
+    second = ids // n - 1
+    first_row = torch.where(ids < 0, zero, ids % n)
+    second_row = torch.where((ids < 0) | (second < 0), zero, second + n)
+    return add_norm(x, F.embedding(first_row, table) + F.embedding(second_row, table), alpha, eps)
 
 
 def silu_mul(h: Tensor) -> Tensor:
@@ -117,7 +140,7 @@ def attend_sdpa(qkv: Tensor, cache: Tensor, k: int) -> Tensor:
     return F.scaled_dot_product_attention(qkv[:, 0, :, None], cache[:, 0, :, : k + 1], cache[:, 1, :, : k + 1])[:, :, 0]
 
 
-PLAIN = FrameFns(add_norm, silu_mul, top_k_draw, attend_sdpa)
+PLAIN = FrameFns(add_norm, silu_mul, top_k_draw, attend_sdpa, embed_add_norm, text_add_norm)
 
 
 def decode_frame(lm: nn.Module, hidden: Tensor, text_in: Tensor, sampling: AudioSampling, num_codebooks: int,
@@ -141,10 +164,17 @@ def decode_frame(lm: nn.Module, hidden: Tensor, text_in: Tensor, sampling: Audio
     else:
         proj = torch.stack([lm.depformer_in[w](hidden) for w in range(sets)], dim=1)
     codes: list[Tensor] = []
+    folded, text_folded = lm.depformer_emb_folded, lm.depformer_text_folded  # (None: not folded)
+    alpha0 = first.norm1.alpha.reshape(-1)
     for k in range(num_codebooks):
         w = c.schedule(k)
-        y = lm.depformer_text_emb(text_in) if k == 0 else _embed_code(lm.depformer_emb[k - 1], codes[-1])
-        x, normed = fns.add_norm(proj[:, w], y, first.norm1.alpha.reshape(-1), eps)
+        if k == 0 and text_folded is not None:
+            x, normed = fns.text_add_norm(proj[:, w], text_folded, text_in, c.text_card + 1, alpha0, eps)
+        elif k > 0 and folded is not None:
+            x, normed = fns.embed_add_norm(proj[:, w], folded[k - 1], codes[-1], alpha0, eps)
+        else:
+            y = lm.depformer_text_emb(text_in) if k == 0 else _embed_code(lm.depformer_emb[k - 1], codes[-1])
+            x, normed = fns.add_norm(proj[:, w], y, alpha0, eps)
         for i, (layer, cache) in enumerate(zip(layers, caches)):
             a, g = layer.self_attn, layer.gating[w]
             o = fns.attend(F.linear(normed, a.in_projs[w].weight).view(b, 3, h, dh), cache, k)  # [B, H, D]

@@ -108,9 +108,44 @@ def test_the_compiled_depth_pieces_give_the_eager_codes_with_one_trace_each(tts_
             traces.append(counter.frame_count)
         hidden, text, sampling = _frame_inputs(lm, 1, True)
         assert torch.equal(decode_frame(lm, hidden, text, sampling, 32, fns), decode_frame(lm, hidden, text, sampling, 32))
-    # three pieces, the residual sum traced twice (its first input strided at a layer's start)
-    assert traces == [4, 4, 4] and counter.frame_count <= 8
+    # five pieces, the folded embedding's traced twice (its table a view at offset 0, then not)
+    assert traces == [6, 6, 6] and counter.frame_count <= 12
     torch._dynamo.reset()
+
+
+def test_folded_depth_embeddings_equal_the_low_rank_ones():
+    """``KyutaiLM.fold_depformer_emb`` (at load): each codebook's input row, and the text's
+    demultiplexed pair (none, one token, two tokens), equal the low-rank modules' within float32
+    rounding, and a frame's codes are the same with the tables as without."""
+    from models.kyutai_tts.depformer import PLAIN
+    from models.kyutai_tts.loader import load_kyutai_tts
+
+    lm = load_kyutai_tts("tiny", load_format="dummy", dtype=torch.float32).lm
+    c = lm.config.lm
+    assert lm.depformer_emb_folded.shape == (c.dep_q - 1, c.card + 1, c.depformer_dim)
+    codes = torch.tensor([0, 5, c.card - 1])
+    for k in (0, 7, c.dep_q - 2):
+        torch.testing.assert_close(lm.depformer_emb_folded[k][codes], lm.depformer_emb[k](codes), rtol=1e-6, atol=1e-6)
+    n = c.text_card + 1
+    ids = torch.tensor([-1, 3, n - 1, n + 7, 5 * n + 2, n * n - 1])
+    x = torch.randn(len(ids), c.depformer_dim)
+    alpha = torch.rand(c.depformer_dim) + 0.5
+    got = PLAIN.text_add_norm(x, lm.depformer_text_folded, ids, n, alpha, 1e-8)
+    want = PLAIN.add_norm(x, lm.depformer_text_emb(ids), alpha, 1e-8)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[0][0], x[0])  # -1: nothing added
+    with torch.no_grad():
+        for sampled in (False, True):
+            hidden, text, sampling = _frame_inputs(lm, 7, sampled)
+            text[0] = -1
+            folded = decode_frame(lm, hidden, text, sampling, 32)
+            tables = lm.depformer_emb_folded, lm.depformer_text_folded
+            lm.depformer_emb_folded = lm.depformer_text_folded = None
+            try:
+                assert torch.equal(decode_frame(lm, hidden, text, sampling, 32), folded)
+            finally:
+                lm.depformer_emb_folded, lm.depformer_text_folded = tables
 
 
 def _random_entries(rng: random.Random, n: int) -> list[Entry]:
