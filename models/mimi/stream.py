@@ -31,6 +31,16 @@ def projected_codebooks(mimi: Mimi, num_codebooks: int) -> Tensor:
         return torch.cat(parts)
 
 
+def _scaled(linear: nn.Linear, scale: nn.Module) -> Tensor:
+    """``linear``'s weight with a layer scale after it folded in (``scale(linear(x)) =
+    x @ (scale * W).T``), computed in float32 and rounded once."""
+    w = linear.weight
+    if not hasattr(scale, "scale"):  # nn.Identity: no layer scale
+        return w
+    with torch.no_grad():
+        return (scale.scale.float()[:, None] * w.float()).to(w.dtype)
+
+
 class MimiDecodeStream:
     """Per-slot streaming decode: ``reset(slots)``, then ``step(slots, codes)`` once per frame.
 
@@ -75,6 +85,10 @@ class MimiDecodeStream:
         bins = mimi.config.quantizer.bins
         self._code_offsets = torch.arange(self.num_codebooks, device=device, dtype=torch.int64) * bins
         t = mimi.config.transformer
+        # each layer's two output projections with its layer scale folded in (one matmul a
+        # branch, not a matmul and a multiply; ``_finish``)
+        self._scaled = [(_scaled(layer.self_attn.out_projs[0], layer.layer_scale_1), _scaled(layer.linear2, layer.layer_scale_2))
+                        for layer in mimi.decoder_transformer.transformer.layers]
         kv = (s, t.context, t.num_heads, t.head_dim)
         self.k = [torch.zeros(kv, device=device, dtype=dtype) for _ in range(t.num_layers)]
         self.v = [torch.zeros(kv, device=device, dtype=dtype) for _ in range(t.num_layers)]
@@ -135,7 +149,7 @@ class MimiDecodeStream:
             k_pos = last - (last - j) % w  # [N, W] the position each ring entry holds (< 0: empty)
             rows = slots[:, None].expand(-1, n)
             mask = attend_mask(q_pos, k_pos, w)  # and mask
-        for layer, kc, vc in zip(tr.transformer.layers, self.k, self.v):
+        for layer, kc, vc, (w_out, w_2) in zip(tr.transformer.layers, self.k, self.v, self._scaled):
             q, k, v = layer.qkv(layer.norm1(z), q_pos, table)
             if fused:  # the ring writes and the attention in one kernel
                 o = ring_attend_steps(q, k, v, kc, vc, slots, pos0)
@@ -143,7 +157,8 @@ class MimiDecodeStream:
                 kc[rows, ring] = k
                 vc[rows, ring] = v
                 o = attend(q, kc.index_select(0, slots), vc.index_select(0, slots), q_pos, k_pos, w, mask)
-            z = layer.finish(z, o)
+            z = z + F.linear(o, w_out)  # = layer.finish(z, o), the layer scales folded
+            z = z + F.linear(F.gelu(layer.linear1(layer.norm2(z))), w_2)
         self.pos.index_copy_(0, slots, pos0 + n)
         return tr.project_out(z)
 
