@@ -6,7 +6,8 @@ and the head with its depth transformer's fused pieces uncompiled (the A/B of `k
 and, on a GPU, with the other depth attention (the A/B of `kyutai_depth_attention`), with the
 other top-k draw (of `kyutai_sampling`), the temporal transformer with the other voice
 cross-attention (of `kyutai_cross_attention`), and the Mimi decode with the other attention
-(of `mimi_attention`).
+(of `mimi_attention`); and the head with the depth transformer's input embeddings as the
+checkpoint has them, low rank (the A/B of ``KyutaiLM.fold_depformer_emb``).
 
     python -m benchmark.gpu.kyutai_parts --batch 1,64,128,256 [--kernels 128] [--json F]
     python -m benchmark.gpu.kyutai_parts --model kyutai-tts-tiny --device cpu --batch 2   # a smoke run
@@ -57,6 +58,13 @@ def _with(obj: object, name: str, value: object, fn: Callable[[], object]) -> ob
         return fn()
     finally:
         setattr(obj, name, kept)
+
+
+def _unfolded(lm: object, head: object, fn: Callable[[], object]) -> object:
+    """``fn()`` with the depth transformer's embeddings unfolded (low rank, as before
+    ``fold_depformer_emb``), its compiled pieces free to trace the unfolded sum once."""
+    return _with(lm, "depformer_emb_folded", None, lambda: _with(
+        lm, "depformer_text_folded", None, lambda: _with(head, "frozen_stance", "default", fn)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             "head_uncompiled": lambda: _with(head, "fns", PLAIN._replace(attend=head.fns.attend),  # noqa: B023
                                                  lambda: head.sample(hidden, r)),  # noqa: B023
         }
+        if lm.depformer_emb_folded is not None:
+            parts["head_unfolded"] = lambda: _unfolded(lm, head, lambda: head.sample(hidden, r))  # noqa: B023
         if on_gpu:
             other = attend_sdpa if head.fns.attend is not attend_sdpa else attend_codebook
             parts["head_other_attention"] = lambda: _with(head, "fns", head.fns._replace(attend=other),  # noqa: B023
@@ -157,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"({row['head_other_draw_kernels']})" if "head_other_draw_ms" in row else "")
               + (f"; backbone with the {other_cross} cross-attention {row['backbone_other_cross_ms']:5.2f} ms "
                  f"({row['backbone_other_cross_kernels']})" if "backbone_other_cross_ms" in row else "")
+              + (f"; low-rank depth embeddings {row['head_unfolded_ms']:5.2f} ms ({row['head_unfolded_kernels']})"
+                 if "head_unfolded_ms" in row else "")
               + (f"; mimi with the {other_mimi} attention {row['mimi_other_attention_ms']:5.2f} ms "
                  f"({row['mimi_other_attention_kernels']})" if "mimi_other_attention_ms" in row else ""), flush=True)
         for t in tables:

@@ -21,4 +21,4 @@ def test_parts_are_timed_for_each_batch(tmp_path) -> None:
     for r in rows:
         assert min(r["backbone_ms"], r["head_ms"], r["mimi_ms"]) > 0
         assert r["sum_ms"] == pytest.approx(r["backbone_ms"] + r["head_ms"] + r["mimi_ms"])
-        assert r["head_text_ms"] > 0 and r["head_cb0_ms"] > 0
+        assert r["head_text_ms"] > 0 and r["head_cb0_ms"] > 0 and r["head_unfolded_ms"] > 0
