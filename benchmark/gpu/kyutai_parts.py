@@ -7,7 +7,8 @@ and, on a GPU, with the other depth attention (the A/B of `kyutai_depth_attentio
 other top-k draw (of `kyutai_sampling`), the temporal transformer with the other voice
 cross-attention (of `kyutai_cross_attention`), and the Mimi decode with the other attention
 (of `mimi_attention`); and the head with the depth transformer's input embeddings as the
-checkpoint has them, low rank (the A/B of ``KyutaiLM.fold_depformer_emb``).
+checkpoint has them, low rank (the A/B of ``KyutaiLM.fold_depformer_emb``), and the temporal
+transformer with its pointwise pieces uncompiled (of ``KyutaiLM.compile_backbone``).
 
     python -m benchmark.gpu.kyutai_parts --batch 1,64,128,256 [--kernels 128] [--json F]
     python -m benchmark.gpu.kyutai_parts --model kyutai-tts-tiny --device cpu --batch 2   # a smoke run
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     from models.kyutai_tts.attend_triton import attend_codebook
     from models.kyutai_tts.depformer import PLAIN, attend_sdpa
     from models.kyutai_tts.draw_triton import top_k_draw_triton
+    from models.kyutai_tts.lm import PLAIN_BACKBONE
     from models.registry import load_factory, resolve
 
     on_gpu = args.device == "cuda"
@@ -133,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
             "head_uncompiled": lambda: _with(head, "fns", PLAIN._replace(attend=head.fns.attend),  # noqa: B023
                                                  lambda: head.sample(hidden, r)),  # noqa: B023
         }
+        if lm.fns is not PLAIN_BACKBONE:  # (compiled with kyutai_compile)
+            parts["backbone_uncompiled"] = lambda: _with(lm, "fns", PLAIN_BACKBONE, lambda: _with(  # noqa: B023
+                lm, "frozen_stance", None, lambda: lm(pos, pos, attn, slots)))  # noqa: B023
         if lm.depformer_emb_folded is not None:
             parts["head_unfolded"] = lambda: _unfolded(lm, head, lambda: head.sample(hidden, r))  # noqa: B023
         if on_gpu:
@@ -167,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"({row['head_other_draw_kernels']})" if "head_other_draw_ms" in row else "")
               + (f"; backbone with the {other_cross} cross-attention {row['backbone_other_cross_ms']:5.2f} ms "
                  f"({row['backbone_other_cross_kernels']})" if "backbone_other_cross_ms" in row else "")
+              + (f"; backbone uncompiled {row['backbone_uncompiled_ms']:5.2f} ms ({row['backbone_uncompiled_kernels']})"
+                 if "backbone_uncompiled_ms" in row else "")
               + (f"; low-rank depth embeddings {row['head_unfolded_ms']:5.2f} ms ({row['head_unfolded_kernels']})"
                  if "head_unfolded_ms" in row else "")
               + (f"; mimi with the {other_mimi} attention {row['mimi_other_attention_ms']:5.2f} ms "

@@ -68,6 +68,8 @@ def load(ctx: LoadContext) -> ProgramModel:
     head = KyutaiHead(lm, slots, machine, compile=bool(compiled), compile_backend=backend or "inductor",
                       attention=depth_attention(ctx), sampling=sampling(ctx))
     head.warm_compiled()  # (before the runtime captures its graphs: no compile during serving)
+    if compiled:  # the temporal transformer's RoPE and gating product, one kernel each a layer
+        lm.compile_backbone(backend)
     codec = MimiDecodeStream(loaded.mimi, ctx.max_num_seqs, num_codebooks=tts.n_q, device=ctx.device,
                              dtype=codec_dtype, attention=mimi_attention_setting(ctx))
     program = KyutaiProgram(lm, config, loaded.tokenizer, slots=slots, machine=machine,

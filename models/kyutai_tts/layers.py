@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -51,11 +53,13 @@ class Gating(nn.Module):
         h = h.view(*h.shape[:-1], 2, -1)
         return self.linear_out(F.silu(h[..., 0, :]) * h[..., 1, :])
 
-    def add_to(self, residual: Tensor, x: Tensor) -> Tensor:
-        """``residual + self(x)`` for 2-D [T, dim] inputs, the sum in the output matmul (addmm)."""
+    def add_to(self, residual: Tensor, x: Tensor, silu_mul: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+        """``residual + self(x)`` for 2-D [T, dim] inputs, the sum in the output matmul (addmm);
+        ``silu_mul``: [T, 2, H] -> silu(h[:, 0]) * h[:, 1] (a compiled one: one kernel, not two)."""
         h = self.linear_in(x)
         h = h.view(h.shape[0], 2, -1)
-        return torch.addmm(residual, F.silu(h[:, 0]) * h[:, 1], self.linear_out.weight.t())
+        g = silu_mul(h) if silu_mul is not None else F.silu(h[:, 0]) * h[:, 1]
+        return torch.addmm(residual, g, self.linear_out.weight.t())
 
 
 class ScaledEmbedding(nn.Module):

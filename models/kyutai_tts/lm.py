@@ -6,7 +6,9 @@ previous frame through ``token_rows`` (docs/models/kyutai_tts.md, "Temporal tran
 
 from __future__ import annotations
 
-from typing import Protocol
+import math
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -14,16 +16,58 @@ from torch import Tensor, nn
 
 from models.kyutai_tts.conditioning import ConditionProvider, VoiceBank
 from models.kyutai_tts.config import KyutaiTTSConfig, LMConfig
-from models.kyutai_tts.layers import DemuxEmbedding, Gating, RMSNorm, ScaledEmbedding
+from models.kyutai_tts.layers import DemuxEmbedding, Gating, RMSNorm, ScaledEmbedding, gating_hidden
 from models.mimi.modules import rope_table, rotate
 
-__all__ = ["AttentionBackend", "KyutaiLM", "SlotInputs"]
+__all__ = ["AttentionBackend", "BackboneFns", "KyutaiLM", "PLAIN_BACKBONE", "SlotInputs", "rope_cos_sin", "rotate_real"]
 
 
 class AttentionBackend(Protocol):
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q/k/v [T, H, D] (RoPE applied) -> o [T, H, D]; stores k/v; causal over ``context`` frames."""
         ...
+
+
+def rope_cos_sin(positions: Tensor, dim: int, max_period: float) -> Tensor:
+    """``rope_table``'s rotations as real pairs: float32 [..., T, 1, D/2, 2] (cos, sin)."""
+    ds = torch.arange(dim // 2, device=positions.device, dtype=torch.float32)
+    freqs = torch.exp(ds * (-math.log(max_period) * 2 / dim))  # [D/2]
+    ang = positions.float()[..., None, None] * freqs  # [..., T, 1, D/2]
+    return torch.stack((torch.cos(ang), torch.sin(ang)), dim=-1)
+
+
+def rotate_real(x: Tensor, cs: Tensor) -> Tensor:
+    """``rotate`` with ``rope_cos_sin``'s table: x's interleaved pairs (xr, xi) -> (xr cos - xi
+    sin, xr sin + xi cos) in float32, rounded to x's dtype; written out so that ``torch.compile``
+    makes it one kernel (the complex product is three)."""
+    d = x.shape[-1]
+    pairs = x.float().view(*x.shape[:-1], d // 2, 2)
+    xr, xi, c, s = pairs[..., 0], pairs[..., 1], cs[..., 0], cs[..., 1]
+    return torch.stack((xr * c - xi * s, xr * s + xi * c), dim=-1).to(x.dtype).view(x.shape)
+
+
+def _silu_mul(h: Tensor) -> Tensor:
+    return F.silu(h[:, 0]) * h[:, 1]
+
+
+class BackboneFns(NamedTuple):
+    """The temporal transformer's pointwise pieces: plain (RoPE as one complex product, three
+    kernels a layer; the gating's silu and product, two), or through ``torch.compile``
+    (``compiled``: one kernel each; with ``kyutai_compile``, docs/models/kyutai_tts.md)."""
+
+    table: Callable[[Tensor, int, float], Tensor]  # (positions, head_dim, max_period) -> what ``rotate`` takes
+    rotate: Callable[[Tensor, Tensor], Tensor]  # (x [..., D], table broadcast to its pairs) -> x rotated
+    silu_mul: Callable[[Tensor], Tensor] | None  # [T, 2, H] -> [T, H]; None: ``Gating``'s own
+
+    @classmethod
+    def compiled(cls, backend: str | Callable = "inductor") -> BackboneFns:
+        def wrap(f: Callable) -> Callable:
+            return torch.compile(f, dynamic=True, fullgraph=True, backend=backend)
+
+        return cls(rope_cos_sin, wrap(rotate_real), wrap(_silu_mul))
+
+
+PLAIN_BACKBONE = BackboneFns(rope_table, rotate, None)
 
 
 class SlotInputs:
@@ -63,11 +107,11 @@ class _Layer(nn.Module):
         self.gating = Gating(c.dim, c.dim_feedforward)
 
     def forward(self, x: Tensor, table: Tensor, attn: AttentionBackend, voice_rows: Tensor | None,
-                bank: VoiceBank | None) -> Tensor:
-        """x [T, dim], ``table`` the step's RoPE rotations (``rope_table`` of its positions)."""
+                bank: VoiceBank | None, fns: BackboneFns = PLAIN_BACKBONE) -> Tensor:
+        """x [T, dim], ``table`` the step's RoPE rotations (``fns.table`` of its positions)."""
         t, h, d = x.shape[0], self.heads, self.head_dim
         qkv = self.self_attn.in_projs[0](self.norm1(x)).view(t, 3, h, d)
-        q, k = rotate(qkv[:, :2], table[:, None]).unbind(1)  # q and k in one rotation
+        q, k = fns.rotate(qkv[:, :2], table[:, None]).unbind(1)  # q and k in one rotation
         v = qkv[:, 2]
         # Each residual sum in its projection's matmul (addmm: one kernel, not two).
         x = torch.addmm(x, attn(self.index, q, k, v).reshape(t, h * d), self.self_attn.out_projs[0].weight.t())
@@ -75,7 +119,7 @@ class _Layer(nn.Module):
             w = self.cross_attention.in_projs[0].weight
             cq = F.linear(self.norm_cross(x), w[: h * d]).view(t, h, d)
             x = torch.addmm(x, bank.attend(self.index, cq, voice_rows), self.cross_attention.out_projs[0].weight.t())
-        return self.gating.add_to(x, self.norm2(x))
+        return self.gating.add_to(x, self.norm2(x), fns.silu_mul)
 
 
 class _Transformer(nn.Module):
@@ -119,6 +163,8 @@ class KyutaiLM(nn.Module):
         self.linears = nn.ModuleList(nn.Linear(c.depformer_dim, c.card, bias=False) for _ in range(c.dep_q))
         self.condition_provider = ConditionProvider(config.condition, c.dim)
         self.slots: SlotInputs | None = None  # attached by the program (or a test)
+        self.fns = PLAIN_BACKBONE  # (``compile_backbone``)
+        self.frozen_stance: str | None = None  # set once the compiled pieces are warm
         self.num_active = config.tts.n_q  # codebooks generated (the others are fed as zero)
         delays = torch.tensor(c.delays, dtype=torch.int64)
         self.register_buffer("delays", delays, persistent=False)
@@ -166,6 +212,25 @@ class KyutaiLM(nn.Module):
         if isinstance(t, DemuxEmbedding):
             zero = t.weight.new_zeros(1, self.config.lm.depformer_dim)
             self.depformer_text_folded = torch.cat([full(t.weight, t.out1), full(t.weight, t.out2), zero])
+
+    def compile_backbone(self, backend: str | Callable = "inductor") -> None:
+        """The temporal transformer's pointwise pieces through ``torch.compile``, compiled now
+        for two or more rows (dynamic) and for one; after this a call they were not compiled
+        for runs them eagerly rather than compiling in the middle of serving."""
+        from torch.fx.experimental import _config as fx_config
+
+        self.fns = BackboneFns.compiled(backend)
+        c = self.config.lm
+        p = next(self.transformer.parameters())
+        hidden = gating_hidden(c.dim, c.dim_feedforward)
+        # (no duck sizing: it would tie the rows to another dimension of the same size at the trace)
+        with torch.inference_mode(), fx_config.patch(use_duck_shape=False):
+            for t in (2, 1):
+                pos = torch.zeros(t, dtype=torch.int64, device=p.device)
+                qkv = torch.zeros(t, 3, c.num_heads, c.head_dim, dtype=p.dtype, device=p.device)
+                self.fns.rotate(qkv[:, :2], self.fns.table(pos, c.head_dim, c.max_period)[:, None])
+                self.fns.silu_mul(torch.zeros(t, 2, hidden, dtype=p.dtype, device=p.device))
+        self.frozen_stance = "eager_on_recompile"
 
     def attach(self, slots: SlotInputs, num_active: int | None = None) -> None:
         self.slots = slots
@@ -216,9 +281,15 @@ class KyutaiLM(nn.Module):
         """x [T, dim] at positions [T] -> hidden [T, dim] (out_norm applied)."""
         bank = self.slots.bank if (self.slots is not None and self.config.lm.cross_attention) else None
         c = self.config.lm
-        table = rope_table(positions, c.head_dim, c.max_period)  # [T, 1, D/2], shared by the layers
-        for layer in self.transformer.layers:
-            x = layer(x, table, attn, voice_rows, bank)
+        fns = self.fns
+        table = fns.table(positions, c.head_dim, c.max_period)  # [T, 1, D/2(, 2)], shared by the layers
+        if self.frozen_stance is None:
+            for layer in self.transformer.layers:
+                x = layer(x, table, attn, voice_rows, bank, fns)
+        else:
+            with torch.compiler.set_stance(self.frozen_stance):
+                for layer in self.transformer.layers:
+                    x = layer(x, table, attn, voice_rows, bank, fns)
         return self.out_norm(x)
 
     def forward(self, ids: Tensor, positions: Tensor, attn: AttentionBackend, token_rows: Tensor) -> Tensor:

@@ -113,6 +113,47 @@ def test_the_compiled_depth_pieces_give_the_eager_codes_with_one_trace_each(tts_
     torch._dynamo.reset()
 
 
+def test_the_compiled_backbone_pieces_give_the_plain_hidden_with_one_trace_each():
+    """``KyutaiLM.compile_backbone``: RoPE written out over real pairs and the gating's product,
+    each traced whole, once for every row count of two or more and once for one row (at load);
+    the temporal transformer's output equals the plain pieces' within float32 rounding, and a
+    row count it was not traced for runs without tracing again."""
+    from torch._dynamo.testing import CompileCounter
+
+    from models.kyutai_tts.lm import PLAIN_BACKBONE, rope_cos_sin, rotate_real
+    from models.kyutai_tts.loader import load_kyutai_tts
+    from models.mimi.modules import rope_table, rotate
+
+    x = torch.randn(5, 2, 4, 16)
+    pos = torch.tensor([0, 3, 17, 250, 999])
+    torch.testing.assert_close(rotate_real(x, rope_cos_sin(pos, 16, 10_000)[:, None]),
+                               rotate(x, rope_table(pos, 16, 10_000)[:, None]), rtol=1e-6, atol=1e-6)
+    lm = load_kyutai_tts("tiny", load_format="dummy", dtype=torch.float32).lm
+    c = lm.config.lm
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    lm.compile_backbone(counter)
+    assert counter.frame_count == 4 and lm.frozen_stance == "eager_on_recompile"
+
+    def attn(layer, q, k, v):  # noqa: ANN001, ANN202 (one frame each: it attends to itself)
+        return v
+
+    with torch.no_grad():
+        for t in (3, 1, 9):
+            h = torch.randn(t, c.dim)
+            p = torch.randint(0, 400, (t,))
+            got = lm.backbone(h, p, attn, None)
+            fns, lm.fns, kept = lm.fns, PLAIN_BACKBONE, lm.frozen_stance
+            lm.frozen_stance = None
+            try:
+                want = lm.backbone(h, p, attn, None)
+            finally:
+                lm.fns, lm.frozen_stance = fns, kept
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert counter.frame_count == 4
+    torch._dynamo.reset()
+
+
 def test_folded_depth_embeddings_equal_the_low_rank_ones():
     """``KyutaiLM.fold_depformer_emb`` (at load): each codebook's input row, and the text's
     demultiplexed pair (none, one token, two tokens), equal the low-rank modules' within float32

@@ -321,8 +321,8 @@ def test_light_steps_run_a_new_turn_in_its_cheap_variants_beside_a_speaking_one(
 def test_the_compiled_depth_step_gives_the_eager_tokens_and_compiles_only_at_load() -> None:
     """``kyutai_compile`` (here traced by a counting backend, no code generation): the served
     tokens on the emulated graph path equal the eager runner's, with streams sampling and
-    greedy; the depth transformer's pieces are compiled at load and never while serving (an
-    eager step of greedy rows runs them uncompiled)."""
+    greedy; the depth transformer's pieces and the temporal transformer's are compiled at load
+    and never while serving (an eager step of greedy rows runs them uncompiled)."""
     from torch._dynamo.testing import CompileCounter
 
     from tests.engine.llm.graph_emulation import emulated_graph_runner
@@ -336,6 +336,8 @@ def test_the_compiled_depth_step_gives_the_eager_tokens_and_compiles_only_at_loa
             traced = counter.frame_count
             assert traced >= 6
             backend.runner.head.frozen_stance = "fail_on_recompile"  # (serving never compiles again)
+            assert backend.program.lm.frozen_stance is not None
+            backend.program.lm.frozen_stance = "fail_on_recompile"
         rows = _record(backend)
         outs: list = []
         _add(backend, 1, "Compiled or not, the same.", dict(SAMPLED, seed=7, max_tokens=30))
