@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.kyutai_tts.config import LMConfig
-from models.kyutai_tts.layers import Gating, RMSNorm, rms_norm
+from models.kyutai_tts.layers import Gating, RMSNorm, demux_rows, rms_norm
 from models.kyutai_tts.sampling import top_k_draw
 
 __all__ = ["GREEDY", "PLAIN", "AudioSampling", "DepformerLayers", "FrameFns", "add_norm", "attend_sdpa", "decode_frame",
@@ -117,10 +117,7 @@ def text_add_norm(x: Tensor, table: Tensor, ids: Tensor, n: int, alpha: Tensor, 
     + first``, -1 for none: zero) from ``KyutaiLM.depformer_text_folded`` [2 n + 1, D] (the
     first token's half, the second's, a zero row): ``DemuxEmbedding`` with its projections
     folded, one kernel compiled."""
-    zero = table.shape[0] - 1
-    second = ids // n - 1
-    first_row = torch.where(ids < 0, zero, ids % n)
-    second_row = torch.where((ids < 0) | (second < 0), zero, second + n)
+    first_row, second_row = demux_rows(ids, n, table.shape[0] - 1)
     return add_norm(x, F.embedding(first_row, table) + F.embedding(second_row, table), alpha, eps)
 
 

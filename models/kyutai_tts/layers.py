@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["RMSNorm", "rms_norm", "Gating", "ScaledEmbedding", "DemuxEmbedding", "gating_hidden"]
+__all__ = ["RMSNorm", "rms_norm", "Gating", "ScaledEmbedding", "DemuxEmbedding", "demux_rows", "gating_hidden"]
 
 
 class RMSNorm(nn.Module):
@@ -97,3 +97,13 @@ class DemuxEmbedding(nn.Module):
         zero = torch.zeros((), dtype=y.dtype, device=y.device)
         y = y + torch.where((right < 0)[..., None], zero, second)
         return torch.where(is_zero, zero, y)
+
+
+def demux_rows(ids: Tensor, n: int, zero: int) -> tuple[Tensor, Tensor]:
+    """The rows of a folded ``DemuxEmbedding`` table ``[out1(E); out2(E); 0]`` ([2 n + 1, D]) that
+    ids ``(second + 1) * n + first`` (-1: none) sum: ``first``, ``n + second`` (``zero``, the last
+    row, for no second token and for -1)."""
+    second = ids // n - 1
+    first_row = torch.where(ids < 0, zero, ids % n)
+    second_row = torch.where((ids < 0) | (second < 0), zero, second + n)
+    return first_row, second_row

@@ -6,6 +6,7 @@ previous frame through ``token_rows`` (docs/models/kyutai_tts.md, "Temporal tran
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
@@ -16,10 +17,11 @@ from torch import Tensor, nn
 
 from models.kyutai_tts.conditioning import ConditionProvider, VoiceBank
 from models.kyutai_tts.config import KyutaiTTSConfig, LMConfig
-from models.kyutai_tts.layers import DemuxEmbedding, Gating, RMSNorm, ScaledEmbedding, gating_hidden
+from models.kyutai_tts.layers import DemuxEmbedding, Gating, RMSNorm, ScaledEmbedding, demux_rows, gating_hidden
 from models.mimi.modules import rope_table, rotate
 
-__all__ = ["AttentionBackend", "BackboneFns", "KyutaiLM", "PLAIN_BACKBONE", "SlotInputs", "rope_cos_sin", "rotate_real"]
+__all__ = ["AttentionBackend", "BackboneFns", "KyutaiLM", "PLAIN_BACKBONE", "SlotInputs", "embed_frame", "rope_cos_sin",
+           "rotate_real"]
 
 
 class AttentionBackend(Protocol):
@@ -46,6 +48,29 @@ def rotate_real(x: Tensor, cs: Tensor) -> Tensor:
     return torch.stack((xr * c - xi * s, xr * s + xi * c), dim=-1).to(x.dtype).view(x.shape)
 
 
+def embed_frame(frame: Tensor, positions: Tensor, cond: Tensor, delays: Tensor, audio: Tensor, text: Tensor,
+                num_active: int, card: int, text_card: int) -> Tensor:
+    """``KyutaiLM.embed`` from its joined and folded tables: previous frames [T, 1 + n_q] at
+    positions [T] (each stream's initial token while ``positions <= delays``; -1 and the
+    codebooks past ``num_active``: zero), sum conditions [T, dim]; ``audio`` the codebooks'
+    tables as one plus a zero row (``join_audio_emb``), ``text`` the demultiplexed text
+    embedding folded (``fold_text_emb``) -> [T, dim]. Plain, some 30 kernels; compiled, a few."""
+    n_q = frame.shape[1] - 1
+    is_init = positions[:, None] <= delays[None, :]  # [T, 1 + n_q]
+    active = torch.arange(1 + n_q, device=frame.device) <= num_active
+    inputs = torch.where(active[None, :], frame, -1)
+    initial = torch.full_like(inputs, card)
+    initial[:, 0] = text_card
+    inputs = torch.where(is_init, initial, inputs)
+    codes = inputs[:, 1:]
+    offsets = torch.arange(n_q, device=frame.device) * (card + 1)
+    rows = torch.where(codes < 0, audio.shape[0] - 1, codes + offsets)  # -1: the zero row
+    x = F.embedding(rows, audio).sum(dim=1)  # (float32 accumulation, rounded once)
+    first, second = demux_rows(inputs[:, 0], text_card + 1, text.shape[0] - 1)
+    x = x + (F.embedding(first, text) + F.embedding(second, text))
+    return x + cond.to(x.dtype)
+
+
 def _silu_mul(h: Tensor) -> Tensor:
     return F.silu(h[:, 0]) * h[:, 1]
 
@@ -58,16 +83,17 @@ class BackboneFns(NamedTuple):
     table: Callable[[Tensor, int, float], Tensor]  # (positions, head_dim, max_period) -> what ``rotate`` takes
     rotate: Callable[[Tensor, Tensor], Tensor]  # (x [..., D], table broadcast to its pairs) -> x rotated
     silu_mul: Callable[[Tensor], Tensor] | None  # [T, 2, H] -> [T, H]; None: ``Gating``'s own
+    embed: Callable[..., Tensor]  # ``embed_frame``'s contract
 
     @classmethod
     def compiled(cls, backend: str | Callable = "inductor") -> BackboneFns:
         def wrap(f: Callable) -> Callable:
             return torch.compile(f, dynamic=True, fullgraph=True, backend=backend)
 
-        return cls(rope_cos_sin, wrap(rotate_real), wrap(_silu_mul))
+        return cls(rope_cos_sin, wrap(rotate_real), wrap(_silu_mul), wrap(embed_frame))
 
 
-PLAIN_BACKBONE = BackboneFns(rope_table, rotate, None)
+PLAIN_BACKBONE = BackboneFns(rope_table, rotate, None, embed_frame)
 
 
 class SlotInputs:
@@ -158,6 +184,9 @@ class KyutaiLM(nn.Module):
         # through their low-rank projections, [dep_q - 1, card + 1, depformer_dim], and the text's
         # two demultiplexed halves, [2 * (text_card + 1) + 1, depformer_dim] (a last row of zeros).
         self.register_buffer("depformer_emb_folded", None, persistent=False)
+        # Filled by ``fold_text_emb`` (at load): the text embedding's two halves through their
+        # projections, [2 * (text_card + 1) + 1, dim] (a last row of zeros).
+        self.register_buffer("text_emb_folded", None, persistent=False)
         self.register_buffer("depformer_text_folded", None, persistent=False)
         self.depformer = DepformerLayers(c)
         self.linears = nn.ModuleList(nn.Linear(c.depformer_dim, c.card, bias=False) for _ in range(c.dep_q))
@@ -213,6 +242,18 @@ class KyutaiLM(nn.Module):
             zero = t.weight.new_zeros(1, self.config.lm.depformer_dim)
             self.depformer_text_folded = torch.cat([full(t.weight, t.out1), full(t.weight, t.out2), zero])
 
+    @torch.no_grad()
+    def fold_text_emb(self) -> None:
+        """The demultiplexed text embedding as one table, ``text_emb_folded`` ``[out1(E);
+        out2(E); 0]`` [2 * (text_card + 1) + 1, dim] (float32 products rounded once; 66 MB in
+        bfloat16 for the 1.6B model): ``embed`` reads a row's two tokens from it instead of two
+        look-ups and two dim x dim matmuls a step. A plain (not demultiplexed) text embedding is
+        left as it is."""
+        t = self.text_emb
+        if isinstance(t, DemuxEmbedding):
+            parts = [(t.weight.float() @ o.weight.float().T).to(t.weight.dtype) for o in (t.out1, t.out2)]
+            self.text_emb_folded = torch.cat([*parts, t.weight.new_zeros(1, self.config.lm.dim)])
+
     def compile_backbone(self, backend: str | Callable = "inductor") -> None:
         """The temporal transformer's pointwise pieces through ``torch.compile``, compiled now
         for two or more rows (dynamic) and for one; after this a call they were not compiled
@@ -230,6 +271,9 @@ class KyutaiLM(nn.Module):
                 qkv = torch.zeros(t, 3, c.num_heads, c.head_dim, dtype=p.dtype, device=p.device)
                 self.fns.rotate(qkv[:, :2], self.fns.table(pos, c.head_dim, c.max_period)[:, None])
                 self.fns.silu_mul(torch.zeros(t, 2, hidden, dtype=p.dtype, device=p.device))
+                if self.audio_emb_joint is not None and self.text_emb_folded is not None:
+                    frame = torch.full((t, 1 + c.n_q), -1, dtype=torch.int64, device=p.device)
+                    self.embed(frame, pos, torch.zeros(t, c.dim, dtype=p.dtype, device=p.device))
         self.frozen_stance = "eager_on_recompile"
 
     def attach(self, slots: SlotInputs, num_active: int | None = None) -> None:
@@ -258,6 +302,9 @@ class KyutaiLM(nn.Module):
         """Inputs of one position per row: previous frames [T, 1 + n_q] (see the module
         docstring), positions [T], sum conditions [T, dim] -> [T, dim]."""
         c = self.config.lm
+        if self.audio_emb_joint is not None and self.text_emb_folded is not None and cond is not None:
+            return self.fns.embed(frame, positions, cond, self.delays, self.audio_emb_joint, self.text_emb_folded,
+                                  self.num_active, c.card, c.text_card)
         is_init = positions[:, None] <= self.delays[None, :]  # [T, 1 + n_q]
         active = torch.arange(1 + c.n_q, device=positions.device) <= self.num_active  # [1 + n_q]
         inputs = torch.where(active[None, :], frame, -1)
@@ -283,13 +330,8 @@ class KyutaiLM(nn.Module):
         c = self.config.lm
         fns = self.fns
         table = fns.table(positions, c.head_dim, c.max_period)  # [T, 1, D/2(, 2)], shared by the layers
-        if self.frozen_stance is None:
-            for layer in self.transformer.layers:
-                x = layer(x, table, attn, voice_rows, bank, fns)
-        else:
-            with torch.compiler.set_stance(self.frozen_stance):
-                for layer in self.transformer.layers:
-                    x = layer(x, table, attn, voice_rows, bank, fns)
+        for layer in self.transformer.layers:
+            x = layer(x, table, attn, voice_rows, bank, fns)
         return self.out_norm(x)
 
     def forward(self, ids: Tensor, positions: Tensor, attn: AttentionBackend, token_rows: Tensor) -> Tensor:
@@ -298,9 +340,10 @@ class KyutaiLM(nn.Module):
         s = self.slots
         if s is None:
             raise RuntimeError("KyutaiLM.forward needs its per-slot state: call attach(SlotInputs(...)) first")
-        frame = s.frame_in.index_select(0, token_rows)
-        x = self.embed(frame, positions, s.cond_sum.index_select(0, token_rows))
-        return self.backbone(x, positions, attn, s.voice_row.index_select(0, token_rows))
+        with contextlib.nullcontext() if self.frozen_stance is None else torch.compiler.set_stance(self.frozen_stance):
+            frame = s.frame_in.index_select(0, token_rows)
+            x = self.embed(frame, positions, s.cond_sum.index_select(0, token_rows))
+            return self.backbone(x, positions, attn, s.voice_row.index_select(0, token_rows))
 
     def text_logits(self, hidden: Tensor) -> Tensor:
         """hidden [B, dim] -> float32 text-stream logits [B, text_card]."""

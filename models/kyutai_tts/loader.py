@@ -108,6 +108,7 @@ def _finish(lm: KyutaiLM, device: torch.device | str) -> KyutaiLM:
     lm.join_depformer_in()  # one input projection per frame (decode_frame)
     lm.join_audio_emb()  # one look-up of a frame's codes (KyutaiLM.embed)
     lm.fold_depformer_emb()  # a codebook step's input embedding read by its fused norm (decode_frame)
+    lm.fold_text_emb()  # the text stream's two tokens read from one table (KyutaiLM.embed)
     return lm.eval().requires_grad_(False)
 
 

@@ -114,10 +114,11 @@ def test_the_compiled_depth_pieces_give_the_eager_codes_with_one_trace_each(tts_
 
 
 def test_the_compiled_backbone_pieces_give_the_plain_hidden_with_one_trace_each():
-    """``KyutaiLM.compile_backbone``: RoPE written out over real pairs and the gating's product,
-    each traced whole, once for every row count of two or more and once for one row (at load);
-    the temporal transformer's output equals the plain pieces' within float32 rounding, and a
-    row count it was not traced for runs without tracing again."""
+    """``KyutaiLM.compile_backbone``: RoPE written out over real pairs, the gating's product and
+    the input embedding (from the joined audio tables and the folded text one), each traced
+    whole, once for every row count of two or more and once for one row (at load); the temporal
+    transformer's output and the embedding equal the plain modules' within float32 rounding,
+    and a row count it was not traced for runs without tracing again."""
     from torch._dynamo.testing import CompileCounter
 
     from models.kyutai_tts.lm import PLAIN_BACKBONE, rope_cos_sin, rotate_real
@@ -133,12 +134,12 @@ def test_the_compiled_backbone_pieces_give_the_plain_hidden_with_one_trace_each(
     torch._dynamo.reset()
     counter = CompileCounter()
     lm.compile_backbone(counter)
-    assert counter.frame_count == 4 and lm.frozen_stance == "eager_on_recompile"
+    assert counter.frame_count == 6 and lm.frozen_stance == "eager_on_recompile"
 
     def attn(layer, q, k, v):  # noqa: ANN001, ANN202 (one frame each: it attends to itself)
         return v
 
-    with torch.no_grad():
+    with torch.inference_mode():  # (as the runtime's steps and the warm-up)
         for t in (3, 1, 9):
             h = torch.randn(t, c.dim)
             p = torch.randint(0, 400, (t,))
@@ -150,7 +151,21 @@ def test_the_compiled_backbone_pieces_give_the_plain_hidden_with_one_trace_each(
             finally:
                 lm.fns, lm.frozen_stance = fns, kept
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert counter.frame_count == 4
+        # the input embedding from the joined and folded tables, compiled, equals the modules'
+        frame = torch.randint(-1, c.card, (6, 1 + c.n_q))
+        n = c.text_card + 1
+        frame[:, 0] = torch.tensor([-1, 3, n - 1, n + 7, 5 * n + 2, c.text_card])
+        pos = torch.tensor([0, 1, 2, 7, 30, 200])
+        cond = torch.randn(6, c.dim)
+        got = lm.embed(frame, pos, cond)
+        tables = lm.audio_emb_joint, lm.text_emb_folded
+        lm.audio_emb_joint = lm.text_emb_folded = None
+        try:
+            want = lm.embed(frame, pos, cond)
+        finally:
+            lm.audio_emb_joint, lm.text_emb_folded = tables
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert counter.frame_count == 6
     torch._dynamo.reset()
 
 
