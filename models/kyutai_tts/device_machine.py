@@ -26,6 +26,7 @@ class DeviceMachine:
     def __init__(self, params: MachineParams, max_slots: int, device: torch.device | str) -> None:
         self.params = params
         s = max_slots + 1
+        self.scratch_row = max_slots  # the padding rows' (its state is never a real slot's)
         i64 = dict(dtype=torch.int64, device=device)
         for name in self._COUNTERS:
             setattr(self, name, torch.zeros(s, **i64))

@@ -7,6 +7,7 @@ the program undelays them (docs/models/kyutai_tts.md, "The head").
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 
@@ -60,6 +61,12 @@ def _triton_kernel(setting: str, value: str, torch_name: str, device: torch.devi
     return getattr(importlib.import_module(f"models.kyutai_tts.{module}"), name)
 
 
+def _dense(x: Tensor) -> Tensor:
+    """x [B] with stride 1 (a copy if not; one row of stride 7 counts as contiguous to torch but
+    not to a compiled function's guards)."""
+    return x if x.stride(0) == 1 else x.clone(memory_format=torch.contiguous_format)
+
+
 class KyutaiHead:
     def __init__(self, lm: KyutaiLM, slots: SlotInputs, machine: DeviceMachine, *, padding_bonus: float = 0.0,
                  compile: bool = False, compile_backend: str | Callable = "inductor",
@@ -95,6 +102,14 @@ class KyutaiHead:
             self.fns = FrameFns.compiled(compile_backend, attend, draw)
         else:
             self.fns = PLAIN._replace(attend=attend or PLAIN.attend, draw=draw or PLAIN.draw)
+        # The step's other elementwise work, compiled with the pieces: the Gumbel noise (a hash
+        # of some 30 integer kernels a draw) and the state machine's step (some 100), each a few.
+        self._noise, self._noise_salts, self._machine_step = gumbel_noise, gumbel_noise_salts, machine.step
+        if compile:
+            def wrap(f: Callable) -> Callable:
+                return torch.compile(f, dynamic=True, fullgraph=True, backend=compile_backend)
+
+            self._noise, self._noise_salts, self._machine_step = wrap(gumbel_noise), wrap(gumbel_noise_salts), wrap(machine.step)
         self._compiled = compile
         self._frozen = False  # (``warm_compiled``)
         self.frozen_stance = "eager_on_recompile"  # (tests: "fail_on_recompile")
@@ -125,13 +140,17 @@ class KyutaiHead:
                                          torch.full((b, 1), float("inf"), device=dev))
                 hidden = torch.zeros(b, lm.config.lm.dim, dtype=dtype, device=dev)
                 decode_frame(lm, hidden, torch.zeros(b, dtype=torch.int64, device=dev), sampling, self.n_q, self.fns)
+                i64 = dict(dtype=torch.int64, device=dev)
+                seeds, steps = torch.zeros(b, **i64), torch.zeros(b, **i64)
+                self._noise(seeds, steps, lm.config.lm.text_card, salt=0)
+                for n in sorted({self.n_q, 1}):  # (the whole frame; variant 2's codebook 0)
+                    self._noise_salts(seeds, steps, card, range(1, 1 + n))
+                scratch = torch.full((b,), self.machine.scratch_row, **i64)  # (the padding row: no real slot's state)
+                self._machine_step(scratch, torch.zeros(b, **i64), steps, torch.zeros(b, dtype=torch.bool, device=dev))
         self._frozen = True
 
     def _decode(self, hidden: Tensor, text_out: Tensor, sampling: AudioSampling, n: int) -> Tensor:
-        if not self._frozen:
-            return decode_frame(self.lm, hidden, text_out, sampling, n, self.fns)
-        with torch.compiler.set_stance(self.frozen_stance):
-            return decode_frame(self.lm, hidden, text_out, sampling, n, self.fns)
+        return decode_frame(self.lm, hidden, text_out, sampling, n, self.fns)
 
     def variant(self, steps: Tensor) -> int:
         """The step variant for decode rows at ``steps``: 1 while no row makes a code yet, 2
@@ -150,6 +169,15 @@ class KyutaiHead:
         ``variant`` 1 (rows before ``first_audio_step``) leaves every codebook silent without the
         depth transformer, 2 (before ``first_acoustic_step``) runs it for codebook 0 only: the
         same tokens as the whole frame, a shorter step."""
+        if not self._frozen:
+            return self._sample(hidden, r, variant)
+        with torch.compiler.set_stance(self.frozen_stance):
+            return self._sample(hidden, r, variant)
+
+    def _sample(self, hidden: Tensor, r: RowInputs, variant: int) -> tuple[Tensor, Tensor]:
+        if self._compiled:  # (the compiled pieces are traced for dense inputs; the runtime's may be
+            # columns of one packed tensor: copied once here, not a trace for each stride)
+            r = dataclasses.replace(r, seeds=_dense(r.seeds), steps=_dense(r.steps), rows=_dense(r.rows), keep=_dense(r.keep))
         ones = torch.ones_like(r.temperature)  # no repetition penalty; shared by every sample
         # Top-p's threshold, none (inf) where top_p is 1: the same for every sample of the step.
         top_p = torch.where(r.top_p < 1, r.top_p, torch.full_like(r.top_p, float("inf")))[:, None]
@@ -158,7 +186,7 @@ class KyutaiHead:
                  top_k: int = 0) -> Tensor:
             if top_k > 0:
                 if noise is None and not r.all_greedy:
-                    noise = gumbel_noise(r.seeds, r.steps, logits.shape[1], salt=salt)
+                    noise = self._noise(r.seeds, r.steps, logits.shape[1], salt=salt)
                     noise.masked_fill_(settings.is_greedy[:, None], 0.0)  # (sample_top_k's greedy rows)
                 if self.triton_draw is not None and not r.all_greedy and noise is not None:
                     return self.triton_draw(logits, top_k, settings.divisor, noise, top_p)  # (kyutai_sampling)
@@ -173,14 +201,14 @@ class KyutaiHead:
         text_rows = self.sampler.rows(r.temperature, r.top_p)
         sampled = draw(logits, text_rows, 0, top_k=self.top_k_text)  # [B]
         stop = self.machine.stop_due(r.rows, r.steps, self.tail)
-        text_out = self.machine.step(r.rows, sampled, r.steps, r.keep)  # [B]
+        text_out = self._machine_step(r.rows, sampled, r.steps, r.keep)  # [B]
 
         # The codebooks this variant samples (codebook k with salt k + 1): their Gumbel noise in one
         # draw, not one per codebook (the same noise, bit for bit); none for the text-only variant.
         num_codebooks = self.n_q if variant == 0 else 1 if variant == 2 else 0
         noise = None
         if num_codebooks and not r.all_greedy:
-            noise = gumbel_noise_salts(r.seeds, r.steps, self.lm.config.lm.card, range(1, 1 + num_codebooks))
+            noise = self._noise_salts(r.seeds, r.steps, self.lm.config.lm.card, range(1, 1 + num_codebooks))
             noise.masked_fill_((r.temperature <= 0)[None, :, None], 0.0)  # greedy rows: no noise
         # (a constant top-k: ``top_k_draw``'s, not a per-row setting of the runtime's sampler; none
         # configured is every column)
