@@ -2,7 +2,8 @@
 voice cross-attention), the frame head (text sample, state machine, depth transformer, 24
 codebooks sampled) and the Mimi decode, each alone, with how many kernels each launches; and
 the head's two cheaper variants that a turn's first 18 steps run (text only, codebook 0 only),
-and the head with its depth transformer's fused pieces uncompiled (the A/B of `kyutai_compile`)
+and the head with its compiled pieces uncompiled (the depth transformer's, the noise, the state
+machine: the head's A/B of `kyutai_compile`)
 and, on a GPU, with the other depth attention (the A/B of `kyutai_depth_attention`), with the
 other top-k draw (of `kyutai_sampling`), the temporal transformer with the other voice
 cross-attention (of `kyutai_cross_attention`), and the Mimi decode with the other attention
@@ -59,6 +60,17 @@ def _with(obj: object, name: str, value: object, fn: Callable[[], object]) -> ob
         return fn()
     finally:
         setattr(obj, name, kept)
+
+
+def _uncompiled(head: object, fn: Callable[[], object]) -> object:
+    """``fn()`` with every piece the head compiles (``kyutai_compile``) as plain PyTorch: the
+    depth transformer's (its attention kept as built), the Gumbel noise and the state machine's step."""
+    from engine.llm.sampler import gumbel_noise, gumbel_noise_salts
+    from models.kyutai_tts.depformer import PLAIN
+
+    return _with(head, "fns", PLAIN._replace(attend=head.fns.attend), lambda: _with(
+        head, "_noise", gumbel_noise, lambda: _with(head, "_noise_salts", gumbel_noise_salts, lambda: _with(
+            head, "_machine_step", head.machine.step, fn))))
 
 
 def _unfolded(lm: object, head: object, fn: Callable[[], object]) -> object:
@@ -132,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             "head_cb0": lambda: head.sample(hidden, r, variant=2),  # noqa: B023
             # the head with its depth-transformer pieces uncompiled, and with the Triton attention
             # (kyutai_depth_attention=triton) or torch's, whichever it was not built with: the A/Bs
-            "head_uncompiled": lambda: _with(head, "fns", PLAIN._replace(attend=head.fns.attend),  # noqa: B023
-                                                 lambda: head.sample(hidden, r)),  # noqa: B023
+            "head_uncompiled": lambda: _uncompiled(head, lambda: head.sample(hidden, r)),  # noqa: B023
         }
         if lm.fns is not PLAIN_BACKBONE:  # (compiled with kyutai_compile)
             parts["backbone_uncompiled"] = lambda: _with(lm, "fns", PLAIN_BACKBONE, lambda: _with(  # noqa: B023
