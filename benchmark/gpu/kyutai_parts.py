@@ -3,7 +3,7 @@ voice cross-attention), the frame head (text sample, state machine, depth transf
 codebooks sampled) and the Mimi decode, each alone, with how many kernels each launches; and
 the head's two cheaper variants that a turn's first 18 steps run (text only, codebook 0 only),
 and the head with its compiled pieces uncompiled (the depth transformer's, the noise, the state
-machine: the head's A/B of `kyutai_compile`)
+machine, the frame's finish: the head's A/B of `kyutai_compile`)
 and, on a GPU, with the other depth attention (the A/B of `kyutai_depth_attention`), with the
 other top-k draw (of `kyutai_sampling`), the temporal transformer with the other voice
 cross-attention (of `kyutai_cross_attention`), and the Mimi decode with the other attention
@@ -64,13 +64,15 @@ def _with(obj: object, name: str, value: object, fn: Callable[[], object]) -> ob
 
 def _uncompiled(head: object, fn: Callable[[], object]) -> object:
     """``fn()`` with every piece the head compiles (``kyutai_compile``) as plain PyTorch: the
-    depth transformer's (its attention kept as built), the Gumbel noise and the state machine's step."""
+    depth transformer's (its attention kept as built), the Gumbel noise, the state machine's step
+    and the frame's finish."""
     from engine.llm.sampler import gumbel_noise, gumbel_noise_salts
     from models.kyutai_tts.depformer import PLAIN
+    from models.kyutai_tts.head import finish_frame
 
     return _with(head, "fns", PLAIN._replace(attend=head.fns.attend), lambda: _with(
         head, "_noise", gumbel_noise, lambda: _with(head, "_noise_salts", gumbel_noise_salts, lambda: _with(
-            head, "_machine_step", head.machine.step, fn))))
+            head, "_machine_step", head.machine.step, lambda: _with(head, "_finish", finish_frame, fn)))))
 
 
 def _unfolded(lm: object, head: object, fn: Callable[[], object]) -> object:

@@ -22,7 +22,7 @@ from models.kyutai_tts.lm import KyutaiLM, SlotInputs
 from models.kyutai_tts.machine import PAD
 from models.kyutai_tts.sampling import top_k_draw
 
-__all__ = ["KyutaiHead", "STOP", "sample_top_k"]
+__all__ = ["KyutaiHead", "STOP", "finish_frame", "sample_top_k"]
 
 STOP = -2  # the first column's value on a row that ends its sequence
 
@@ -59,6 +59,21 @@ def _triton_kernel(setting: str, value: str, torch_name: str, device: torch.devi
     import importlib
 
     return getattr(importlib.import_module(f"models.kyutai_tts.{module}"), name)
+
+
+def finish_frame(codes: Tensor, text_out: Tensor, sampled: Tensor, stop: Tensor, steps: Tensor, rows: Tensor,
+                 keep: Tensor, silent_until: Tensor, frame_in: Tensor) -> Tensor:
+    """A step's last elementwise work: codes [B, n] silenced where not yet due (``silent_until``
+    [1, n]), the frame (the machine's text output and the codes) written to the rows' slots of
+    ``frame_in`` where ``keep``, and the row's tokens returned: [STOP or the sampled text token,
+    the frame] [B, 2 + n]."""
+    n = codes.shape[1]
+    codes = torch.where(steps[:, None] < silent_until, -1, codes)
+    frame = torch.cat((text_out[:, None], codes), dim=1)  # [B, 1 + n]
+    cols = frame_in[:, : 1 + n]
+    cols.index_copy_(0, rows, torch.where(keep[:, None], frame, cols.index_select(0, rows)))
+    first = torch.where(stop, STOP, sampled)
+    return torch.cat((first[:, None], frame), dim=1)
 
 
 def _dense(x: Tensor) -> Tensor:
@@ -105,11 +120,13 @@ class KyutaiHead:
         # The step's other elementwise work, compiled with the pieces: the Gumbel noise (a hash
         # of some 30 integer kernels a draw) and the state machine's step (some 100), each a few.
         self._noise, self._noise_salts, self._machine_step = gumbel_noise, gumbel_noise_salts, machine.step
+        self._finish = finish_frame
         if compile:
             def wrap(f: Callable) -> Callable:
                 return torch.compile(f, dynamic=True, fullgraph=True, backend=compile_backend)
 
             self._noise, self._noise_salts, self._machine_step = wrap(gumbel_noise), wrap(gumbel_noise_salts), wrap(machine.step)
+            self._finish = wrap(finish_frame)
         self._compiled = compile
         self._frozen = False  # (``warm_compiled``)
         self.frozen_stance = "eager_on_recompile"  # (tests: "fail_on_recompile")
@@ -146,7 +163,11 @@ class KyutaiHead:
                 for n in sorted({self.n_q, 1}):  # (the whole frame; variant 2's codebook 0)
                     self._noise_salts(seeds, steps, card, range(1, 1 + n))
                 scratch = torch.full((b,), self.machine.scratch_row, **i64)  # (the padding row: no real slot's state)
-                self._machine_step(scratch, torch.zeros(b, **i64), steps, torch.zeros(b, dtype=torch.bool, device=dev))
+                no = torch.zeros(b, dtype=torch.bool, device=dev)  # (keep nothing: no state changes)
+                text = self._machine_step(scratch, torch.zeros(b, **i64), steps, no)
+                # (distinct tensors: one passed twice would trace for aliased inputs)
+                self._finish(torch.zeros(b, self.n_q, **i64), text, torch.zeros(b, **i64), torch.zeros_like(no), steps,
+                             scratch, no, self.silent_until, self.slots.frame_in)
         self._frozen = True
 
     def _decode(self, hidden: Tensor, text_out: Tensor, sampling: AudioSampling, n: int) -> Tensor:
@@ -222,10 +243,5 @@ class KyutaiHead:
             codes = torch.full((hidden.shape[0], self.n_q), -1, dtype=torch.int64, device=hidden.device)
             if variant == 2:
                 codes[:, :1] = self._decode(hidden, text_out, sampling, 1)
-        codes = torch.where(r.steps[:, None] < self.silent_until, -1, codes)
-        frame = torch.cat((text_out[:, None], codes), dim=1)  # [B, 1 + n_q]
-        fi = self.slots.frame_in
-        old = fi.index_select(0, r.rows)[:, : 1 + self.n_q]
-        fi[:, : 1 + self.n_q].index_copy_(0, r.rows, torch.where(r.keep[:, None], frame, old))
-        first = torch.where(stop, STOP, sampled)
-        return torch.cat((first[:, None], frame), dim=1), logits
+        tokens = self._finish(codes, text_out, sampled, stop, r.steps, r.rows, r.keep, self.silent_until, self.slots.frame_in)
+        return tokens, logits

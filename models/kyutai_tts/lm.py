@@ -77,8 +77,9 @@ def _silu_mul(h: Tensor) -> Tensor:
 
 class BackboneFns(NamedTuple):
     """The temporal transformer's pointwise pieces: plain (RoPE as one complex product, three
-    kernels a layer; the gating's silu and product, two), or through ``torch.compile``
-    (``compiled``: one kernel each; with ``kyutai_compile``, docs/models/kyutai_tts.md)."""
+    kernels a layer, its table some seven a step; the gating's silu and product, two; the input
+    embedding some 30), or through ``torch.compile`` (``compiled``: one kernel each, a few for
+    the embedding; with ``kyutai_compile``, docs/models/kyutai_tts.md)."""
 
     table: Callable[[Tensor, int, float], Tensor]  # (positions, head_dim, max_period) -> what ``rotate`` takes
     rotate: Callable[[Tensor, Tensor], Tensor]  # (x [..., D], table broadcast to its pairs) -> x rotated
@@ -90,7 +91,7 @@ class BackboneFns(NamedTuple):
         def wrap(f: Callable) -> Callable:
             return torch.compile(f, dynamic=True, fullgraph=True, backend=backend)
 
-        return cls(rope_cos_sin, wrap(rotate_real), wrap(_silu_mul), wrap(embed_frame))
+        return cls(wrap(rope_cos_sin), wrap(rotate_real), wrap(_silu_mul), wrap(embed_frame))
 
 
 PLAIN_BACKBONE = BackboneFns(rope_table, rotate, None, embed_frame)
