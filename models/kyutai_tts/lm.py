@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from models.kyutai_tts.conditioning import ConditionProvider, VoiceBank
 from models.kyutai_tts.config import KyutaiTTSConfig, LMConfig
+from models.kyutai_tts.depformer import silu_mul
 from models.kyutai_tts.layers import DemuxEmbedding, Gating, RMSNorm, ScaledEmbedding, demux_rows, gating_hidden
 from models.mimi.modules import rope_table, rotate
 
@@ -71,10 +72,6 @@ def embed_frame(frame: Tensor, positions: Tensor, cond: Tensor, delays: Tensor, 
     return x + cond.to(x.dtype)
 
 
-def _silu_mul(h: Tensor) -> Tensor:
-    return F.silu(h[:, 0]) * h[:, 1]
-
-
 class BackboneFns(NamedTuple):
     """The temporal transformer's pointwise pieces: plain (RoPE as one complex product, three
     kernels a layer, its table some seven a step; the gating's silu and product, two; the input
@@ -91,7 +88,7 @@ class BackboneFns(NamedTuple):
         def wrap(f: Callable) -> Callable:
             return torch.compile(f, dynamic=True, fullgraph=True, backend=backend)
 
-        return cls(wrap(rope_cos_sin), wrap(rotate_real), wrap(_silu_mul), wrap(embed_frame))
+        return cls(wrap(rope_cos_sin), wrap(rotate_real), wrap(silu_mul), wrap(embed_frame))
 
 
 PLAIN_BACKBONE = BackboneFns(rope_table, rotate, None, embed_frame)
