@@ -9,7 +9,9 @@ other top-k draw (of `kyutai_sampling`), the temporal transformer with the other
 cross-attention (of `kyutai_cross_attention`), and the Mimi decode with the other attention
 (of `mimi_attention`); and the head with the depth transformer's input embeddings as the
 checkpoint has them, low rank (the A/B of ``KyutaiLM.fold_depformer_emb``), and the temporal
-transformer with its pointwise pieces uncompiled (of ``KyutaiLM.compile_backbone``).
+transformer with its pointwise pieces uncompiled (of ``KyutaiLM.compile_backbone``), and the
+head with the other depth-transformer matmuls (of ``kyutai_depth_gemm``: torch's, or Triton's
+with the norms, silu-mul and residual sums fused in).
 
     python -m benchmark.gpu.kyutai_parts --batch 1,64,128,256 [--kernels 128] [--json F]
     python -m benchmark.gpu.kyutai_parts --model kyutai-tts-tiny --device cpu --batch 2   # a smoke run
@@ -101,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from models.kyutai_tts.attend_triton import attend_codebook
     from models.kyutai_tts.depformer import PLAIN, attend_sdpa
     from models.kyutai_tts.draw_triton import top_k_draw_triton
+    from models.kyutai_tts.gemm_triton import DEPTH_GEMMS
     from models.kyutai_tts.lm import PLAIN_BACKBONE
     from models.registry import load_factory, resolve
 
@@ -126,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     bank = lm.slots.bank
     other_cross = "triton" if bank.attention == "sdpa" else "sdpa"
     other_mimi = "triton" if stream.attention == "sdpa" else "sdpa"  # (mimi_attention's A/B)
+    other_gemms = DEPTH_GEMMS if head.fns.gemms is None else None  # (kyutai_depth_gemm's)
+    other_gemm = "Triton's fused" if other_gemms is not None else "torch's"
     rows = []
     for b in batches:
         slots = torch.arange(b, dtype=i64, device=dev)
@@ -164,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                 lambda: lm(pos, pos, attn, slots))  # noqa: B023
             parts["mimi_other_attention"] = lambda: _with(stream, "attention", other_mimi,  # noqa: B023
                                                           lambda: stream.step(slots, codes))  # noqa: B023
+            parts["head_other_gemm"] = lambda: _with(head, "fns", head.fns._replace(gemms=other_gemms),  # noqa: B023
+                                                     lambda: head.sample(hidden, r))  # noqa: B023
         row: dict = {"rows": b}
         tables = []
         for part, fn in parts.items():
@@ -190,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; low-rank depth embeddings {row['head_unfolded_ms']:5.2f} ms ({row['head_unfolded_kernels']})"
                  if "head_unfolded_ms" in row else "")
               + (f"; mimi with the {other_mimi} attention {row['mimi_other_attention_ms']:5.2f} ms "
-                 f"({row['mimi_other_attention_kernels']})" if "mimi_other_attention_ms" in row else ""), flush=True)
+                 f"({row['mimi_other_attention_kernels']})" if "mimi_other_attention_ms" in row else "")
+              + (f"; head with {other_gemm} depth matmuls {row['head_other_gemm_ms']:5.2f} ms "
+                 f"({row['head_other_gemm_kernels']})" if "head_other_gemm_ms" in row else ""), flush=True)
         for t in tables:
             print(t, flush=True)
         attn = None

@@ -1,8 +1,8 @@
 """Loading the Kyutai TTS program for the runtime (``--model kyutai-tts``, ``kyutai/tts-...``).
 
 Its settings (``kyutai_n_q``, ``voice_dir``, ``voice_bank_size``, ``codec_dtype``, ``kyutai_compile``,
-``kyutai_depth_attention``, ``kyutai_cross_attention``, ``kyutai_sampling``, ``mimi_attention``; read with
-``LoadContext.setting``) are in docs/models/kyutai_tts.md, "Serving".
+``kyutai_depth_attention``, ``kyutai_cross_attention``, ``kyutai_sampling``, ``kyutai_depth_gemm``,
+``mimi_attention``; read with ``LoadContext.setting``) are in docs/models/kyutai_tts.md, "Serving".
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def load(ctx: LoadContext) -> ProgramModel:
         compiled = compiled in ("on", "true", "1")
     backend = "inductor" if compiled is True else compiled
     head = KyutaiHead(lm, slots, machine, compile=bool(compiled), compile_backend=backend or "inductor",
-                      attention=depth_attention(ctx), sampling=sampling(ctx))
+                      attention=depth_attention(ctx), sampling=sampling(ctx),
+                      gemm=str(ctx.setting("kyutai_depth_gemm", "torch")))
     head.warm_compiled()  # (before the runtime captures its graphs: no compile during serving)
     if compiled:  # the temporal transformer's RoPE and gating product, one kernel each a layer
         lm.compile_backbone(backend)

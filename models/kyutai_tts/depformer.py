@@ -19,7 +19,7 @@ made, the gating's silu-mul, the top-k draw), compiled by ``torch.compile`` when
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -83,12 +83,16 @@ class FrameFns(NamedTuple):
     attend: Callable[[Tensor, Tensor, int], Tensor]  # (qkv, cache, k) -> [B, H, D]: ``attend_sdpa``'s contract
     embed_add_norm: Callable[..., tuple[Tensor, Tensor]]  # a code's folded embedding added, then the norm
     text_add_norm: Callable[..., tuple[Tensor, Tensor]]  # the same for the machine's (multiplexed) text output
+    # A layer's matmuls with the norms, the silu-mul and the residual sums fused in (Triton's
+    # ``gemm_triton.DEPTH_GEMMS``: five kernels a layer, not eight); None: torch's matmuls
+    gemms: Any = None
 
     @classmethod
     def compiled(cls, backend: str | Callable = "inductor",
                  attend: Callable[[Tensor, Tensor, int], Tensor] | None = None,
-                 draw: Callable[..., Tensor] | None = None) -> FrameFns:
-        """The pieces compiled; ``attend`` and ``draw`` given (Triton kernels) are used as they are."""
+                 draw: Callable[..., Tensor] | None = None, gemms: Any = None) -> FrameFns:
+        """The pieces compiled; ``attend``, ``draw`` and ``gemms`` given (Triton kernels) are
+        used as they are."""
         # (inductor's pattern passes off: they would make a residual sum and its matmul one
         # addmm, whose cuBLAS kernel took 9.1 us at one row on an H200, the matmul alone 4.6)
         options = {"pattern_matcher": False} if backend == "inductor" else None
@@ -97,7 +101,7 @@ class FrameFns(NamedTuple):
             return torch.compile(f, dynamic=True, fullgraph=True, backend=backend, options=options)
 
         return cls(wrap(add_norm), wrap(silu_mul), draw or wrap(top_k_draw), attend or attend_sdpa,
-                   wrap(embed_add_norm), wrap(text_add_norm))
+                   wrap(embed_add_norm), wrap(text_add_norm), gemms)
 
 
 def add_norm(x: Tensor, delta: Tensor, alpha: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -172,19 +176,47 @@ def decode_frame(lm: nn.Module, hidden: Tensor, text_in: Tensor, sampling: Audio
         else:
             y = lm.depformer_text_emb(text_in) if k == 0 else _embed_code(lm.depformer_emb[k - 1], codes[-1])
             x, normed = fns.add_norm(proj[:, w], y, alpha0, eps)
-        for i, (layer, cache) in enumerate(zip(layers, caches)):
-            a, g = layer.self_attn, layer.gating[w]
-            o = fns.attend(F.linear(normed, a.in_projs[w].weight).view(b, 3, h, dh), cache, k)  # [B, H, D]
-            x, normed = fns.add_norm(x, F.linear(o.reshape(b, h * dh), a.out_projs[w].weight),
-                                     layer.norm2.alpha.reshape(-1), eps)
-            delta = F.linear(fns.silu_mul(F.linear(normed, g.linear_in.weight).view(b, 2, -1)), g.linear_out.weight)
-            if i + 1 < len(layers):  # the residual sum and the next layer's norm in one
-                x, normed = fns.add_norm(x, delta, layers[i + 1].norm1.alpha.reshape(-1), eps)
-            else:
-                x = x + delta
+        if fns.gemms is not None:
+            x = _layers_fused(fns, layers, caches, x, w, k)
+        else:
+            x = _layers(fns, layers, caches, x, normed, w, k)
         noise = None if sampling.noise is None else sampling.noise[k]
         codes.append(fns.draw(lm.linears[k](x), sampling.top_k, sampling.divisor, noise, sampling.top_p))
     return torch.stack(codes, dim=1)
+
+
+def _layers(fns: FrameFns, layers: nn.ModuleList, caches: list[Tensor], x: Tensor, normed: Tensor, w: int,
+            k: int) -> Tensor:
+    """Codebook ``k``'s pass through the layers (weight set ``w``) as torch's matmuls between
+    ``fns``' fused pieces: x [B, D] and its first norm -> the last layer's output."""
+    b = x.shape[0]
+    for i, (layer, cache) in enumerate(zip(layers, caches)):
+        a, g, eps = layer.self_attn, layer.gating[w], layer.norm1.eps
+        o = fns.attend(F.linear(normed, a.in_projs[w].weight).view(b, 3, layer.heads, layer.head_dim), cache, k)
+        x, normed = fns.add_norm(x, F.linear(o.reshape(b, -1), a.out_projs[w].weight), layer.norm2.alpha.reshape(-1), eps)
+        delta = F.linear(fns.silu_mul(F.linear(normed, g.linear_in.weight).view(b, 2, -1)), g.linear_out.weight)
+        if i + 1 < len(layers):  # the residual sum and the next layer's norm in one
+            x, normed = fns.add_norm(x, delta, layers[i + 1].norm1.alpha.reshape(-1), eps)
+        else:
+            x = x + delta
+    return x
+
+
+def _layers_fused(fns: FrameFns, layers: nn.ModuleList, caches: list[Tensor], x: Tensor, w: int, k: int) -> Tensor:
+    """Codebook ``k``'s pass through the layers (weight set ``w``) with ``fns.gemms``: each layer
+    its queries, keys and values with the norm before them, the attention, the output
+    projection with the residual sum, the gating's input projection with the norm and the
+    silu-mul, its output projection with the residual sum -> the last layer's output [B, D]."""
+    gm = fns.gemms
+    b = x.shape[0]
+    for layer, cache in zip(layers, caches):
+        a, g, eps = layer.self_attn, layer.gating[w], layer.norm1.eps
+        qkv = gm.rms(x, a.in_projs[w].weight, layer.norm1.alpha.reshape(-1), eps)
+        o = fns.attend(qkv.view(b, 3, layer.heads, layer.head_dim), cache, k)  # [B, H, D]
+        x = gm.residual(o.reshape(b, -1), a.out_projs[w].weight, x)
+        x = gm.residual(gm.rms_glu(x, g.linear_in.weight, layer.norm2.alpha.reshape(-1), layer.norm2.eps),
+                        g.linear_out.weight, x)
+    return x
 
 
 def _embed_code(emb: nn.Module, code: Tensor) -> Tensor:

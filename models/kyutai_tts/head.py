@@ -85,12 +85,14 @@ def _dense(x: Tensor) -> Tensor:
 class KyutaiHead:
     def __init__(self, lm: KyutaiLM, slots: SlotInputs, machine: DeviceMachine, *, padding_bonus: float = 0.0,
                  compile: bool = False, compile_backend: str | Callable = "inductor",
-                 attention: str = "sdpa", sampling: str = "torch") -> None:
+                 attention: str = "sdpa", sampling: str = "torch", gemm: str = "torch") -> None:
         """``compile``: the depth transformer's fused pieces through ``torch.compile`` (dynamic
         batch; ``compile_backend``: tests trace them without code generation). ``attention``:
         its per-codebook attention as torch's ("sdpa") or one Triton kernel ("triton": CUDA, or
         Triton's CPU interpreter); ``sampling``: each codebook's top-k draw as torch's
-        (``sampling.top_k_draw``) or one Triton kernel (``draw_triton``), likewise."""
+        (``sampling.top_k_draw``) or one Triton kernel (``draw_triton``), likewise; ``gemm``: its
+        layers' matmuls as torch's ("torch") or with their norms, silu-mul and residual sums fused
+        in (``gemm_triton``: "triton"), likewise."""
         cfg = lm.config
         self.lm, self.slots, self.machine = lm, slots, machine
         self.n_q = lm.num_active
@@ -112,11 +114,12 @@ class KyutaiHead:
         device = slots.frame_in.device
         attend = _triton_kernel("kyutai_depth_attention", attention, "sdpa", device, "attend_triton", "attend_codebook")
         draw = _triton_kernel("kyutai_sampling", sampling, "torch", device, "draw_triton", "top_k_draw_triton")
+        gemms = _triton_kernel("kyutai_depth_gemm", gemm, "torch", device, "gemm_triton", "DEPTH_GEMMS")
         self.triton_draw = draw  # (the text's draw too)
         if compile:
-            self.fns = FrameFns.compiled(compile_backend, attend, draw)
+            self.fns = FrameFns.compiled(compile_backend, attend, draw, gemms)
         else:
-            self.fns = PLAIN._replace(attend=attend or PLAIN.attend, draw=draw or PLAIN.draw)
+            self.fns = PLAIN._replace(attend=attend or PLAIN.attend, draw=draw or PLAIN.draw, gemms=gemms)
         # The step's other elementwise work, compiled with the pieces: the Gumbel noise (a hash
         # of some 30 integer kernels a draw) and the state machine's step (some 100), each a few.
         self._noise, self._noise_salts, self._machine_step = gumbel_noise, gumbel_noise_salts, machine.step
