@@ -8,7 +8,9 @@ Each case is 32 calls in a row over 8 weight sets (a frame reads its weights fro
 from the L2 cache: 11 weight sets of 4 layers, some 20 MB each), captured in one CUDA graph;
 the figure is the median replay over ``--iters`` divided by 32, in microseconds. "torch" is the
 matmul and the pointwise work beside it as the unfused step runs them (``rms_norm``, the
-matmul, the compiled silu-mul; the matmul and the residual sum), "matmul" the matmul alone.
+matmul, the compiled silu-mul; the matmul and the residual sum), "matmul" the matmul alone;
+then the queries, keys and values with the attention (``triton-attend``'s one kernel against
+the matmul and ``attend_triton``'s kernel).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmark.gpu.graph_timing import graph_median_ms
     from models.kyutai_tts.depformer import silu_mul
-    from models.kyutai_tts.gemm_triton import Blocks, blocks_for, linear_residual, linear_rms, linear_rms_glu
+    from models.kyutai_tts.attend_triton import attend_codebook
+    from models.kyutai_tts.gemm_triton import Blocks, blocks_for, linear_residual, linear_rms, linear_rms_attend, linear_rms_glu
     from models.kyutai_tts.layers import rms_norm
 
     if not torch.cuda.is_available():
@@ -90,6 +93,38 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"{m:4d} rows {shape:27s} matmul {row['matmul_us']:6.1f}  torch {row['torch_us']:6.1f}  "
                   f"fused {row['fused_us']:6.1f} (default {row['default'][:2]})  best {best[0]:6.1f} ({best[1]})", flush=True)
+    # the queries, keys and values and the attention (codebook 12 of 24): torch's norm and matmul
+    # then the attention kernel, the fused matmul then the attention kernel, or one kernel
+    heads = 16
+    qkv_w = weights["qkv (norm)"]
+    for m in [int(x) for x in args.batch.split(",")]:
+        x = torch.randn(m, d, device=dev, dtype=dt)
+        cache = torch.randn(m, 2, heads, 24, d // heads, device=dev, dtype=dt)
+
+        def timed_qkv(one) -> float:  # noqa: ANN001
+            def run() -> None:
+                for i in range(CALLS):
+                    one(qkv_w[i % SETS])
+            return 1000 * graph_median_ms(run, args.iters) / CALLS
+
+        row = {"rows": m, "shape": "qkv + attention",
+               "torch_us": timed_qkv(lambda w: attend_codebook(F.linear(rms_norm(x, alpha, 1e-8), w).view(m, 3, heads, -1),  # noqa: B023
+                                                               cache, 12)),  # noqa: B023
+               "fused_us": timed_qkv(lambda w: attend_codebook(linear_rms(x, w, alpha, 1e-8).view(m, 3, heads, -1),  # noqa: B023
+                                                               cache, 12)),  # noqa: B023
+               "one_kernel_us": {}}
+        for b in (Blocks(16, 64), Blocks(32, 64), Blocks(16, 64, 256), Blocks(16, 64, 64), Blocks(16, 64, 128, 2),
+                  Blocks(16, 64, 128, 4, 4), Blocks(64, 64)):
+            try:
+                row["one_kernel_us"][",".join(map(str, b))] = timed_qkv(
+                    lambda w, b=b: linear_rms_attend(x, w, alpha, 1e-8, cache, 12, b))  # noqa: B023
+            except Exception as e:  # (a launch shape Triton refuses here)
+                row["one_kernel_us"][",".join(map(str, b))] = type(e).__name__
+        rows.append(row)
+        print(f"{m:4d} rows qkv + attention: torch matmul then the kernel {row['torch_us']:6.1f}, fused matmul then "
+              f"the kernel {row['fused_us']:6.1f}, one kernel "
+              + " ".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}" for k, v in row["one_kernel_us"].items()),
+              flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": name, "uuid": uuid, "rows": rows}, f, indent=1)

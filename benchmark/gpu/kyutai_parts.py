@@ -11,7 +11,8 @@ cross-attention (of `kyutai_cross_attention`), and the Mimi decode with the othe
 checkpoint has them, low rank (the A/B of ``KyutaiLM.fold_depformer_emb``), and the temporal
 transformer with its pointwise pieces uncompiled (of ``KyutaiLM.compile_backbone``), and the
 head with the other depth-transformer matmuls (of ``kyutai_depth_gemm``: torch's, or Triton's
-with the norms, silu-mul and residual sums fused in).
+with the norms, silu-mul and residual sums fused in; and ``triton-attend``, the attention in the
+queries' kernel too).
 
     python -m benchmark.gpu.kyutai_parts --batch 1,64,128,256 [--kernels 128] [--json F]
     python -m benchmark.gpu.kyutai_parts --model kyutai-tts-tiny --device cpu --batch 2   # a smoke run
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from models.kyutai_tts.attend_triton import attend_codebook
     from models.kyutai_tts.depformer import PLAIN, attend_sdpa
     from models.kyutai_tts.draw_triton import top_k_draw_triton
-    from models.kyutai_tts.gemm_triton import DEPTH_GEMMS
+    from models.kyutai_tts.gemm_triton import DEPTH_GEMMS, DEPTH_GEMMS_ATTEND
     from models.kyutai_tts.lm import PLAIN_BACKBONE
     from models.registry import load_factory, resolve
 
@@ -171,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                                                           lambda: stream.step(slots, codes))  # noqa: B023
             parts["head_other_gemm"] = lambda: _with(head, "fns", head.fns._replace(gemms=other_gemms),  # noqa: B023
                                                      lambda: head.sample(hidden, r))  # noqa: B023
+            parts["head_gemm_attend"] = lambda: _with(head, "fns", head.fns._replace(gemms=DEPTH_GEMMS_ATTEND),  # noqa: B023
+                                                      lambda: head.sample(hidden, r))  # noqa: B023
         row: dict = {"rows": b}
         tables = []
         for part, fn in parts.items():
@@ -199,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; mimi with the {other_mimi} attention {row['mimi_other_attention_ms']:5.2f} ms "
                  f"({row['mimi_other_attention_kernels']})" if "mimi_other_attention_ms" in row else "")
               + (f"; head with {other_gemm} depth matmuls {row['head_other_gemm_ms']:5.2f} ms "
-                 f"({row['head_other_gemm_kernels']})" if "head_other_gemm_ms" in row else ""), flush=True)
+                 f"({row['head_other_gemm_kernels']})" if "head_other_gemm_ms" in row else "")
+              + (f"; head with triton-attend depth matmuls {row['head_gemm_attend_ms']:5.2f} ms "
+                 f"({row['head_gemm_attend_kernels']})" if "head_gemm_attend_ms" in row else ""), flush=True)
         for t in tables:
             print(t, flush=True)
         attn = None

@@ -211,9 +211,12 @@ def _layers_fused(fns: FrameFns, layers: nn.ModuleList, caches: list[Tensor], x:
     b = x.shape[0]
     for layer, cache in zip(layers, caches):
         a, g, eps = layer.self_attn, layer.gating[w], layer.norm1.eps
-        qkv = gm.rms(x, a.in_projs[w].weight, layer.norm1.alpha.reshape(-1), eps)
-        o = fns.attend(qkv.view(b, 3, layer.heads, layer.head_dim), cache, k)  # [B, H, D]
-        x = gm.residual(o.reshape(b, -1), a.out_projs[w].weight, x)
+        if gm.rms_attend is not None:  # (the attention in the same kernel)
+            o = gm.rms_attend(x, a.in_projs[w].weight, layer.norm1.alpha.reshape(-1), eps, cache, k)
+        else:
+            qkv = gm.rms(x, a.in_projs[w].weight, layer.norm1.alpha.reshape(-1), eps)
+            o = fns.attend(qkv.view(b, 3, layer.heads, layer.head_dim), cache, k).reshape(b, -1)  # [B, H D]
+        x = gm.residual(o, a.out_projs[w].weight, x)
         x = gm.residual(gm.rms_glu(x, g.linear_in.weight, layer.norm2.alpha.reshape(-1), layer.norm2.eps),
                         g.linear_out.weight, x)
     return x

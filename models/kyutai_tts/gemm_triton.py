@@ -28,7 +28,8 @@ try:  # Triton serves these kernels on CUDA (it comes with CUDA torch); a CPU in
 except ImportError:  # pragma: no cover
     triton = None
 
-__all__ = ["DEPTH_GEMMS", "Blocks", "DepthGemms", "blocks_for", "linear_residual", "linear_rms", "linear_rms_glu"]
+__all__ = ["DEPTH_GEMMS", "DEPTH_GEMMS_ATTEND", "Blocks", "DepthGemms", "blocks_for", "linear_residual", "linear_rms",
+           "linear_rms_attend", "linear_rms_glu"]
 
 def _check(x: Tensor, w: Tensor, what: str) -> tuple[int, int, int]:
     if triton is None:
@@ -98,15 +99,39 @@ def linear_residual(x: Tensor, weight: Tensor, residual: Tensor, blocks: Blocks 
     return _launch(x, weight, weight, residual, out, n, 0, 0.0, blocks, RMS=False, GLU=False, RESIDUAL=True)
 
 
+def linear_rms_attend(x: Tensor, weight: Tensor, alpha: Tensor, eps: float, cache: Tensor, k: int,
+                      blocks: Blocks | None = None) -> Tensor:
+    """``linear_rms``'s queries, keys and values (weight [3 H D, K]: the queries' rows, the
+    keys', the values') and codebook ``k``'s attention over them (``attend_codebook``: the key
+    and value written at ``k`` of cache [B, 2, H, n, D], the query against the keys so far) in
+    one kernel, a program per block of rows and head -> [B, H D]."""
+    m, n3, _ = _check(x, weight, "linear_rms_attend")
+    b_, two, h, n, d = cache.shape
+    if two != 2 or b_ != m or n3 != 3 * h * d or not cache.is_contiguous() or cache.dtype != x.dtype:
+        raise ValueError(f"linear_rms_attend: cache {tuple(cache.shape)} does not hold [{m}, 2, H, n, D] for "
+                         f"weight {tuple(weight.shape)}")
+    if not 0 <= k < n or d & (d - 1):
+        raise ValueError("linear_rms_attend needs a power-of-two head size and 0 <= k < n")
+    out = torch.empty(m, h * d, dtype=x.dtype, device=x.device)
+    bl = blocks or Blocks(16 if m <= 16 else 32, d)
+    _qkv_attend_kernel[(triton.cdiv(m, bl.m), h)](
+        x, weight, alpha, cache, out, m, x.shape[1], h, n, k, x.stride(0), weight.stride(0), eps, d ** -0.5,
+        D=d, BLOCK_M=bl.m, BLOCK_K=bl.k, num_warps=bl.warps, num_stages=bl.stages)
+    return out
+
+
 class DepthGemms(NamedTuple):
-    """The three fused matmuls ``decode_frame`` runs a layer with (``FrameFns.gemms``)."""
+    """The fused matmuls ``decode_frame`` runs a layer with (``FrameFns.gemms``); with
+    ``rms_attend`` the queries, keys and values and the attention are one kernel too."""
 
     rms: object
     rms_glu: object
     residual: object
+    rms_attend: object = None
 
 
 DEPTH_GEMMS = DepthGemms(linear_rms, linear_rms_glu, linear_residual)
+DEPTH_GEMMS_ATTEND = DEPTH_GEMMS._replace(rms_attend=linear_rms_attend)
 
 
 if triton is not None:  # (else the kernel is not made: the callers say Triton is needed)
@@ -151,3 +176,58 @@ if triton is not None:  # (else the kernel is not made: the callers say Triton i
                          mask=row_in[:, None] & col_in[None, :], other=0.0).to(tl.float32)
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_o + cols[None, :], y.to(dt),
                  mask=row_in[:, None] & col_in[None, :])
+
+    @triton.jit
+    def _qkv_attend_kernel(x_ptr, w_ptr, alpha_ptr, cache_ptr, out_ptr, M, K, H, NPOS, kpos, stride_x, stride_w, eps,
+                           scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        head = tl.program_id(1)
+        row_in = rows < M
+        rows64 = rows.to(tl.int64)
+        xs = x_ptr + rows64[:, None] * stride_x
+        d = tl.arange(0, D)
+        wq = w_ptr + (head * D + d).to(tl.int64)[None, :] * stride_w  # [1, D]: this head's query rows
+        wk = wq + H * D * stride_w
+        wv = wk + H * D * stride_w
+        dt = w_ptr.dtype.element_ty
+        ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(xs + ks[None, :], mask=row_in[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+            ss += tl.sum(a * a, axis=1)
+        rscale = 1.0 / tl.sqrt(eps + ss / K)
+        acc_q = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        acc_k = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        acc_v = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_in = ks < K
+            a = tl.load(xs + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)
+            al = tl.load(alpha_ptr + ks, mask=k_in, other=0.0).to(tl.float32)
+            a = (a.to(tl.float32) * rscale[:, None] * al[None, :]).to(dt)
+            acc_q = tl.dot(a, tl.load(wq + ks[:, None], mask=k_in[:, None], other=0.0), acc_q, input_precision="ieee")
+            acc_k = tl.dot(a, tl.load(wk + ks[:, None], mask=k_in[:, None], other=0.0), acc_k, input_precision="ieee")
+            acc_v = tl.dot(a, tl.load(wv + ks[:, None], mask=k_in[:, None], other=0.0), acc_v, input_precision="ieee")
+        q = acc_q.to(dt).to(tl.float32)  # each rounded as F.linear's output, as the cache holds them
+        k_new = acc_k.to(dt)
+        v_new = acc_v.to(dt)
+        keys = cache_ptr + rows64[:, None] * (2 * H * NPOS * D) + head * NPOS * D + d[None, :]  # [BLOCK_M, D] at 0
+        values = keys + H * NPOS * D
+        tl.store(keys + kpos * D, k_new, mask=row_in[:, None])
+        tl.store(values + kpos * D, v_new, mask=row_in[:, None])
+        # attention over the keys before and the new one, in float32 (a running softmax)
+        m_i = tl.sum(q * k_new.to(tl.float32), axis=1) * scale
+        l_i = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
+        o = v_new.to(tl.float32)
+        for j in range(0, kpos):
+            kj = tl.load(keys + j * D, mask=row_in[:, None], other=0.0).to(tl.float32)
+            vj = tl.load(values + j * D, mask=row_in[:, None], other=0.0).to(tl.float32)
+            s = tl.sum(q * kj, axis=1) * scale
+            m_new = tl.maximum(m_i, s)
+            c = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new)
+            l_i = l_i * c + p
+            o = o * c[:, None] + p[:, None] * vj
+            m_i = m_new
+        o = o / l_i[:, None]
+        tl.store(out_ptr + rows64[:, None] * (H * D) + head * D + d[None, :], o.to(dt), mask=row_in[:, None])

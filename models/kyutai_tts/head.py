@@ -22,9 +22,10 @@ from models.kyutai_tts.lm import KyutaiLM, SlotInputs
 from models.kyutai_tts.machine import PAD
 from models.kyutai_tts.sampling import top_k_draw
 
-__all__ = ["KyutaiHead", "STOP", "finish_frame", "sample_top_k"]
+__all__ = ["GEMMS", "KyutaiHead", "STOP", "finish_frame", "sample_top_k"]
 
 STOP = -2  # the first column's value on a row that ends its sequence
+GEMMS = ("torch", "triton", "triton-attend")  # ``kyutai_depth_gemm``'s values
 
 
 def sample_top_k(logits: Tensor, k: int, rs: RowSettings, noise: Tensor | None, top_p: Tensor, *,
@@ -92,7 +93,8 @@ class KyutaiHead:
         Triton's CPU interpreter); ``sampling``: each codebook's top-k draw as torch's
         (``sampling.top_k_draw``) or one Triton kernel (``draw_triton``), likewise; ``gemm``: its
         layers' matmuls as torch's ("torch") or with their norms, silu-mul and residual sums fused
-        in (``gemm_triton``: "triton"), likewise."""
+        in (``gemm_triton``: "triton"; "triton-attend": the queries, keys and values and the
+        attention one kernel too), likewise."""
         cfg = lm.config
         self.lm, self.slots, self.machine = lm, slots, machine
         self.n_q = lm.num_active
@@ -114,7 +116,10 @@ class KyutaiHead:
         device = slots.frame_in.device
         attend = _triton_kernel("kyutai_depth_attention", attention, "sdpa", device, "attend_triton", "attend_codebook")
         draw = _triton_kernel("kyutai_sampling", sampling, "torch", device, "draw_triton", "top_k_draw_triton")
-        gemms = _triton_kernel("kyutai_depth_gemm", gemm, "torch", device, "gemm_triton", "DEPTH_GEMMS")
+        if gemm not in GEMMS:
+            raise ValueError(f"kyutai_depth_gemm must be one of {', '.join(GEMMS)}, got {gemm!r}")
+        gemms = _triton_kernel("kyutai_depth_gemm", "torch" if gemm == "torch" else "triton", "torch", device,
+                               "gemm_triton", "DEPTH_GEMMS_ATTEND" if gemm == "triton-attend" else "DEPTH_GEMMS")
         self.triton_draw = draw  # (the text's draw too)
         if compile:
             self.fns = FrameFns.compiled(compile_backend, attend, draw, gemms)

@@ -14,7 +14,9 @@ import torch.nn.functional as F
 assert os.environ.get("TRITON_INTERPRET") == "1"
 from models.kyutai_tts.config import TINY  # noqa: E402
 from models.kyutai_tts.depformer import PLAIN, AudioSampling, decode_frame, silu_mul  # noqa: E402
-from models.kyutai_tts.gemm_triton import DEPTH_GEMMS, linear_residual, linear_rms, linear_rms_glu  # noqa: E402
+from models.kyutai_tts.depformer import attend_sdpa  # noqa: E402
+from models.kyutai_tts.gemm_triton import (DEPTH_GEMMS, DEPTH_GEMMS_ATTEND, linear_residual, linear_rms,  # noqa: E402
+                                           linear_rms_attend, linear_rms_glu)
 from models.kyutai_tts.layers import rms_norm  # noqa: E402
 from models.kyutai_tts.lm import KyutaiLM  # noqa: E402
 
@@ -41,11 +43,30 @@ for dt in (torch.float32, torch.float16):
         worst["rms_glu"] = max(worst["rms_glu"], rel(got, silu_mul(h.view(m, 2, -1))))
         a = torch.randn(m, k, generator=g).to(dt)
         worst["residual"] = max(worst["residual"], rel(linear_residual(a, w, res), res + F.linear(a, w)))
+    # the queries, keys and values with the attention (linear_rms_attend) against linear_rms and
+    # attend_sdpa, codebook by codebook over one frame's cache: 3 and 21 rows, 4 heads of 16
+    worst["rms_attend"], cache_equal = 0.0, True
+    for m in (3, 21):
+        h, d, n, k = 4, 16, 6, 40
+        w = (torch.randn(3 * h * d, k, generator=g) / k ** 0.5).to(dt)
+        alpha = (torch.rand(k, generator=g) + 0.5).to(dt)
+        cache = torch.randn(m, 2, h, n, d, generator=g).to(dt)  # (positions not yet written hold junk)
+        ref = cache.clone()
+        for pos in range(n):
+            x = (torch.randn(m, k, generator=g) * 3).to(dt)
+            want = attend_sdpa(F.linear(rms_norm(x, alpha, 1e-8), w).view(m, 3, h, d), ref, pos).reshape(m, -1)
+            got = linear_rms_attend(x, w, alpha, 1e-8, cache, pos)
+            cache_equal &= bool(torch.allclose(cache[:, :, :, :pos + 1].float(), ref[:, :, :, :pos + 1].float(),
+                                               rtol=1e-5 if dt == torch.float32 else 2e-3, atol=1e-6))
+            worst["rms_attend"] = max(worst["rms_attend"], rel(got, want))
+    worst["cache_equal"] = cache_equal
     out["kernels"][str(dt)] = worst
 refused = []
 for call in (lambda: linear_rms(torch.zeros(2, 8), torch.zeros(4, 6), torch.ones(8), 1e-8),
              lambda: linear_rms_glu(torch.zeros(2, 8), torch.zeros(5, 8), torch.ones(8), 1e-8),
-             lambda: linear_residual(torch.zeros(2, 8), torch.zeros(4, 8), torch.zeros(2, 5))):
+             lambda: linear_residual(torch.zeros(2, 8), torch.zeros(4, 8), torch.zeros(2, 5)),
+             lambda: linear_rms_attend(torch.zeros(2, 8), torch.zeros(12, 8), torch.ones(8), 1e-8,
+                                       torch.zeros(2, 2, 2, 4, 4), 0)):
     try:
         call()
     except ValueError as e:
@@ -68,7 +89,9 @@ with torch.no_grad():
     sampling = AudioSampling(25, torch.full((bsz, 1), 0.8), noise, torch.full((bsz, 1), float("inf")))
     torch_codes = decode_frame(lm, hidden, text, sampling, n_q)
     fused_codes = decode_frame(lm, hidden, text, sampling, n_q, PLAIN._replace(gemms=DEPTH_GEMMS))
+    attend_codes = decode_frame(lm, hidden, text, sampling, n_q, PLAIN._replace(gemms=DEPTH_GEMMS_ATTEND))
 out["frame_equal"] = bool(torch.equal(torch_codes, fused_codes))
+out["frame_attend_equal"] = bool(torch.equal(torch_codes, attend_codes))
 out["frame_distinct_codes"] = len(set(torch_codes.flatten().tolist()))
 
 # A built head with kyutai_depth_gemm=triton against the same head with torch's matmuls
@@ -76,7 +99,7 @@ from engine.llm.token_head import RowInputs  # noqa: E402
 from models.kyutai_tts.build import build_kyutai_backend  # noqa: E402
 
 backend = build_kyutai_backend("tiny", device="cpu", max_num_seqs=2, max_model_len=128, warmup=False,
-                               load_format="dummy", kyutai_n_q=4, kyutai_depth_gemm="triton")
+                               load_format="dummy", kyutai_n_q=4, kyutai_depth_gemm="triton-attend")
 head = backend.runner.head
 b = 2
 rows = torch.arange(b)
@@ -90,6 +113,6 @@ with torch.no_grad():
     gemms, head.fns = head.fns.gemms, head.fns._replace(gemms=None)
     head.reset(rows)
     with_torch = head.sample(hidden, r)[0]
-out["head"] = {"gemms": gemms is DEPTH_GEMMS, "equal": bool(torch.equal(with_triton, with_torch)),
+out["head"] = {"gemms": gemms is DEPTH_GEMMS_ATTEND, "equal": bool(torch.equal(with_triton, with_torch)),
                "tokens": with_torch.tolist()}
 print(json.dumps(out))
