@@ -53,10 +53,12 @@ class Blocks(NamedTuple):
 
 
 def blocks_for(m: int, n: int) -> Blocks:
-    """The default launch: few rows (a codebook step has one per stream), and narrow column
-    blocks so that a 1,024-wide output still spreads over enough programs to stream its weights
-    at the memory's speed."""
-    return Blocks(16 if m <= 16 else 32 if m <= 32 else 64, 32 if n <= 1024 else 64)
+    """The default launch: 16 rows, 32 columns and 256 of K a step up to 64 rows (the fastest of
+    ten shapes at 1-64 rows for each of the four matmuls on an H200, 45c1f5da,
+    ``benchmark.gpu.depth_gemm``; docs/performance.md), wider blocks beyond."""
+    if m <= 64:
+        return Blocks(16, 32, 256)
+    return Blocks(64, 32 if n <= 1024 else 64)
 
 
 def _launch(x: Tensor, weight: Tensor, alpha: Tensor, residual: Tensor, out: Tensor, n: int, half: int, eps: float,

@@ -18,14 +18,15 @@ from engine.llm.sampler import RowSettings, Sampler, gumbel_noise, gumbel_noise_
 from engine.llm.token_head import RowInputs
 from models.kyutai_tts.depformer import GREEDY, PLAIN, AudioSampling, FrameFns, decode_frame
 from models.kyutai_tts.device_machine import DeviceMachine
-from models.kyutai_tts.lm import KyutaiLM, SlotInputs
+from models.kyutai_tts.lm import KyutaiLM, SlotInputs, as_traced
 from models.kyutai_tts.machine import PAD
 from models.kyutai_tts.sampling import top_k_draw
 
-__all__ = ["GEMMS", "KyutaiHead", "STOP", "finish_frame", "sample_top_k"]
+__all__ = ["GEMMS", "SAMPLINGS", "KyutaiHead", "STOP", "finish_frame", "sample_top_k"]
 
 STOP = -2  # the first column's value on a row that ends its sequence
 GEMMS = ("torch", "triton", "triton-attend")  # ``kyutai_depth_gemm``'s values
+SAMPLINGS = ("torch", "triton", "triton-select")  # ``kyutai_sampling``'s
 
 
 def sample_top_k(logits: Tensor, k: int, rs: RowSettings, noise: Tensor | None, top_p: Tensor, *,
@@ -77,12 +78,6 @@ def finish_frame(codes: Tensor, text_out: Tensor, sampled: Tensor, stop: Tensor,
     return torch.cat((first[:, None], frame), dim=1)
 
 
-def _dense(x: Tensor) -> Tensor:
-    """x [B] with stride 1 (a copy if not; one row of stride 7 counts as contiguous to torch but
-    not to a compiled function's guards)."""
-    return x if x.stride(0) == 1 else x.clone(memory_format=torch.contiguous_format)
-
-
 class KyutaiHead:
     def __init__(self, lm: KyutaiLM, slots: SlotInputs, machine: DeviceMachine, *, padding_bonus: float = 0.0,
                  compile: bool = False, compile_backend: str | Callable = "inductor",
@@ -91,7 +86,8 @@ class KyutaiHead:
         batch; ``compile_backend``: tests trace them without code generation). ``attention``:
         its per-codebook attention as torch's ("sdpa") or one Triton kernel ("triton": CUDA, or
         Triton's CPU interpreter); ``sampling``: each codebook's top-k draw as torch's
-        (``sampling.top_k_draw``) or one Triton kernel (``draw_triton``), likewise; ``gemm``: its
+        (``sampling.top_k_draw``) or one Triton kernel (``draw_triton``: "triton" sorts a row,
+        "triton-select" finds its k kept by bisection where it has no top-p), likewise; ``gemm``: its
         layers' matmuls as torch's ("torch") or with their norms, silu-mul and residual sums fused
         in (``gemm_triton``: "triton"; "triton-attend": the queries, keys and values and the
         attention one kernel too), likewise."""
@@ -115,7 +111,10 @@ class KyutaiHead:
         self.sampler = Sampler()
         device = slots.frame_in.device
         attend = _triton_kernel("kyutai_depth_attention", attention, "sdpa", device, "attend_triton", "attend_codebook")
-        draw = _triton_kernel("kyutai_sampling", sampling, "torch", device, "draw_triton", "top_k_draw_triton")
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"kyutai_sampling must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
+        draw = _triton_kernel("kyutai_sampling", "torch" if sampling == "torch" else "triton", "torch", device,
+                              "draw_triton", "top_k_select_triton" if sampling == "triton-select" else "top_k_draw_triton")
         if gemm not in GEMMS:
             raise ValueError(f"kyutai_depth_gemm must be one of {', '.join(GEMMS)}, got {gemm!r}")
         gemms = _triton_kernel("kyutai_depth_gemm", "torch" if gemm == "torch" else "triton", "torch", device,
@@ -204,9 +203,11 @@ class KyutaiHead:
             return self._sample(hidden, r, variant)
 
     def _sample(self, hidden: Tensor, r: RowInputs, variant: int) -> tuple[Tensor, Tensor]:
-        if self._compiled:  # (the compiled pieces are traced for dense inputs; the runtime's may be
-            # columns of one packed tensor: copied once here, not a trace for each stride)
-            r = dataclasses.replace(r, seeds=_dense(r.seeds), steps=_dense(r.steps), rows=_dense(r.rows), keep=_dense(r.keep))
+        if self._compiled:  # (the compiled pieces are traced for dense inference tensors; the
+            # runtime's may be columns of one packed tensor, or its graphs' static inputs: copied
+            # once here, not a trace for each stride and each kind of tensor; ``as_traced``)
+            r = dataclasses.replace(r, seeds=as_traced(r.seeds), steps=as_traced(r.steps), rows=as_traced(r.rows),
+                                    keep=as_traced(r.keep))
         ones = torch.ones_like(r.temperature)  # no repetition penalty; shared by every sample
         # Top-p's threshold, none (inf) where top_p is 1: the same for every sample of the step.
         top_p = torch.where(r.top_p < 1, r.top_p, torch.full_like(r.top_p, float("inf")))[:, None]

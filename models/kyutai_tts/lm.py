@@ -21,7 +21,7 @@ from models.kyutai_tts.depformer import silu_mul
 from models.kyutai_tts.layers import DemuxEmbedding, Gating, RMSNorm, ScaledEmbedding, demux_rows, gating_hidden
 from models.mimi.modules import rope_table, rotate
 
-__all__ = ["AttentionBackend", "BackboneFns", "KyutaiLM", "PLAIN_BACKBONE", "SlotInputs", "embed_frame", "rope_cos_sin",
+__all__ = ["AttentionBackend", "BackboneFns", "as_traced", "KyutaiLM", "PLAIN_BACKBONE", "SlotInputs", "embed_frame", "rope_cos_sin",
            "rotate_real"]
 
 
@@ -29,6 +29,18 @@ class AttentionBackend(Protocol):
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q/k/v [T, H, D] (RoPE applied) -> o [T, H, D]; stores k/v; causal over ``context`` frames."""
         ...
+
+
+def as_traced(x: Tensor) -> Tensor:
+    """A 1-D input of a compiled piece as the pieces were traced with it at load: stride 1, and
+    inside inference mode an inference tensor. The runtime's CUDA graphs are captured in
+    inference mode over static inputs made outside it (normal tensors), which fail dynamo's
+    dispatch-key guard; with the frozen stance the piece then runs uncompiled in every captured
+    step (in ``kyutai_parts`` on 45c1f5da the head's text-only step launched 237 kernels
+    against 26). A copy where either differs (one small kernel)."""
+    if x.stride(0) == 1 and (x.is_inference() or not torch.is_inference_mode_enabled()):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 def rope_cos_sin(positions: Tensor, dim: int, max_period: float) -> Tensor:
@@ -339,6 +351,8 @@ class KyutaiLM(nn.Module):
         if s is None:
             raise RuntimeError("KyutaiLM.forward needs its per-slot state: call attach(SlotInputs(...)) first")
         with contextlib.nullcontext() if self.frozen_stance is None else torch.compiler.set_stance(self.frozen_stance):
+            if self.fns is not PLAIN_BACKBONE:  # (compiled: its inputs as traced)
+                positions = as_traced(positions)
             frame = s.frame_in.index_select(0, token_rows)
             x = self.embed(frame, positions, s.cond_sum.index_select(0, token_rows))
             return self.backbone(x, positions, attn, s.voice_row.index_select(0, token_rows))

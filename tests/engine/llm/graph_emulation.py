@@ -23,7 +23,7 @@ def emulate_replays(runner: Any, *, num_tokens: int = 32, record: list[str] | No
             record.append(f"decode:{variant}" if variant else "decode")
         attn = TorchPagedAttention(runner.spec, runner.kv_caches)
         attn.begin_step(meta)
-        return runner._graph_step(ids, meta.positions, attn, *extras, variant=variant)
+        return runner._graph_step(_static(ids), _static(meta.positions), attn, *map(_static, extras), variant=variant)
 
     def prefill_run(ids, positions, seg, slots, last, *extras):  # noqa: ANN001, ANN202
         if record is not None:
@@ -34,12 +34,23 @@ def emulate_replays(runner: Any, *, num_tokens: int = 32, record: list[str] | No
         attn.begin_step(pad_prefill_slots(slots, num_tokens, scratch_page=runner.scratch_page,
                                           page_size=runner.page_size),
                         torch.cat([seg, pad + 99]))
-        return runner._prefill_step(torch.cat([ids, pad]), torch.cat([positions, pad]), attn, last, *extras)
+        return runner._prefill_step(_static(torch.cat([ids, pad])), _static(torch.cat([positions, pad])), attn,
+                                    _static(last), *map(_static, extras))
 
     runner.graphs.run = decode_run
     runner.prefill_graphs.run = prefill_run
     runner.prefill_graphs._graphs = {num_tokens: None}
     runner.use_graphs = True
+
+
+def _static(x: torch.Tensor) -> torch.Tensor:
+    """x in a tensor made as a captured graph's static inputs are (``DecodeGraphs.capture``):
+    outside inference mode, so a normal tensor even while the step runs in inference mode (a
+    compiled piece traced with inference tensors sees the difference in its guards)."""
+    with torch.inference_mode(False):
+        buf = torch.empty_like(x)
+    buf.copy_(x)
+    return buf
 
 
 class _Replay:
