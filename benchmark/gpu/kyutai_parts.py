@@ -12,7 +12,8 @@ checkpoint has them, low rank (the A/B of ``KyutaiLM.fold_depformer_emb``), and 
 transformer with its pointwise pieces uncompiled (of ``KyutaiLM.compile_backbone``), and the
 head with the other depth-transformer matmuls (of ``kyutai_depth_gemm``: torch's, or Triton's
 with the norms, silu-mul and residual sums fused in; and ``triton-attend``, the attention in the
-queries' kernel too).
+queries' kernel too); and the head with ``kyutai_sampling=triton-select``'s draws (the k kept
+found by bisection, not a sort), its text draw included.
 
     python -m benchmark.gpu.kyutai_parts --batch 1,64,128,256 [--kernels 128] [--json F]
     python -m benchmark.gpu.kyutai_parts --model kyutai-tts-tiny --device cpu --batch 2   # a smoke run
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.llm.token_head import RowInputs
     from models.kyutai_tts.attend_triton import attend_codebook
     from models.kyutai_tts.depformer import PLAIN, attend_sdpa
-    from models.kyutai_tts.draw_triton import top_k_draw_triton
+    from models.kyutai_tts.draw_triton import top_k_draw_triton, top_k_select_triton
     from models.kyutai_tts.gemm_triton import DEPTH_GEMMS, DEPTH_GEMMS_ATTEND
     from models.kyutai_tts.lm import PLAIN_BACKBONE
     from models.registry import load_factory, resolve
@@ -172,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
                                                           lambda: stream.step(slots, codes))  # noqa: B023
             parts["head_other_gemm"] = lambda: _with(head, "fns", head.fns._replace(gemms=other_gemms),  # noqa: B023
                                                      lambda: head.sample(hidden, r))  # noqa: B023
+            parts["head_select_draw"] = lambda: _with(head, "fns", head.fns._replace(draw=top_k_select_triton),  # noqa: B023
+                                                      lambda: _with(head, "triton_draw", top_k_select_triton,  # noqa: B023
+                                                                    lambda: head.sample(hidden, r)))  # noqa: B023
+            parts["head_text_select_draw"] = lambda: _with(head, "triton_draw", top_k_select_triton,  # noqa: B023
+                                                           lambda: head.sample(hidden, r, variant=1))  # noqa: B023
             parts["head_gemm_attend"] = lambda: _with(head, "fns", head.fns._replace(gemms=DEPTH_GEMMS_ATTEND),  # noqa: B023
                                                       lambda: head.sample(hidden, r))  # noqa: B023
         row: dict = {"rows": b}
@@ -203,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
                  f"({row['mimi_other_attention_kernels']})" if "mimi_other_attention_ms" in row else "")
               + (f"; head with {other_gemm} depth matmuls {row['head_other_gemm_ms']:5.2f} ms "
                  f"({row['head_other_gemm_kernels']})" if "head_other_gemm_ms" in row else "")
+              + (f"; head with the select draw {row['head_select_draw_ms']:5.2f} ms ({row['head_select_draw_kernels']})"
+                 if "head_select_draw_ms" in row else "")
+              + (f"; text only with it {row['head_text_select_draw_ms']:5.2f} ms ({row['head_text_select_draw_kernels']})"
+                 if "head_text_select_draw_ms" in row else "")
               + (f"; head with triton-attend depth matmuls {row['head_gemm_attend_ms']:5.2f} ms "
                  f"({row['head_gemm_attend_kernels']})" if "head_gemm_attend_ms" in row else ""), flush=True)
         for t in tables:

@@ -59,7 +59,7 @@ def test_without_cuda_it_is_refused_and_a_bad_name_too() -> None:
         with pytest.raises(ValueError, match=words):
             build_kyutai_backend("tiny", device="cpu", max_num_seqs=2, max_model_len=128, warmup=False,
                                  load_format="dummy", kyutai_n_q=4, kyutai_depth_attention=value)
-    for value, words in (("triton", "CUDA"), ("radix", "torch or triton")):
+    for value, words in (("triton", "CUDA"), ("radix", "torch, triton, triton-select")):
         with pytest.raises(ValueError, match=words):
             build_kyutai_backend("tiny", device="cpu", max_num_seqs=2, max_model_len=128, warmup=False,
                                  load_format="dummy", kyutai_n_q=4, kyutai_sampling=value)
