@@ -21,8 +21,8 @@ from models.kyutai_tts.depformer import silu_mul
 from models.kyutai_tts.layers import DemuxEmbedding, Gating, RMSNorm, ScaledEmbedding, demux_rows, gating_hidden
 from models.mimi.modules import rope_table, rotate
 
-__all__ = ["AttentionBackend", "BackboneFns", "as_traced", "KyutaiLM", "PLAIN_BACKBONE", "SlotInputs", "embed_frame", "rope_cos_sin",
-           "rotate_real"]
+__all__ = ["AttentionBackend", "BackboneFns", "KyutaiLM", "PLAIN_BACKBONE", "SlotInputs", "as_traced", "embed_frame",
+           "rope_cos_sin", "rotate_real"]
 
 
 class AttentionBackend(Protocol):
