@@ -138,6 +138,16 @@ DEPTH_GEMMS_ATTEND = DEPTH_GEMMS._replace(rms_attend=linear_rms_attend)
 
 if triton is not None:  # (else the kernel is not made: the callers say Triton is needed)
     @triton.jit
+    def _rms_scale(xs, row_in, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        """The rows' norm scale, moshi's rms_norm_f32: rsqrt(eps + mean(x ** 2)) in float32."""
+        ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(xs + ks[None, :], mask=row_in[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+            ss += tl.sum(a * a, axis=1)
+        return 1.0 / tl.sqrt(eps + ss / K)
+
+    @triton.jit
     def _linear_kernel(x_ptr, w_ptr, alpha_ptr, res_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_r, stride_o,
                        half, eps, RMS: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -147,13 +157,8 @@ if triton is not None:  # (else the kernel is not made: the callers say Triton i
         xs = x_ptr + rows.to(tl.int64)[:, None] * stride_x
         ws = w_ptr + cols.to(tl.int64)[None, :] * stride_w  # [1, BLOCK_N]: the weight read as [K, N]
         dt = w_ptr.dtype.element_ty
-        if RMS:  # the rows' scale first (moshi's rms_norm_f32: rsqrt(eps + mean(x ** 2)), float32)
-            ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                a = tl.load(xs + ks[None, :], mask=row_in[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
-                ss += tl.sum(a * a, axis=1)
-            scale = 1.0 / tl.sqrt(eps + ss / K)
+        if RMS:  # the rows' scale first
+            scale = _rms_scale(xs, row_in, K, eps, BLOCK_M, BLOCK_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if GLU:
             acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -192,12 +197,7 @@ if triton is not None:  # (else the kernel is not made: the callers say Triton i
         wk = wq + H * D * stride_w
         wv = wk + H * D * stride_w
         dt = w_ptr.dtype.element_ty
-        ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(xs + ks[None, :], mask=row_in[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
-            ss += tl.sum(a * a, axis=1)
-        rscale = 1.0 / tl.sqrt(eps + ss / K)
+        rscale = _rms_scale(xs, row_in, K, eps, BLOCK_M, BLOCK_K)
         acc_q = tl.zeros((BLOCK_M, D), dtype=tl.float32)
         acc_k = tl.zeros((BLOCK_M, D), dtype=tl.float32)
         acc_v = tl.zeros((BLOCK_M, D), dtype=tl.float32)
