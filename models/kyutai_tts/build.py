@@ -98,10 +98,13 @@ def cross_attention(ctx: LoadContext) -> str:
 
 
 def sampling(ctx: LoadContext) -> str:
-    """The frame's top-k draws (``kyutai_sampling``): as set, else the Triton kernel on CUDA where
-    Triton imports (the frame head 5.95 against 6.14 ms at 128 rows, 6.96 against 7.88 at 256,
-    743e4974) and ``torch.topk`` elsewhere."""
-    return str(ctx.setting("kyutai_sampling", _triton_on_cuda(ctx, "draw_triton", "torch")))
+    """The frame's top-k draws (``kyutai_sampling``): as set, else the Triton kernel that finds
+    the k kept by bisection (``triton-select``) on CUDA where Triton imports (the frame head 3.84
+    against 4.72 ms at 1 row and 4.00 against 5.26 at 64 with the sorting kernel, H100 c8097f67;
+    the sorting kernel 5.95 against ``torch``'s 6.14 at 128 rows, H200 743e4974) and
+    ``torch.topk`` elsewhere."""
+    on_cuda = _triton_on_cuda(ctx, "draw_triton", "torch")
+    return str(ctx.setting("kyutai_sampling", "triton-select" if on_cuda == "triton" else on_cuda))
 
 
 def _triton_on_cuda(ctx: LoadContext, module: str, otherwise: str) -> str:

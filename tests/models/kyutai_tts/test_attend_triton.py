@@ -70,7 +70,7 @@ def test_without_cuda_it_is_refused_and_a_bad_name_too() -> None:
 
 
 def test_it_is_the_default_on_cuda_where_triton_imports(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing set: each Triton kernel (depth attention, voice cross-attention, top-k draw) on
+    """Nothing set: each Triton kernel (depth attention, voice cross-attention, top-k draw by bisection) on
     CUDA (the faster steps served on the H200s), torch's forms on the CPU and where Triton is
     missing; a setting given wins."""
     from types import SimpleNamespace
@@ -81,11 +81,12 @@ def test_it_is_the_default_on_cuda_where_triton_imports(monkeypatch: pytest.Monk
     def ctx(device: str, **given):
         return SimpleNamespace(device=device, setting=lambda name, default: given.get(name, default))
 
-    for pick, module, name, torch_form in ((depth_attention, attend_triton, "kyutai_depth_attention", "sdpa"),
-                                           (cross_attention, cross_triton, "kyutai_cross_attention", "sdpa"),
-                                           (sampling, draw_triton, "kyutai_sampling", "torch")):
+    for pick, module, name, torch_form, on_cuda in (
+            (depth_attention, attend_triton, "kyutai_depth_attention", "sdpa", "triton"),
+            (cross_attention, cross_triton, "kyutai_cross_attention", "sdpa", "triton"),
+            (sampling, draw_triton, "kyutai_sampling", "torch", "triton-select")):
         monkeypatch.setattr(module, "triton", object())
-        assert pick(ctx("cuda")) == "triton" and pick(ctx("cuda:1")) == "triton", name
+        assert pick(ctx("cuda")) == on_cuda and pick(ctx("cuda:1")) == on_cuda, name
         assert pick(ctx("cpu")) == torch_form, name
         assert pick(ctx("cuda", **{name: torch_form})) == torch_form, name
         monkeypatch.setattr(module, "triton", None)
