@@ -58,6 +58,7 @@ class LMBackend:
         self._feeds_inputs = hasattr(program, "next_input")
         self._turns: dict[int, _Turn] = {}  # streaming jobs, by id, until they end
         self._binds_slots = hasattr(program, "bind_slot")
+        self._flush_inputs = getattr(program, "flush_inputs", None)
 
     # -- Backend contract -----------------------------------------------------------------
 
@@ -340,6 +341,8 @@ class LMBackend:
             seq.allowed_row = program.allowed_row(seq.program_state, seq.num_output_tokens - seq.num_program_tokens)
             if self._binds_slots and seq.num_computed_tokens == 0:  # its slot's state, before its prompt runs
                 program.bind_slot(seq.program_state, seq.slot)
+        if self._flush_inputs is not None:  # what next_input and bind_slot staged, in one go
+            self._flush_inputs()
         try:
             launched = self.runner.launch(batch) if prev is None else self.runner.launch(batch, prev.tokens)
         except Exception as e:

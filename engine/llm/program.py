@@ -18,7 +18,7 @@ from engine.backend import BackendInfo
 from engine.llm.sequence import SamplingParams
 
 __all__ = ["Collect", "KVShape", "LoadContext", "Program", "ProgramModel", "ServingDefaults", "SlotProgram",
-           "StreamingProgram", "codec_dtype"]
+           "StagingProgram", "StreamingProgram", "codec_dtype"]
 
 Collect = Callable[[], "list[np.ndarray | None]"]  # waits for a launched piece of work, gives its audio
 
@@ -105,6 +105,15 @@ class SlotProgram(Program, Protocol):
     embedding reads, say): called before a sequence's first step, with its batch slot."""
 
     def bind_slot(self, state: Any, slot: int) -> None: ...
+
+
+class StagingProgram(Program, Protocol):
+    """Optional hook of a program that stages per-row device writes (in ``next_input`` or
+    ``bind_slot``) rather than copying each one as it comes: called once before each step's
+    launch, after every row's input and slot are set, it copies them in one go (one small copy
+    per row costs the host several launches, and a step of hundreds of rows as many)."""
+
+    def flush_inputs(self) -> None: ...
 
 
 @dataclass(frozen=True)

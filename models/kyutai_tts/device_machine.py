@@ -36,6 +36,11 @@ class DeviceMachine:
         self.word_len = torch.zeros(s, self.WORDS, **i64)
         self.num_entries = torch.full((s,), UNBOUNDED, **i64)
         self.num_words = torch.full((s,), UNBOUNDED, **i64)
+        # staged writes (``stage``): ring place -> (word, padding), word place -> (tokens, length),
+        # slot -> totals; None while nothing is staged
+        self._staged_entries: dict[int, tuple[int, int]] | None = None
+        self._staged_words: dict[int, tuple[list[int], int]] | None = None
+        self._staged_totals: dict[int, tuple[int, int]] | None = None
         self.reset(torch.arange(s, device=device))
 
     @torch.no_grad()
@@ -51,38 +56,71 @@ class DeviceMachine:
     @torch.no_grad()
     def write(self, slot: int, first_entry: int, first_word: int, entries: list[Entry],
               totals: tuple[int, int] | None = None) -> None:
+        """``stage`` then ``flush``: the write on the device at once (call between steps)."""
+        self.stage(slot, first_entry, first_word, entries, totals)
+        self.flush()
+
+    def stage(self, slot: int, first_entry: int, first_word: int, entries: list[Entry],
+              totals: tuple[int, int] | None = None) -> None:
         """Entries ``first_entry ..`` of the slot's text (their words numbered from ``first_word``);
-        ``totals`` = (entries, words) once the text has ended. Call between steps."""
-        w = first_word
-        ew, ep, rows_w, toks, lens = [], [], [], [], []
+        ``totals`` = (entries, words) once the text has ended (else unbounded). Kept on the host
+        until ``flush``; a later stage of the same ring place or slot wins, as a later write would."""
         for e in entries:
             if len(e.tokens) > self.WORD_TOKENS:
                 raise ValueError(f"a word of {len(e.tokens)} tokens (at most {self.WORD_TOKENS}); split it first")
-            ep.append(e.padding)
+        if self._staged_entries is None:
+            self._staged_entries, self._staged_words, self._staged_totals = {}, {}, {}
+        w = first_word
+        for i, e in enumerate(entries):
+            place = slot * self.ENTRIES + (first_entry + i) % self.ENTRIES
             if e.tokens:
-                ew.append(w)
-                rows_w.append(w % self.WORDS)
-                toks.append(list(e.tokens) + [PAD] * (self.WORD_TOKENS - len(e.tokens)))
-                lens.append(len(e.tokens))
+                self._staged_words[slot * self.WORDS + w % self.WORDS] = (
+                    list(e.tokens) + [PAD] * (self.WORD_TOKENS - len(e.tokens)), len(e.tokens))
+                self._staged_entries[place] = (w, e.padding)
                 w += 1
             else:
-                ew.append(-1)
+                self._staged_entries[place] = (-1, e.padding)
+        self._staged_totals[slot] = totals if totals is not None else (UNBOUNDED, UNBOUNDED)
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Every staged write onto the device: one host-to-device copy (pinned on CUDA: it is queued
+        behind the step in flight, no host sync) and a scatter per table, however many slots wrote.
+        Before the next step's launch."""
+        if self._staged_entries is None:
+            return
+        entries, words, totals = self._staged_entries, self._staged_words, self._staged_totals
+        self._staged_entries = self._staged_words = self._staged_totals = None
+        flat: list[int] = [*entries, *words, *totals]
+        for word, pad in entries.values():
+            flat += (word, pad)
+        for toks, n in words.values():
+            flat += toks
+            flat.append(n)
+        for n_e, n_w in totals.values():
+            flat += (n_e, n_w)
+        host = torch.tensor(flat, dtype=torch.int64)
         dev = self.entry_word.device
-
-        def put(values: list) -> Tensor:  # no host sync: the copy is queued behind the step in flight
-            return torch.tensor(values, dtype=torch.int64).to(dev, non_blocking=True)
-
-        if entries:
-            idx = put([(first_entry + i) % self.ENTRIES for i in range(len(entries))])
-            self.entry_word[slot].index_copy_(0, idx, put(ew))
-            self.entry_pad[slot].index_copy_(0, idx, put(ep))
-        if rows_w:
-            widx = put(rows_w)
-            self.word_tok[slot].index_copy_(0, widx, put(toks))
-            self.word_len[slot].index_copy_(0, widx, put(lens))
-        n_e, n_w = totals if totals is not None else (UNBOUNDED, UNBOUNDED)
-        self.num_entries[slot] = n_e
-        self.num_words[slot] = n_w
+        if dev.type == "cuda":
+            host = host.pin_memory()
+        on = host.to(dev, non_blocking=True)
+        ne, nw, nt = len(entries), len(words), len(totals)
+        places, word_rows, slots = on[:ne], on[ne:ne + nw], on[ne + nw:ne + nw + nt]
+        at = ne + nw + nt
+        if ne:
+            ent = on[at:at + 2 * ne].view(ne, 2)
+            self.entry_word.view(-1).index_copy_(0, places, ent[:, 0])
+            self.entry_pad.view(-1).index_copy_(0, places, ent[:, 1])
+        at += 2 * ne
+        if nw:
+            wd = on[at:at + (self.WORD_TOKENS + 1) * nw].view(nw, self.WORD_TOKENS + 1)
+            self.word_tok.view(-1, self.WORD_TOKENS).index_copy_(0, word_rows, wd[:, :-1])
+            self.word_len.view(-1).index_copy_(0, word_rows, wd[:, -1])
+        at += (self.WORD_TOKENS + 1) * nw
+        if nt:
+            tot = on[at:at + 2 * nt].view(nt, 2)
+            self.num_entries.index_copy_(0, slots, tot[:, 0])
+            self.num_words.index_copy_(0, slots, tot[:, 1])
 
     # -- the step -----------------------------------------------------------------------------
     def step(self, rows: Tensor, sampled: Tensor, steps: Tensor, keep: Tensor) -> Tensor:

@@ -227,7 +227,7 @@ class KyutaiProgram:
         if not new and (state.totals_written or not final):
             return
         totals = (len(host.entries), sum(1 for e in host.entries if e.tokens)) if final else None
-        self.machine.write(state.slot, state.written, state.words_written, new, totals)
+        self.machine.stage(state.slot, state.written, state.words_written, new, totals)  # (flush_inputs)
         state.written = stop
         state.words_written += sum(1 for e in new if e.tokens)
         state.totals_written = final
@@ -239,8 +239,13 @@ class KyutaiProgram:
         s = self.slots
         s.voice_row[slot] = state.voice_row
         s.cond_sum[slot].copy_(self._sum(state.cfg))
-        self.machine.write(slot, 0, 0, [], None)
+        self.machine.stage(slot, 0, 0, [], None)
         self._write_entries(state)
+
+    def flush_inputs(self) -> None:
+        """The rows' staged text entries onto the device, one copy for the whole step (the
+        runtime calls it before each launch)."""
+        self.machine.flush()
 
     def _sum(self, cfg: str | None) -> Tensor:
         if cfg not in self._sums:

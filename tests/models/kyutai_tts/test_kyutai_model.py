@@ -318,3 +318,30 @@ def test_constant_top_k_sampling_equals_the_runtime_sampler(k):
     half = logits.bfloat16()
     assert torch.equal(sample_top_k(half, k, rs, noise, thr), sample_top_k(half.float(), k, rs, noise, thr))
     assert torch.equal(alone, got[rows])
+
+
+def test_staged_writes_flushed_once_equal_writes_made_one_by_one():
+    """Writes of many slots staged and flushed together (one copy a step) leave the device
+    machine's tables as the same writes made one at a time do, a later write of the same ring
+    place or slot winning; a word too long is refused before anything is staged."""
+    rng = random.Random(5)
+    params = MachineParams(card=161, second_stream_ahead=2, max_padding=5, initial_padding=2)
+    one, staged = DeviceMachine(params, max_slots=4, device="cpu"), DeviceMachine(params, max_slots=4, device="cpu")
+    writes = []
+    for _ in range(30):
+        slot = rng.randrange(4)
+        entries = _random_entries(rng, rng.randint(0, 5))
+        totals = (rng.randint(1, 90), rng.randint(1, 90)) if rng.random() < 0.3 else None
+        writes.append((slot, rng.randrange(200), rng.randrange(200), entries, totals))
+    for w in writes:
+        one.write(*w)
+        staged.stage(*w)
+    assert not torch.equal(staged.num_entries, one.num_entries) or not torch.equal(staged.entry_word, one.entry_word)
+    staged.flush()
+    for name in ("entry_word", "entry_pad", "word_tok", "word_len", "num_entries", "num_words"):
+        assert torch.equal(getattr(staged, name), getattr(one, name)), name
+    staged.flush()  # nothing staged: nothing changes
+    assert torch.equal(staged.word_tok, one.word_tok)
+    with pytest.raises(ValueError, match="split it first"):
+        staged.stage(0, 0, 0, [Entry(tokens=[3] * (DeviceMachine.WORD_TOKENS + 1), padding=0)])
+    assert staged._staged_entries is None
