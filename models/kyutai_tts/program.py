@@ -287,7 +287,7 @@ class KyutaiProgram:
             t = step - self.max_delay  # the frame completed at this step
             if t < self.delay:
                 continue
-            frame = [st.cb0[0], *[int(c) for c in row[3:3 + self.n_q - 1]]]
+            frame = [st.cb0[0], *row[3:2 + self.n_q]]  # (the codec's numpy array takes them as they are)
             if st.num_decoded == 0:
                 fresh.append(st.slot)
             st.num_decoded += 1

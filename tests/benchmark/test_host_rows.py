@@ -32,3 +32,11 @@ def test_main_prints_a_row_per_row_count(capsys) -> None:
     assert main(["--rows", "8,16", "--repeat", "3", "--program", "none"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in out[2:]] == ["8", "16"]
+
+
+def test_kyutai_runs_with_its_state_machine_stubbed_as_the_device_would() -> None:
+    """Kyutai (``kyutai-tts-tiny``): the stub's text inputs come from the device state machine on
+    the CPU (the host checks each against its own replay, so a wrong stub fails every row), and
+    every row, past the model's delay, decodes a frame each step."""
+    r = measure(10, repeat=7, program="kyutai-tts-tiny")
+    assert r["lm_backend"] > 0 and r["outputs_a_row"] == 1.0
