@@ -237,7 +237,7 @@ class KyutaiProgram:
         state.written = state.words_written = 0
         state.totals_written = False
         s = self.slots
-        s.voice_row[slot] = state.voice_row
+        s.voice_row[slot].fill_(state.voice_row)  # (not ``[slot] = v``: on CUDA that copy waits for the step in flight)
         s.cond_sum[slot].copy_(self._sum(state.cfg))
         self.machine.stage(slot, 0, 0, [], None)
         self._write_entries(state)

@@ -68,12 +68,17 @@ class PatchHead:
         self.t[slot].copy_(t)
         self.dt[slot].copy_(dt)
         self.live[slot].copy_(live)
-        self.cfg[slot] = float(cfg)
-        self.min_len[slot] = int(min_len)
-        self.max_len[slot] = NO_CAP if max_len is None else int(max_len)
+        # fill_, not ``[slot] = v``: storing a Python number in one element copies it from the
+        # host, which on CUDA waits for the step in flight
+        self.cfg[slot].fill_(float(cfg))
+        self.min_len[slot].fill_(int(min_len))
+        self.max_len[slot].fill_(NO_CAP if max_len is None else int(max_len))
         last = self.feats.last
-        last[slot] = 0 if cond is None else cond.to(last.device, last.dtype)
-        self.done[slot] = False
+        if cond is None:
+            last[slot].fill_(0)
+        else:
+            last[slot] = cond.to(last.device, last.dtype)
+        self.done[slot].fill_(False)
 
     def reset(self, rows: Tensor) -> None:
         self.done.index_fill_(0, rows, False)
