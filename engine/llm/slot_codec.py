@@ -62,9 +62,10 @@ class SlotCodec:
                 yield
 
     def launch(self, slots: Sequence[int], codes: Sequence[Sequence[int]],
-               fresh: Sequence[int] = ()) -> Callable[[], list[np.ndarray]]:
+               fresh: Sequence[int] = (), *, clip: bool = False) -> Callable[[], list[np.ndarray]]:
         """Decode one frame per row (``codes[i]`` in slot ``slots[i]``), the ``fresh`` slots reset
-        first; the returned call gives each row's audio (float32 [S])."""
+        first; the returned call gives each row's audio (float32 [S]), within [-1, 1] if ``clip``
+        (one clamp over the batch on the device, not one a row on the host)."""
         if not slots:
             return lambda: []
         dev = self.device
@@ -81,8 +82,12 @@ class SlotCodec:
                 largest = self.graphs.max_batch_size
                 for i in range(0, len(slots), largest):
                     (out,) = self.graphs.run(s[i:i + largest] + 1, c[i:i + largest])
+                    if clip:
+                        out = out.clamp(-1.0, 1.0)
                     waits.append(start_host_copy(out))  # before a later replay overwrites it
                 return lambda: [row for wait in waits for row in _rows(wait())]
             with torch.inference_mode():
                 out = self.stream.step(s, c).float().cpu()  # [N, S]
+                if clip:
+                    out = out.clamp(-1.0, 1.0)
         return lambda: _rows(out)

@@ -256,8 +256,7 @@ class CsmProgram:
         self._totals["codec_frames"] += len(states)
         top = self.config.mimi.quantizer.bins - 1  # (codebook specials, never sampled by a trained model)
         codes = [[min(int(c), top) for c in row[1:]] for row in tokens]
-        pcm = self.codec.launch([s.slot for s in states], codes, fresh)
-        return lambda: [row.clip(-1.0, 1.0) for row in pcm()]
+        return self.codec.launch([s.slot for s in states], codes, fresh, clip=True)
 
     def launch_finish(self, states: list[CsmState]) -> Collect:
         """Mimi is causal: a finished segment has no audio left. Its voices are released."""

@@ -297,13 +297,13 @@ class KyutaiProgram:
         if not rows:
             return lambda: [None] * len(states)
         self._totals["codec_frames"] += len(rows)
-        pcm = self.codec.launch([states[i].slot for i, _ in rows], [f for _, f in rows], fresh)
+        pcm = self.codec.launch([states[i].slot for i, _ in rows], [f for _, f in rows], fresh, clip=True)
 
         def collect() -> list[Any]:
             out: list[Any] = [None] * len(states)
             for (i, _), k, p in zip(rows, keep, pcm()):
                 if k:
-                    out[i] = p.clip(-1.0, 1.0)
+                    out[i] = p
             return out
 
         return collect

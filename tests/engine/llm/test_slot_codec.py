@@ -40,3 +40,13 @@ def test_no_rows_no_call() -> None:
     stream = _Stream()
     assert SlotCodec(stream, num_codes=3, device="cpu").launch([], [])() == []
     assert stream.calls == []
+
+
+def test_clip_bounds_every_row_to_one_and_leaves_the_codecs_output_as_it_was() -> None:
+    """``clip=True`` (CSM, Kyutai: Mimi may overshoot) gives samples within [-1, 1], clamped once
+    over the batch; without it the samples come as the codec made them."""
+    stream = _Stream()
+    codec = SlotCodec(stream, num_codes=3, device="cpu")
+    assert [r.tolist() for r in codec.launch([0, 2], [(-3, 0, 1), (1, 2, -1)], clip=True)()] == [
+        [0, -1, 0, 1], [1, 1, 1, -1]]
+    assert [r.tolist() for r in codec.launch([0, 2], [(-3, 0, 1), (1, 2, -1)])()] == [[0, -3, 0, 1], [2, 1, 2, -1]]
