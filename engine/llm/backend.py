@@ -429,8 +429,18 @@ class LMBackend:
                               f"audio decoding failed: {type(e).__name__}: {e}")
 
     def _outputs(self, work: _Inflight) -> list[JobOutput]:
-        audio: dict[int, list[np.ndarray]] = {}
         taken = work.taken
+        if not taken.ended and not work.dropped:  # the usual step: a row, a chunk at most (frame models)
+            outputs: list[JobOutput] = []
+            for (seq, _), pcm in zip(taken.live, work.live_audio()):
+                if pcm is None or not pcm.size:
+                    continue
+                if pcm.size <= MAX_CHUNK_SAMPLES and pcm.dtype == np.float32:
+                    outputs.append(JobOutput(seq.seq_id, pcm=pcm))
+                else:
+                    outputs.extend(_chunked(seq.seq_id, [pcm], False))
+            return outputs
+        audio: dict[int, list[np.ndarray]] = {}
         for (seq, _), pcm in zip(taken.live, work.live_audio()):
             if pcm is not None and pcm.size:
                 parts = audio.get(seq.seq_id)
