@@ -223,3 +223,25 @@ def test_a_steps_audio_becomes_one_output_a_row_chunked_past_the_contracts_large
         (0, 1920, False), (1, MAX_CHUNK_SAMPLES, False), (1, 110, True), (2, 1920, False), (3, 0, True)]
     assert outs[0].pcm is frame and all(o.pcm.dtype == np.float32 for o in outs)
     assert np.array_equal(np.concatenate([outs[1].pcm, outs[2].pcm]), np.concatenate([long, frame[:10]]))
+
+
+def test_the_usual_steps_outputs_equal_the_general_paths() -> None:
+    """A step where no row ended and none was dropped takes a shortcut from rows to outputs; it
+    gives what the general path gives (a row without audio skipped, a long row chunked)."""
+    import numpy as np
+
+    from engine.llm.backend import MAX_CHUNK_SAMPLES, LMBackend, _Inflight, _Taken
+    from engine.llm.sequence import SamplingParams, Sequence
+
+    seqs = [Sequence(seq_id=i + 1, prompt_ids=[1], params=SamplingParams()) for i in range(4)]
+    pcms = [np.full(1920, 0.5, np.float32), None, np.zeros(0, np.float32),
+            np.arange(MAX_CHUNK_SAMPLES + 10, dtype=np.float32)]
+    rows = [(s, [5]) for s in seqs]
+    backend = LMBackend.__new__(LMBackend)  # _outputs reads only its argument
+
+    def outputs(dropped: set[int]) -> list[tuple[int, list[float], bool]]:
+        work = _Inflight(_Taken(new=rows, live=rows, ended=[]), lambda: pcms, lambda: [], dropped)
+        return [(o.job_id, o.pcm.tolist(), o.is_finished) for o in backend._outputs(work)]
+
+    fast, general = outputs(set()), outputs({999})  # (a job dropped that is not in the step: the general path)
+    assert fast == general and [job for job, _, _ in fast] == [1, 4, 4]
