@@ -66,7 +66,9 @@ class HostMachine:
     def _tokens_ahead(self, start: int) -> list[int]:
         """The tokens of the ``second_stream_ahead``-th word among entries[start:] ([] if none)."""
         n = self.params.second_stream_ahead
-        for e in self.entries[start:]:
+        entries = self.entries
+        for i in range(start, len(entries)):  # (not a slice: that copies every entry left, each call)
+            e = entries[i]
             if e.tokens:
                 n -= 1
                 if n == 0:
