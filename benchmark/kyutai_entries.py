@@ -1,7 +1,8 @@
 """The host's cost of handing a Kyutai step's new text entries to the device state machine:
-each writing row's entries copied as it comes (``DeviceMachine.write`` per row, as before
-``stage``/``flush``) against all of them staged and copied once (``stage`` per row, one
-``flush``, as the program does since). Milliseconds a step, medians and p90 of ``--repeat``
+each writing row's entries copied as it comes (``DeviceMachine.write`` per row: here a stage and
+a flush a row; run on a checkout before ``stage`` existed, the old write, the figure quoted in the
+docs) against all of them staged and copied once (``stage`` per row, one ``flush``, as the
+program does since). Milliseconds a step, medians and p90 of ``--repeat``
 steps; docs/performance.md, Kyutai section.
 
     python -m benchmark.kyutai_entries [--rows 64,256,400] [--share 0.25] [--device cpu|cuda]
