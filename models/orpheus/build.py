@@ -54,13 +54,18 @@ def load(ctx: LoadContext) -> ProgramModel:
     ``models.orpheus.codec.StreamingDecoder``; 0 = ``AUTO_RAMP_STEPS_CUDA`` on CUDA, the second
     for segments that start under load, 1024 on the CPU), ``codec_device`` (SNAC, its window
     graphs and its stateful codec on another device than the LM, e.g. "cuda:1"; the codec
-    takes its frames from the host, so nothing else moves)."""
+    takes its frames from the host, so nothing else moves), ``orpheus_rope`` (the graphed
+    forward's rotary embedding: "compiled", the default, or "triton": one kernel a layer,
+    ``models.orpheus.rope_triton``)."""
     from engine.llm.fp8 import quantise_decoder_linears_
     from models.orpheus.fused_forward import FusedLlamaForward
     from models.orpheus.loader import SNAC_HUB_ID, load_orpheus
     from models.orpheus.program import OrpheusProgram
 
     device = ctx.device
+    rope = ctx.setting("orpheus_rope", "compiled")
+    if rope not in FusedLlamaForward.ROPE:
+        raise ValueError(f"orpheus_rope {rope!r}: expected one of {', '.join(FusedLlamaForward.ROPE)}")
     model, tokenizer, llama_config = load_orpheus(
         ctx.model_id, device=device, dtype=ctx.dtype, load_format=ctx.load_format, max_seq_len=ctx.max_model_len
     )
@@ -73,7 +78,7 @@ def load(ctx: LoadContext) -> ProgramModel:
     program = OrpheusProgram(tokenizer, codec, model_name=ctx.model_id, decode_fn=decode_fn,
                              stream_codec=stream_codec, window_frames=window_frames,
                              **_ramp_steps(ctx.setting("ramp_step_samples", 0), device))
-    graph_forward = FusedLlamaForward.for_model(model) if ctx.use_graphs else None
+    graph_forward = FusedLlamaForward.for_model(model, rope=rope) if ctx.use_graphs else None
     return ProgramModel(program=program, model=model, kv_shape=llama_config, graph_forward=graph_forward,
                         defaults=ORPHEUS_DEFAULTS, codec_device=codec_device)
 

@@ -101,9 +101,15 @@ class FusedLlamaForward:
 
     With fp8 decoder linears (``engine.llm.fp8.quantise_decoder_linears_`` applied before),
     the GEMMs run in fp8 (``use_scaled_mm``: None = on CUDA); ``is_fp8`` tells which.
+    ``rope``: how the queries and keys are rotated out of the QKV projection, one of ``ROPE``:
+    "compiled" (``_rope`` through ``torch.compile``, or eager without ``compile``) or "triton"
+    (``models.orpheus.rope_triton``, one kernel; CUDA).
     """
 
-    def __init__(self, model: Any, *, compile: bool = True, use_scaled_mm: bool | None = None) -> None:
+    ROPE = ("compiled", "triton")
+
+    def __init__(self, model: Any, *, compile: bool = True, use_scaled_mm: bool | None = None,
+                 rope: str = "compiled") -> None:
         cfg = model.config
         self.model = model
         self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -126,7 +132,8 @@ class FusedLlamaForward:
         self.is_fp8 = kinds == {True}
         self.use_scaled_mm = use_scaled_mm
         wrap = (lambda f: torch.compile(f, dynamic=True, fullgraph=True)) if compile else (lambda f: f)
-        self._rope = wrap(_rope)
+        self._compiled_rope = wrap(_rope)
+        self.set_rope(rope)
         if self.is_fp8:
             self._rmsnorm, self._add_rmsnorm = wrap(_rmsnorm_q), wrap(_add_rmsnorm_q)
             self._silu_mul, self._quant = wrap(_silu_mul_q), wrap(quantise_rowwise)
@@ -137,13 +144,27 @@ class FusedLlamaForward:
             self._final_add_rmsnorm = self._add_rmsnorm
 
     @classmethod
-    def for_model(cls, model: Any, *, compile: bool = True) -> FusedLlamaForward:
+    def for_model(cls, model: Any, *, compile: bool = True, rope: str = "compiled") -> FusedLlamaForward:
         """The model's fused forward, built once per model (its weights are shared, not copied)."""
         fwd = getattr(model, "_fused_forward", None)
         if fwd is None:
-            fwd = cls(model, compile=compile)
+            fwd = cls(model, compile=compile, rope=rope)
             model._fused_forward = fwd
+        else:
+            fwd.set_rope(rope)
         return fwd
+
+    def set_rope(self, rope: str) -> None:
+        """Rotate the queries and keys the ``rope`` way (before graphs are captured)."""
+        if rope not in self.ROPE:
+            raise ValueError(f"orpheus_rope {rope!r}: expected one of {', '.join(self.ROPE)}")
+        if rope == "triton":
+            from models.orpheus.rope_triton import rope_qkv
+
+            self._rope = rope_qkv
+        else:
+            self._rope = self._compiled_rope
+        self.rope = rope
 
     def _linear(self, x: Any, w: Weight, dtype: torch.dtype) -> Tensor:
         """x: an activation [T, K] (bf16 weights) or its (x8, scale) pair (fp8) -> [T, N] in ``dtype``."""

@@ -1,0 +1,75 @@
+"""The rotary embedding in one Triton kernel (``orpheus_rope=triton``), run in Triton's CPU
+interpreter (``tests.triton_interpreter``): the same q, k and v as the fused forward's ``_rope``,
+exactly in float32 and within one rounding of it in bfloat16; the setting's values checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.triton_interpreter import run_interpreted
+
+pytestmark = pytest.mark.timeout(900)  # (the module's interpreter run lands on its first test)
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    return run_interpreted(Path(__file__).resolve().parent / "rope_triton_run.py")
+
+
+def test_it_rotates_as_the_fused_forward(interpreted: dict) -> None:
+    """Orpheus-3B's 24 + 8 heads of 128 and small layouts (heads not a power of two, a head of
+    24), one token and several, the projection a strided view: float32 equal to ``_rope``;
+    bfloat16 the float32 result rounded once (never off by more than a rounding), the values
+    copied unchanged; q, k and v contiguous in the input's dtype."""
+    cases = {k: v for k, v in interpreted["cases"].items() if k != "refused"}
+    assert len(cases) == 6
+    for name, c in cases.items():
+        assert c["shapes"] and c["contiguous"] and c["dtype"] and c["v_equal"], name
+        assert c["rounded_once"], name
+        if "float32" in name:
+            assert c["equal_fp32"], name
+        else:  # the eager form rounds after each op: within a few bfloat16 steps of the values' size
+            assert c["max_err_eager"] <= c["max_abs"] * 2 ** -6, name
+
+
+def test_a_projection_of_the_wrong_width_is_refused(interpreted: dict) -> None:
+    assert "is not [T, 6]" in interpreted["cases"]["refused"]
+
+
+def test_an_unknown_setting_is_refused_before_the_weights_load() -> None:
+    from models.orpheus.build import build_orpheus_backend
+
+    with pytest.raises(ValueError, match="orpheus_rope 'fast': expected one of compiled, triton"):
+        build_orpheus_backend("tiny", device="cpu", load_format="dummy", max_num_seqs=2, max_model_len=64,
+                              orpheus_rope="fast")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_forward_is_the_compiled_ones() -> None:
+    """The tiny model's fused forward on the GPU in bfloat16, the kernel against the compiled
+    rotation: the same hidden states to bfloat16 rounding."""
+    from models.orpheus.config import TINY
+    from models.orpheus.fused_forward import FusedLlamaForward
+    from models.orpheus.llama import LlamaModel
+
+    model = LlamaModel(TINY, max_seq_len=64).init_random_(seed=0).eval().to("cuda", torch.bfloat16)
+    fwd = FusedLlamaForward(model)
+    ids = torch.randint(0, 1000, (9,), device="cuda")
+    pos = torch.arange(9, device="cuda")
+
+    def attn(i, q, k, v):  # causal attention over the 9 tokens, GQA
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                                             is_causal=True)
+        return o.transpose(0, 1)
+
+    with torch.inference_mode():
+        want = fwd(ids, pos, attn)
+        fwd.set_rope("triton")
+        got = fwd(ids, pos, attn)
+    assert torch.allclose(got.float(), want.float(), rtol=0.05, atol=0.05)
