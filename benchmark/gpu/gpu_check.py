@@ -42,7 +42,7 @@ def _fused(model: torch.nn.Module, args: argparse.Namespace):
         return None
     from models.orpheus.fused_forward import FusedLlamaForward
 
-    return FusedLlamaForward.for_model(model)
+    return FusedLlamaForward.for_model(model, rope="triton")  # (the served default with CUDA graphs)
 
 
 def _log(msg: str) -> None:

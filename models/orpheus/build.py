@@ -55,15 +55,15 @@ def load(ctx: LoadContext) -> ProgramModel:
     for segments that start under load, 1024 on the CPU), ``codec_device`` (SNAC, its window
     graphs and its stateful codec on another device than the LM, e.g. "cuda:1"; the codec
     takes its frames from the host, so nothing else moves), ``orpheus_rope`` (the graphed
-    forward's rotary embedding: "compiled", the default, or "triton": one kernel a layer,
-    ``models.orpheus.rope_triton``)."""
+    forward's rotary embedding: "triton", the default with CUDA graphs: one kernel a layer,
+    ``models.orpheus.rope_triton``; or "compiled": ``torch.compile``'s three)."""
     from engine.llm.fp8 import quantise_decoder_linears_
     from models.orpheus.fused_forward import FusedLlamaForward
     from models.orpheus.loader import SNAC_HUB_ID, load_orpheus
     from models.orpheus.program import OrpheusProgram
 
     device = ctx.device
-    rope = ctx.setting("orpheus_rope", "compiled")
+    rope = ctx.setting("orpheus_rope", "triton" if ctx.use_graphs else "compiled")
     if rope not in FusedLlamaForward.ROPE:
         raise ValueError(f"orpheus_rope {rope!r}: expected one of {', '.join(FusedLlamaForward.ROPE)}")
     model, tokenizer, llama_config = load_orpheus(

@@ -5,8 +5,9 @@ in one Triton kernel (``orpheus_rope=triton``; docs/orpheus.md, "Fused forward")
 k (``x cos + rotate_half(x) sin``) and makes all three contiguous. ``torch.compile`` (dynamic
 shapes) made it three kernels a layer: on an H100 at 448 rows 22.0 µs for the queries, 5.3 for
 the keys and 4.4 for the values' copy, some 32 µs for about 9 MB moved (engine_profile's kernel
-table, 2026-12-05). Here one program is one token: it reads the token's row once, rotates its
-hq + hkv heads in float32 and writes q, k and v, rounding once as the compiled form does.
+table, 2026-12-05). Here a program is four heads of one token's row: it reads them once, rotates
+those of q and k in float32 (rounding once, as the compiled form does) and writes them to q, k or
+v.
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ def rope_qkv(qkv: Tensor, cos: Tensor, sin: Tensor, hq: int, hkv: int, d: int) -
     v = torch.empty(t, hkv, d, dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q, k, v
-    half = d // 2
-    rope_qkv_kernel[(t,)](qkv, cos, sin, q, k, v, qkv.stride(0), cos.stride(0), sin.stride(0),
-                          HQ=hq, HKV=hkv, HALF=half, BLOCK_H=triton.next_power_of_2(hq + hkv),
-                          BLOCK_HALF=triton.next_power_of_2(half), BLOCK_V=triton.next_power_of_2(hkv * d),
-                          num_warps=4)
+    heads = hq + 2 * hkv
+    block_h = 4  # heads a program: 10 programs a token for Orpheus-3B's 40 (one program was
+    # latency-bound at one token: 10.4 µs against 7.5 for the compiled form on an H100)
+    rope_qkv_kernel[(t, triton.cdiv(heads, block_h))](
+        qkv, cos, sin, q, k, v, qkv.stride(0), cos.stride(0), sin.stride(0),
+        HQ=hq, HKV=hkv, HALF=d // 2, BLOCK_H=block_h, BLOCK_HALF=triton.next_power_of_2(d // 2), num_warps=1)
     return q, k, v
 
 
@@ -54,12 +56,13 @@ if triton is not None:  # (else the kernel is not made: the caller says Triton i
     @triton.jit
     def rope_qkv_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, row_stride, cos_stride, sin_stride,
                         HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-                        BLOCK_HALF: tl.constexpr, BLOCK_V: tl.constexpr):
+                        BLOCK_HALF: tl.constexpr):
         tok = tl.program_id(0).to(tl.int64)
         D: tl.constexpr = 2 * HALF
-        h = tl.arange(0, BLOCK_H)[:, None]  # the rotated heads: q's hq, then k's hkv
+        # this program's heads of the projection: q's hq, k's hkv (rotated), then v's hkv (copied)
+        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
         j = tl.arange(0, BLOCK_HALF)[None, :]  # a position in the first half of a head
-        inside = (h < HQ + HKV) & (j < HALF)
+        inside = (h < HQ + 2 * HKV) & (j < HALF)
         row = qkv_ptr + tok * row_stride
         x1 = tl.load(row + h * D + j, mask=inside, other=0.0).to(tl.float32)
         x2 = tl.load(row + h * D + HALF + j, mask=inside, other=0.0).to(tl.float32)
@@ -67,17 +70,18 @@ if triton is not None:  # (else the kernel is not made: the caller says Triton i
         c2 = tl.load(cos_ptr + tok * cos_stride + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)
         s1 = tl.load(sin_ptr + tok * sin_stride + j, mask=j < HALF, other=0.0).to(tl.float32)
         s2 = tl.load(sin_ptr + tok * sin_stride + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)
-        y1 = (x1 * c1 - x2 * s1).to(q_ptr.dtype.element_ty)  # rotate_half's first half is -x2
-        y2 = (x2 * c2 + x1 * s2).to(q_ptr.dtype.element_ty)
+        rotated = h < HQ + HKV
+        y1 = tl.where(rotated, x1 * c1 - x2 * s1, x1).to(q_ptr.dtype.element_ty)  # rotate_half's first half: -x2
+        y2 = tl.where(rotated, x2 * c2 + x1 * s2, x2).to(q_ptr.dtype.element_ty)
         is_q = inside & (h < HQ)
         q_at = q_ptr + tok * (HQ * D) + h * D + j
         tl.store(q_at, y1, mask=is_q)
         tl.store(q_at + HALF, y2, mask=is_q)
-        is_k = inside & (h >= HQ)
+        is_k = inside & (h >= HQ) & rotated
         k_at = k_ptr + tok * (HKV * D) + (h - HQ) * D + j
         tl.store(k_at, y1, mask=is_k)
         tl.store(k_at + HALF, y2, mask=is_k)
-        c = tl.arange(0, BLOCK_V)  # the values, copied
-        vmask = c < HKV * D
-        vals = tl.load(row + (HQ + HKV) * D + c, mask=vmask, other=0.0)
-        tl.store(v_ptr + tok * (HKV * D) + c, vals, mask=vmask)
+        is_v = inside & (h >= HQ + HKV)
+        v_at = v_ptr + tok * (HKV * D) + (h - HQ - HKV) * D + j
+        tl.store(v_at, y1, mask=is_v)
+        tl.store(v_at + HALF, y2, mask=is_v)

@@ -69,7 +69,8 @@ def test_on_cuda_the_forward_is_the_compiled_ones() -> None:
         return o.transpose(0, 1)
 
     with torch.inference_mode():
-        want = fwd(ids, pos, attn)
+        want, want1 = fwd(ids, pos, attn), fwd(ids[:1], pos[:1], attn)
         fwd.set_rope("triton")
-        got = fwd(ids, pos, attn)
+        got, got1 = fwd(ids, pos, attn), fwd(ids[:1], pos[:1], attn)  # (one row: the compiled form)
     assert torch.allclose(got.float(), want.float(), rtol=0.05, atol=0.05)
+    assert torch.equal(got1, want1)
