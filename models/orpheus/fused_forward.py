@@ -103,13 +103,16 @@ class FusedLlamaForward:
     the GEMMs run in fp8 (``use_scaled_mm``: None = on CUDA); ``is_fp8`` tells which.
     ``rope``: how the queries and keys are rotated out of the QKV projection, one of ``ROPE``:
     "compiled" (``_rope`` through ``torch.compile``, or eager without ``compile``) or "triton"
-    (``models.orpheus.rope_triton``, one kernel; CUDA; a one-row step keeps the compiled form).
+    (``models.orpheus.layer_triton``, one kernel; CUDA; a one-row step keeps the compiled form).
+    ``silu_mul``: the gate's SiLU times the up projection, "compiled" or "triton" (one kernel,
+    CUDA); with fp8 weights the compiled form, which also quantises its output, always.
     """
 
     ROPE = ("compiled", "triton")
+    SILU_MUL = ("compiled", "triton")
 
     def __init__(self, model: Any, *, compile: bool = True, use_scaled_mm: bool | None = None,
-                 rope: str = "compiled") -> None:
+                 rope: str = "compiled", silu_mul: str = "compiled") -> None:
         cfg = model.config
         self.model = model
         self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -134,24 +137,28 @@ class FusedLlamaForward:
         wrap = (lambda f: torch.compile(f, dynamic=True, fullgraph=True)) if compile else (lambda f: f)
         self._compiled_rope = wrap(_rope)
         self.set_rope(rope)
+        self._compiled_silu_mul = wrap(_silu_mul_q if self.is_fp8 else _silu_mul)
+        self.set_silu_mul(silu_mul)
         if self.is_fp8:
             self._rmsnorm, self._add_rmsnorm = wrap(_rmsnorm_q), wrap(_add_rmsnorm_q)
-            self._silu_mul, self._quant = wrap(_silu_mul_q), wrap(quantise_rowwise)
+            self._quant = wrap(quantise_rowwise)
             self._final_add_rmsnorm = wrap(_add_rmsnorm)
         else:
             self._rmsnorm, self._add_rmsnorm = wrap(_rmsnorm), wrap(_add_rmsnorm)
-            self._silu_mul, self._quant = wrap(_silu_mul), (lambda x: x)
+            self._quant = lambda x: x
             self._final_add_rmsnorm = self._add_rmsnorm
 
     @classmethod
-    def for_model(cls, model: Any, *, compile: bool = True, rope: str = "compiled") -> FusedLlamaForward:
+    def for_model(cls, model: Any, *, compile: bool = True, rope: str = "compiled",
+                  silu_mul: str = "compiled") -> FusedLlamaForward:
         """The model's fused forward, built once per model (its weights are shared, not copied)."""
         fwd = getattr(model, "_fused_forward", None)
         if fwd is None:
-            fwd = cls(model, compile=compile, rope=rope)
+            fwd = cls(model, compile=compile, rope=rope, silu_mul=silu_mul)
             model._fused_forward = fwd
         else:
             fwd.set_rope(rope)
+            fwd.set_silu_mul(silu_mul)
         return fwd
 
     def set_rope(self, rope: str) -> None:
@@ -159,12 +166,23 @@ class FusedLlamaForward:
         if rope not in self.ROPE:
             raise ValueError(f"orpheus_rope {rope!r}: expected one of {', '.join(self.ROPE)}")
         if rope == "triton":
-            from models.orpheus.rope_triton import rope_qkv
+            from models.orpheus.layer_triton import rope_qkv
 
             self._rope = rope_qkv
         else:
             self._rope = self._compiled_rope
         self.rope = rope
+
+    def set_silu_mul(self, silu_mul: str) -> None:
+        """Take the gate's SiLU times the up projection the ``silu_mul`` way (before capture)."""
+        if silu_mul not in self.SILU_MUL:
+            raise ValueError(f"orpheus_silu_mul {silu_mul!r}: expected one of {', '.join(self.SILU_MUL)}")
+        self._silu_mul = self._compiled_silu_mul
+        if silu_mul == "triton" and not self.is_fp8:
+            from models.orpheus.layer_triton import silu_mul as silu_mul_triton
+
+            self._silu_mul = silu_mul_triton
+        self.silu_mul = silu_mul
 
     def _linear(self, x: Any, w: Weight, dtype: torch.dtype) -> Tensor:
         """x: an activation [T, K] (bf16 weights) or its (x8, scale) pair (fp8) -> [T, N] in ``dtype``."""

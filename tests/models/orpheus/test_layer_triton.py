@@ -1,6 +1,8 @@
-"""The rotary embedding in one Triton kernel (``orpheus_rope=triton``), run in Triton's CPU
-interpreter (``tests.triton_interpreter``): the same q, k and v as the fused forward's ``_rope``,
-exactly in float32 and within one rounding of it in bfloat16; the setting's values checked."""
+"""The fused layer's Triton kernels (``orpheus_rope=triton``, ``orpheus_silu_mul=triton``), run in
+Triton's CPU interpreter (``tests.triton_interpreter``): the same q, k and v as the fused
+forward's ``_rope``, exactly in float32 and within one rounding of it in bfloat16; the same
+SiLU-mul as ``_silu_mul`` to float32 rounding, within one bfloat16 rounding; the settings'
+values checked."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ pytestmark = pytest.mark.timeout(900)  # (the module's interpreter run lands on 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    return run_interpreted(Path(__file__).resolve().parent / "rope_triton_run.py")
+    return run_interpreted(Path(__file__).resolve().parent / "layer_triton_run.py")
 
 
 def test_it_rotates_as_the_fused_forward(interpreted: dict) -> None:
@@ -39,19 +41,37 @@ def test_a_projection_of_the_wrong_width_is_refused(interpreted: dict) -> None:
     assert "is not [T, 6]" in interpreted["cases"]["refused"]
 
 
+def test_silu_mul_is_the_fused_forwards(interpreted: dict) -> None:
+    """Orpheus-3B's width (8,192), the tiny one, widths that are no multiple of the kernel's
+    block, one row and several, the projection a strided view; an odd width refused."""
+    cases = {k: v for k, v in interpreted["silu"].items() if k != "refused"}
+    assert len(cases) == 5
+    for name, c in cases.items():
+        assert c["shape"] and c["dtype"] and c["contiguous"], name
+        if "float32" in name:
+            assert c["max_rel_fp32"] < 1e-6, name
+        else:  # one rounding to bfloat16 (8 bits): at most 2^-7 of the value, toward zero
+            assert c["max_rel_fp32"] <= 2 ** -7, name
+            assert c["max_rel_fp32"] > 0, name  # (it was rounded: the comparison is not vacuous)
+    assert "is not [T, 2I]" in interpreted["silu"]["refused"]
+
+
 def test_an_unknown_setting_is_refused_before_the_weights_load() -> None:
     from models.orpheus.build import build_orpheus_backend
 
     with pytest.raises(ValueError, match="orpheus_rope 'fast': expected one of compiled, triton"):
         build_orpheus_backend("tiny", device="cpu", load_format="dummy", max_num_seqs=2, max_model_len=64,
                               orpheus_rope="fast")
+    with pytest.raises(ValueError, match="orpheus_silu_mul 'fast': expected one of compiled, triton"):
+        build_orpheus_backend("tiny", device="cpu", load_format="dummy", max_num_seqs=2, max_model_len=64,
+                              orpheus_silu_mul="fast")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_cuda_the_forward_is_the_compiled_ones() -> None:
-    """The tiny model's fused forward on the GPU in bfloat16, the kernel against the compiled
-    rotation: the same hidden states to bfloat16 rounding."""
+    """The tiny model's fused forward on the GPU in bfloat16, the kernels against the compiled
+    rotation and SiLU-mul: the same hidden states to bfloat16 rounding."""
     from models.orpheus.config import TINY
     from models.orpheus.fused_forward import FusedLlamaForward
     from models.orpheus.llama import LlamaModel
@@ -71,6 +91,7 @@ def test_on_cuda_the_forward_is_the_compiled_ones() -> None:
     with torch.inference_mode():
         want, want1 = fwd(ids, pos, attn), fwd(ids[:1], pos[:1], attn)
         fwd.set_rope("triton")
+        fwd.set_silu_mul("triton")
         got, got1 = fwd(ids, pos, attn), fwd(ids[:1], pos[:1], attn)  # (one row: the compiled form)
     assert torch.allclose(got.float(), want.float(), rtol=0.05, atol=0.05)
-    assert torch.equal(got1, want1)
+    assert torch.allclose(got1.float(), want1.float(), rtol=0.05, atol=0.05)

@@ -1,7 +1,8 @@
-"""Run by tests/models/orpheus/test_rope_triton.py in the Triton venv with TRITON_INTERPRET=1:
-``rope_triton.rope_qkv`` against ``fused_forward._rope`` (eager) on Orpheus-3B's head layout
+"""Run by tests/models/orpheus/test_layer_triton.py in the Triton venv with TRITON_INTERPRET=1:
+``layer_triton.rope_qkv`` against ``fused_forward._rope`` (eager) on Orpheus-3B's head layout
 and the tiny one, float32 and bfloat16, rows of the projection wider than the projection (a
-strided view) and cos / sin as the fused forward slices them. Prints one JSON object."""
+strided view) and cos / sin as the fused forward slices them; ``layer_triton.silu_mul`` against
+``fused_forward._silu_mul``. Prints one JSON object."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import os
 import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
-from models.orpheus.fused_forward import _rope  # noqa: E402
-from models.orpheus.rope_triton import rope_qkv  # noqa: E402
+from models.orpheus.fused_forward import _rope, _silu_mul  # noqa: E402
+from models.orpheus.layer_triton import rope_qkv, silu_mul  # noqa: E402
 
 g = torch.Generator().manual_seed(0)
 cases = {}
@@ -49,4 +50,32 @@ try:
     cases["refused"] = False
 except ValueError as e:
     cases["refused"] = str(e)
-print(json.dumps({"cases": cases}))
+
+def _one_rounding(got: torch.Tensor, want32: torch.Tensor) -> bool:
+    """``got`` is ``want32`` rounded once to its dtype: to nearest or toward zero."""
+    nearest = want32.to(got.dtype)
+    toward_zero = (want32.view(torch.int32) & ~0xFFFF).view(torch.float32).to(got.dtype)
+    return bool(((got == nearest) | (got == toward_zero)).all())
+
+
+silu = {}
+# (tokens, width I, dtype, extra columns beside each row): Orpheus-3B's 8,192, the tiny 128, a
+# width that is no multiple of the block
+for t, width, dtype, pad in ((3, 8192, torch.float32, 0), (2, 8192, torch.bfloat16, 0), (5, 128, torch.bfloat16, 0),
+                             (4, 3000, torch.float32, 16), (1, 37, torch.bfloat16, 0)):
+    gu = (torch.randn(t, 2 * width + pad, generator=g) * 3).to(dtype)[:, : 2 * width]
+    got = silu_mul(gu)
+    want32 = _silu_mul(gu.float())
+    name = f"{t}x{width} {str(dtype).removeprefix('torch.')} pad={pad}"
+    silu[name] = {
+        "shape": list(got.shape) == [t, width], "dtype": got.dtype == dtype, "contiguous": got.is_contiguous(),
+        # float32: the same to float32 rounding (exp and the division are the interpreter's numpy ones)
+        "max_rel_fp32": float(((got.float() - want32).abs() / want32.abs().clamp_min(1e-6)).max()),
+        "rounded_once": _one_rounding(got, want32) if dtype == torch.bfloat16 else None,
+    }
+try:
+    silu_mul(torch.zeros(2, 7))
+    silu["refused"] = False
+except ValueError as e:
+    silu["refused"] = str(e)
+print(json.dumps({"cases": cases, "silu": silu}))
