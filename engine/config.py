@@ -100,6 +100,10 @@ class EngineConfig:
     # tensor cores were slower at the contexts served segments hold (128 and 256 tokens: 12-59%
     # longer with bf16 pages) and faster only at 512 (6-15% shorter).
     decode_attention: str = "cuda-cores"
+    # How a step's keys and values are stored into the KV cache (engine.llm.attention.write_kv):
+    # "index" (default: two index_put kernels a layer) or "triton" (one kernel a layer on CUDA,
+    # engine.llm.kv_write_triton; not yet timed on a GPU; fp8 caches keep index_put).
+    kv_write: str = "index"
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,
     # 512, 512, 1387 (a start buffer fills a frame later, with less of a deficit behind it).
@@ -179,6 +183,8 @@ class EngineConfig:
             raise ValueError("async_plan must be on or off")
         if self.decode_attention not in DECODE_ATTENTION_KERNELS:
             raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_KERNELS)}")
+        if self.kv_write not in ("index", "triton"):
+            raise ValueError("kv_write must be index or triton")
         if self.hold_undue_prompts not in ("on", "off"):
             raise ValueError("hold_undue_prompts must be on or off")
         if self.sampler_kernel not in ("auto", "torch", "triton"):

@@ -355,6 +355,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                       help="FlashInfer's decode kernel in the CUDA graphs: its CUDA-core decode "
                            "kernel, or its tensor-core prefill kernel (cuda-cores: tensor cores "
                            "were slower at served contexts on an H200)")
+    tune.add_argument("--kv-write", default=EngineConfig.kv_write, choices=["index", "triton"],
+                      help="how a step's keys and values are stored into the KV cache: two "
+                           "index_put kernels a layer, or one Triton kernel (CUDA; not yet timed)")
     tune.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
                       metavar="SAMPLES",
                       help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "

@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                              "benchmark.gpu.decode_attention compares the kernels alone)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="engine.llm.fp8 (CUDA)")
     parser.add_argument("--quantization", default="none", choices=["none", "fp8"], help="engine.llm.fp8 (CUDA)")
+    parser.add_argument("--kv-write", default="index", choices=["index", "triton"],
+                        help="how keys and values are stored into the KV cache (voxgate serve --kv-write)")
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="a model setting (voxgate serve --model-setting), repeatable")
     parser.add_argument("--json", default=None, help="write the figures here")
@@ -198,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         async_steps=args.async_steps, mixed_graphs="on" if args.mixed_graphs == "compare" else args.mixed_graphs,
         max_num_seqs=max(batches) + 2 * args.prompts_per_step + 1,
         kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization, decode_attention=args.decode_attention,
+        kv_write=args.kv_write,
         **({"prefill_wait_s": 0.0, "prefill_batch_seqs": 0} if args.prompts_per_step else {}),
         **dict(kv.split("=", 1) for kv in args.setting),
     )
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"engine step on {name}; model {args.model} ({args.load_format}); torch {torch.__version__}; "
           f"{args.prompts_per_step} fresh prompts per step; mixed graphs {args.mixed_graphs}; "
           f"async plan {args.async_plan}; decode attention {args.decode_attention}; "
-          f"kv cache {args.kv_cache_dtype}, quantization {args.quantization}"
+          f"kv cache {args.kv_cache_dtype}, quantization {args.quantization}, kv write {args.kv_write}"
           + (f"; settings {' '.join(args.setting)}" if args.setting else ""))
     header = f"{'batch':>6} {'mixed':>5} {'plan':>5} {'running':>7} " + " ".join(f"{p:>11}" for p in PHASES) + f" {'total':>8} {'p90':>8}"
     print(header + "   (medians, ms)")
@@ -244,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"device": name, "model": args.model, "prompts_per_step": args.prompts_per_step,
                        "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
                        "mixed_graphs": args.mixed_graphs, "async_plan": args.async_plan,
-                       "decode_attention": args.decode_attention, "settings": args.setting,
+                       "decode_attention": args.decode_attention, "settings": args.setting, "kv_write": args.kv_write,
                        "results": results}, f, indent=1)
     return 0
 

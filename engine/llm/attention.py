@@ -24,10 +24,31 @@ __all__ = [
     "KVCacheSpec",
     "TorchPagedAttention",
     "allocate_kv_caches",
+    "KV_WRITE_KINDS",
     "build_attention_metadata",
+    "set_kv_write",
     "torch_paged_attention_factory",
     "write_kv",
 ]
+
+# How ``write_kv`` stores a step's keys and values (EngineConfig.kv_write): "index" (two
+# index_put kernels) or "triton" (one kernel, ``engine.llm.kv_write_triton``; CUDA caches not in
+# fp8, others keep index_put). One engine a process: ``build_lm_backend`` sets it.
+KV_WRITE_KINDS = ("index", "triton")
+_kv_write = "index"
+
+
+def set_kv_write(kind: str) -> None:
+    """Choose ``write_kv``'s kernels for this process (``KV_WRITE_KINDS``); "triton" needs Triton."""
+    global _kv_write
+    if kind not in KV_WRITE_KINDS:
+        raise ValueError(f"kv_write must be one of {', '.join(KV_WRITE_KINDS)}, got {kind!r}")
+    if kind == "triton":
+        from engine.llm import kv_write_triton
+
+        if kv_write_triton.triton is None:
+            raise ValueError("--kv-write triton needs Triton (it comes with CUDA torch)")
+    _kv_write = kind
 
 
 @dataclass(frozen=True)
@@ -132,8 +153,14 @@ def write_kv(
 ) -> None:
     """Store each new token's K/V at ``(page, offset)``, cast to the cache's dtype (fp8: saturated).
 
-    index_put on the K and V views: no host sync, capturable in a CUDA graph.
+    index_put on the K and V views (or, with ``set_kv_write("triton")`` and a CUDA cache not in
+    fp8, one Triton kernel for both): no host sync, capturable in a CUDA graph.
     """
+    if _kv_write == "triton" and cache.is_cuda and not is_fp8(cache.dtype):
+        from engine.llm.kv_write_triton import write_kv_triton
+
+        write_kv_triton(cache, page, offset, k, v)
+        return
     dst, k = _as_stored(cache, k)
     dst[:, 0][page, offset] = k
     dst, v = _as_stored(cache, v)

@@ -172,6 +172,7 @@ def build_lm_backend(
     mixed_graphs: bool | str | None = None,
     async_plan: bool | str | None = None,
     decode_attention: str | None = None,
+    kv_write: str | None = None,
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
     warmup: bool = True,
@@ -217,10 +218,12 @@ def build_lm_backend(
     ``MixedGraphs`` (decode rows and fresh prompts in one replay) where the program supports it;
     "off" (default). ``async_plan``: "on" / True (default): the graphs' attention plans do not
     wait for the step in flight. ``decode_attention``: FlashInfer's decode kernel in the graphs,
-    "cuda-cores" (default) or "tensor-cores".
+    "cuda-cores" (default) or "tensor-cores". ``kv_write``: how keys and values are stored into
+    the cache, "index" (default) or "triton" (CUDA; ``attention.set_kv_write``, for the process).
     """
     import torch
 
+    from engine.llm.attention import set_kv_write
     from engine.llm.fp8 import resolve_fp8_options
     from engine.llm.model_runner import kv_bytes_per_page, num_pages_for_memory
     from engine.llm.page_allocator import PageAllocator
@@ -244,6 +247,10 @@ def build_lm_backend(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but torch sees no CUDA GPU")
+    asked_write = pick(kv_write, "kv_write", "index")
+    if asked_write == "triton" and not str(device).startswith("cuda"):
+        raise ValueError(f"--kv-write triton needs CUDA (device {device!r})")
+    set_kv_write(asked_write)  # (one engine a process, as the sampler's kernel)
     if dtype_name == "auto":
         dtype_name = "bfloat16" if device == "cuda" else "float32"
     torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype_name]
