@@ -36,19 +36,22 @@ __all__ = [
 # fp8, others keep index_put). One engine a process: ``build_lm_backend`` sets it.
 KV_WRITE_KINDS = ("index", "triton")
 _kv_write = "index"
+_write_kv_triton = None  # kv_write_triton.write_kv_triton while "triton" is set
 
 
 def set_kv_write(kind: str) -> None:
     """Choose ``write_kv``'s kernels for this process (``KV_WRITE_KINDS``); "triton" needs Triton."""
-    global _kv_write
+    global _kv_write, _write_kv_triton
     if kind not in KV_WRITE_KINDS:
         raise ValueError(f"kv_write must be one of {', '.join(KV_WRITE_KINDS)}, got {kind!r}")
+    writer = None
     if kind == "triton":
         from engine.llm import kv_write_triton
 
         if kv_write_triton.triton is None:
             raise ValueError("--kv-write triton needs Triton (it comes with CUDA torch)")
-    _kv_write = kind
+        writer = kv_write_triton.write_kv_triton
+    _kv_write, _write_kv_triton = kind, writer
 
 
 @dataclass(frozen=True)
@@ -156,10 +159,8 @@ def write_kv(
     index_put on the K and V views (or, with ``set_kv_write("triton")`` and a CUDA cache not in
     fp8, one Triton kernel for both): no host sync, capturable in a CUDA graph.
     """
-    if _kv_write == "triton" and cache.is_cuda and not is_fp8(cache.dtype):
-        from engine.llm.kv_write_triton import write_kv_triton
-
-        write_kv_triton(cache, page, offset, k, v)
+    if _write_kv_triton is not None and cache.is_cuda and not is_fp8(cache.dtype):
+        _write_kv_triton(cache, page, offset, k, v)
         return
     dst, k = _as_stored(cache, k)
     dst[:, 0][page, offset] = k
