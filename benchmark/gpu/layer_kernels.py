@@ -4,12 +4,15 @@
     python -m benchmark.gpu.layer_kernels --rows 1,64,256,448 [--iters 50] [--json OUT]
 
 "rope" is one layer's rotation of q and k and the copy of v out of the QKV projection, "silu"
-one layer's SiLU-mul; "forward" is ``FusedLlamaForward`` over all 28 layers with random
-Orpheus-3B weights (bf16) and a stand-in for the attention (the queries pass through: the same
-for every variant), with the rotation and SiLU-mul as named (compiled / compiled, triton /
-compiled, triton / triton): their differences are those parts' share of a decode step. Medians
-in ms; the kernel counts of one eager call in brackets. ``--device cpu --preset tiny`` runs the
-compiled forms eagerly (a smoke run: no Triton, no graphs).
+one layer's SiLU-mul, "kv" one layer's store of its keys and values into a paged cache (the
+runtime's ``attention.write_kv``, ``--kv-write index`` or ``triton``); "forward" is
+``FusedLlamaForward`` over all 28 layers with random Orpheus-3B weights (bf16) and a stand-in for
+the attention (the queries pass through, no cache: the same for every variant), with the
+rotation and SiLU-mul as named (compiled / compiled, triton / compiled, triton / triton): their
+differences are those parts' share of a decode step. Medians in ms; the kernel counts of one
+eager call in brackets. Each figure alone is one CUDA graph's replay, its launch included.
+``--device cpu --preset tiny`` runs the compiled forms and index_put eagerly (a smoke run: no
+Triton, no graphs).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import torch
 
+    from engine.llm.attention import set_kv_write, write_kv
     from models.orpheus.fused_forward import FusedLlamaForward
     from models.orpheus.loader import load_orpheus
 
@@ -52,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", "")) if cuda else ""
     print(f"the fused layer's pointwise parts on {name} {uuid}; preset {args.preset}; torch {torch.__version__}; "
           f"{args.iters} replays each (medians, ms)")
-    heads = [f"rope {k}" for k in kinds] + [f"silu {k}" for k in kinds] + [f"forward {r}/{s}" for r, s in forwards]
+    heads = [f"{part} {k}" for part in ("rope", "silu") for k in kinds]
+    heads += [f"kv {w}" for w in (["index", "triton"] if cuda else ["index"])]
+    heads += [f"forward {r}/{s}" for r, s in forwards]
     print(f"{'rows':>6} " + " ".join(f"{h:>24}" for h in heads))
     g = torch.Generator(device=args.device).manual_seed(0)
     results = []
@@ -76,6 +82,19 @@ def main(argv: list[str] | None = None) -> int:
                 count = kernel_table(fn, 0)[0] if cuda else None
                 row[f"{part}_{k}_kernels"] = count
                 cells.append(f"{ms:>15.4f}" + f" ({count if count is not None else '-'})".rjust(9))
+        page_size, pages = 16, (t + 15) // 16 + 1
+        cache = torch.zeros(pages, 2, page_size, hkv, d, device=args.device, dtype=dtype)
+        slots = torch.randperm(pages * page_size, device=args.device, generator=g)[:t]
+        page, offset = slots // page_size, slots % page_size
+        k_new, v_new = qkv[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d), qkv[:, (hq + hkv) * d :].reshape(t, hkv, d)
+        for w in (["index", "triton"] if cuda else ["index"]):
+            set_kv_write(w)
+            fn = (lambda: write_kv(cache, page, offset, k_new, v_new))
+            row[f"kv_{w}_ms"] = ms = time_it(fn)
+            count = kernel_table(fn, 0)[0] if cuda else None
+            row[f"kv_{w}_kernels"] = count
+            cells.append(f"{ms:>15.4f}" + f" ({count if count is not None else '-'})".rjust(9))
+        set_kv_write("index")
         for r, s in forwards:
             fwd.set_rope(r)
             fwd.set_silu_mul(s)
