@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The kernel candidates against the defaults on one GPU in one device call (about 6 minutes with
+# The kernel candidates against the defaults on one GPU in one device call (5-10 minutes with
 # the caches in .fi_cache/): `layer_kernels` (the rotation, SiLU-mul and the KV write alone, and
 # Orpheus's forward with each), then `engine_profile` at BATCHES once per VARIANTS entry, all on
 # the same machine, so the step times compare (docs/performance.md, "The engine alone").
