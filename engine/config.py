@@ -14,6 +14,8 @@ __all__ = ["EngineConfig"]
 
 # FlashInfer decode kernels the CUDA graphs can capture (EngineConfig.decode_attention)
 DECODE_ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
+# How the KV cache is written (EngineConfig.kv_write, engine.llm.attention.set_kv_write)
+KV_WRITE_KINDS = ("index", "triton")
 
 
 @dataclass(frozen=True)
@@ -183,8 +185,8 @@ class EngineConfig:
             raise ValueError("async_plan must be on or off")
         if self.decode_attention not in DECODE_ATTENTION_KERNELS:
             raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_KERNELS)}")
-        if self.kv_write not in ("index", "triton"):
-            raise ValueError("kv_write must be index or triton")
+        if self.kv_write not in KV_WRITE_KINDS:
+            raise ValueError(f"kv_write must be {' or '.join(KV_WRITE_KINDS)}")
         if self.hold_undue_prompts not in ("on", "off"):
             raise ValueError("hold_undue_prompts must be on or off")
         if self.sampler_kernel not in ("auto", "torch", "triton"):

@@ -15,7 +15,7 @@ from dataclasses import fields
 from typing import Callable
 
 from engine.admission import ADMISSION_POLICIES, AdmissionConfig
-from engine.config import DECODE_ATTENTION_KERNELS, EngineConfig
+from engine.config import DECODE_ATTENTION_KERNELS, KV_WRITE_KINDS, EngineConfig
 from engine.core import CoreConfig
 from gateway.config import MAX_ENGINES, GatewayConfig
 from models import registry
@@ -355,7 +355,7 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                       help="FlashInfer's decode kernel in the CUDA graphs: its CUDA-core decode "
                            "kernel, or its tensor-core prefill kernel (cuda-cores: tensor cores "
                            "were slower at served contexts on an H200)")
-    tune.add_argument("--kv-write", default=EngineConfig.kv_write, choices=["index", "triton"],
+    tune.add_argument("--kv-write", default=EngineConfig.kv_write, choices=list(KV_WRITE_KINDS),
                       help="how a step's keys and values are stored into the KV cache: two "
                            "index_put kernels a layer, or one Triton kernel (CUDA; not yet timed)")
     tune.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,

@@ -20,6 +20,7 @@ from collections import defaultdict
 from typing import Any
 
 from benchmark.args import list_type, number_type
+from engine.config import KV_WRITE_KINDS
 
 __all__ = ["main", "measure"]
 
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                              "benchmark.gpu.decode_attention compares the kernels alone)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="engine.llm.fp8 (CUDA)")
     parser.add_argument("--quantization", default="none", choices=["none", "fp8"], help="engine.llm.fp8 (CUDA)")
-    parser.add_argument("--kv-write", default="index", choices=["index", "triton"],
+    parser.add_argument("--kv-write", default="index", choices=list(KV_WRITE_KINDS),
                         help="how keys and values are stored into the KV cache (voxgate serve --kv-write)")
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="a model setting (voxgate serve --model-setting), repeatable")

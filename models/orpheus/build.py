@@ -65,11 +65,8 @@ def load(ctx: LoadContext) -> ProgramModel:
 
     device = ctx.device
     rope = ctx.setting("orpheus_rope", "triton" if ctx.use_graphs else "compiled")
-    if rope not in FusedLlamaForward.ROPE:
-        raise ValueError(f"orpheus_rope {rope!r}: expected one of {', '.join(FusedLlamaForward.ROPE)}")
     silu_mul = ctx.setting("orpheus_silu_mul", "compiled")
-    if silu_mul not in FusedLlamaForward.SILU_MUL:
-        raise ValueError(f"orpheus_silu_mul {silu_mul!r}: expected one of {', '.join(FusedLlamaForward.SILU_MUL)}")
+    FusedLlamaForward.check(rope, silu_mul)  # (before the weights load)
     model, tokenizer, llama_config = load_orpheus(
         ctx.model_id, device=device, dtype=ctx.dtype, load_format=ctx.load_format, max_seq_len=ctx.max_model_len
     )

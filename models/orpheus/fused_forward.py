@@ -161,10 +161,16 @@ class FusedLlamaForward:
             fwd.set_silu_mul(silu_mul)
         return fwd
 
+    @classmethod
+    def check(cls, rope: str = "compiled", silu_mul: str = "compiled") -> None:
+        """Refuse an unknown ``orpheus_rope`` / ``orpheus_silu_mul`` (ValueError)."""
+        for name, value, known in (("orpheus_rope", rope, cls.ROPE), ("orpheus_silu_mul", silu_mul, cls.SILU_MUL)):
+            if value not in known:
+                raise ValueError(f"{name} {value!r}: expected one of {', '.join(known)}")
+
     def set_rope(self, rope: str) -> None:
         """Rotate the queries and keys the ``rope`` way (before graphs are captured)."""
-        if rope not in self.ROPE:
-            raise ValueError(f"orpheus_rope {rope!r}: expected one of {', '.join(self.ROPE)}")
+        self.check(rope=rope)
         if rope == "triton":
             from models.orpheus.layer_triton import rope_qkv
 
@@ -175,8 +181,7 @@ class FusedLlamaForward:
 
     def set_silu_mul(self, silu_mul: str) -> None:
         """Take the gate's SiLU times the up projection the ``silu_mul`` way (before capture)."""
-        if silu_mul not in self.SILU_MUL:
-            raise ValueError(f"orpheus_silu_mul {silu_mul!r}: expected one of {', '.join(self.SILU_MUL)}")
+        self.check(silu_mul=silu_mul)
         self._silu_mul = self._compiled_silu_mul
         if silu_mul == "triton" and not self.is_fp8:
             from models.orpheus.layer_triton import silu_mul as silu_mul_triton
