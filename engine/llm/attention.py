@@ -22,6 +22,7 @@ __all__ = [
     "AttentionBackend",
     "AttentionMetadata",
     "KVCacheSpec",
+    "KV_WRITE_KINDS",
     "TorchPagedAttention",
     "allocate_kv_caches",
     "build_attention_metadata",
@@ -30,10 +31,12 @@ __all__ = [
     "write_kv",
 ]
 
-# How ``write_kv`` stores a step's keys and values (EngineConfig.kv_write, one of
-# engine.config.KV_WRITE_KINDS): "index" (two index_put kernels) or "triton" (one kernel,
-# ``engine.llm.kv_write_triton``; CUDA caches not in fp8, others keep index_put). One engine a
-# process: ``build_lm_backend`` sets it.
+# How ``write_kv`` stores a step's keys and values (EngineConfig.kv_write): "index" (two
+# index_put kernels) or "triton" (one kernel, ``engine.llm.kv_write_triton``; CUDA caches not in
+# fp8, others keep index_put). One engine a process: ``build_lm_backend`` sets it. The same kinds
+# as engine.config.KV_WRITE_KINDS, which the runtime may not import (engine.config pulls in the
+# gateway's messages; the Triton venv that builds backends for the kernel tests lacks msgpack).
+KV_WRITE_KINDS = ("index", "triton")
 _kv_write = "index"
 _write_kv_triton = None  # kv_write_triton.write_kv_triton while "triton" is set
 
@@ -41,8 +44,6 @@ _write_kv_triton = None  # kv_write_triton.write_kv_triton while "triton" is set
 def set_kv_write(kind: str) -> None:
     """Choose ``write_kv``'s kernels for this process (``KV_WRITE_KINDS``); "triton" needs Triton."""
     global _kv_write, _write_kv_triton
-    from engine.config import KV_WRITE_KINDS  # (here: the module stays light for the kernel's tests)
-
     if kind not in KV_WRITE_KINDS:
         raise ValueError(f"kv_write must be one of {', '.join(KV_WRITE_KINDS)}, got {kind!r}")
     writer = None
