@@ -57,7 +57,9 @@ def load(ctx: LoadContext) -> ProgramModel:
     takes its frames from the host, so nothing else moves), ``orpheus_rope`` (the graphed
     forward's rotary embedding: "triton", the default with CUDA graphs: one kernel a layer,
     ``models.orpheus.layer_triton``; or "compiled": ``torch.compile``'s three), ``orpheus_silu_mul``
-    (its SiLU-mul: "compiled", the default, or "triton", bf16 weights only; not yet timed)."""
+    (its SiLU-mul: "compiled", the default, or "triton"; not yet timed), ``orpheus_norm`` (its
+    residual adds and RMSNorms, with fp8 weights the activations' quantisation fused in:
+    "compiled", the default, or "triton"; not yet timed)."""
     from engine.llm.fp8 import quantise_decoder_linears_
     from models.orpheus.fused_forward import FusedLlamaForward
     from models.orpheus.loader import SNAC_HUB_ID, load_orpheus
@@ -66,7 +68,8 @@ def load(ctx: LoadContext) -> ProgramModel:
     device = ctx.device
     rope = ctx.setting("orpheus_rope", "triton" if ctx.use_graphs else "compiled")
     silu_mul = ctx.setting("orpheus_silu_mul", "compiled")
-    FusedLlamaForward.check(rope, silu_mul)  # (before the weights load)
+    norm = ctx.setting("orpheus_norm", "compiled")
+    FusedLlamaForward.check(rope, silu_mul, norm)  # (before the weights load)
     model, tokenizer, llama_config = load_orpheus(
         ctx.model_id, device=device, dtype=ctx.dtype, load_format=ctx.load_format, max_seq_len=ctx.max_model_len
     )
@@ -79,7 +82,8 @@ def load(ctx: LoadContext) -> ProgramModel:
     program = OrpheusProgram(tokenizer, codec, model_name=ctx.model_id, decode_fn=decode_fn,
                              stream_codec=stream_codec, window_frames=window_frames,
                              **_ramp_steps(ctx.setting("ramp_step_samples", 0), device))
-    graph_forward = FusedLlamaForward.for_model(model, rope=rope, silu_mul=silu_mul) if ctx.use_graphs else None
+    graph_forward = FusedLlamaForward.for_model(model, rope=rope, silu_mul=silu_mul,
+                                                 norm=norm) if ctx.use_graphs else None
     return ProgramModel(program=program, model=model, kv_shape=llama_config, graph_forward=graph_forward,
                         defaults=ORPHEUS_DEFAULTS, codec_device=codec_device)
 

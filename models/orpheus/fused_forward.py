@@ -6,13 +6,14 @@ The kernels per layer, weight sharing and numerics: docs/orpheus.md, "Fused forw
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.llm.fp8 import Fp8Linear, Fp8Weight, fp8_gemm, quantise_rowwise
+from engine.llm.fp8 import FP8_DTYPE, Fp8Linear, Fp8Weight, fp8_gemm, quantise_rowwise
 
 __all__ = ["FusedLlamaForward"]
 
@@ -105,14 +106,17 @@ class FusedLlamaForward:
     "compiled" (``_rope`` through ``torch.compile``, or eager without ``compile``) or "triton"
     (``models.orpheus.layer_triton``, one kernel; CUDA; a one-row step keeps the compiled form).
     ``silu_mul``: the gate's SiLU times the up projection, "compiled" or "triton" (one kernel,
-    CUDA); with fp8 weights the compiled form, which also quantises its output, always.
+    CUDA; with fp8 weights it quantises its output too, as the compiled form). ``norm``: the
+    residual adds and RMSNorms, "compiled" or "triton" (one kernel each, CUDA; with fp8 weights
+    they quantise their outputs, and the attention's output is quantised by a kernel too).
     """
 
     ROPE = ("compiled", "triton")
     SILU_MUL = ("compiled", "triton")
+    NORM = ("compiled", "triton")
 
     def __init__(self, model: Any, *, compile: bool = True, use_scaled_mm: bool | None = None,
-                 rope: str = "compiled", silu_mul: str = "compiled") -> None:
+                 rope: str = "compiled", silu_mul: str = "compiled", norm: str = "compiled") -> None:
         cfg = model.config
         self.model = model
         self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -140,31 +144,31 @@ class FusedLlamaForward:
         self._compiled_silu_mul = wrap(_silu_mul_q if self.is_fp8 else _silu_mul)
         self.set_silu_mul(silu_mul)
         if self.is_fp8:
-            self._rmsnorm, self._add_rmsnorm = wrap(_rmsnorm_q), wrap(_add_rmsnorm_q)
-            self._quant = wrap(quantise_rowwise)
-            self._final_add_rmsnorm = wrap(_add_rmsnorm)
+            self._compiled_norm = (wrap(_rmsnorm_q), wrap(_add_rmsnorm_q), wrap(quantise_rowwise), wrap(_add_rmsnorm))
         else:
-            self._rmsnorm, self._add_rmsnorm = wrap(_rmsnorm), wrap(_add_rmsnorm)
-            self._quant = lambda x: x
-            self._final_add_rmsnorm = self._add_rmsnorm
+            rms, add_rms = wrap(_rmsnorm), wrap(_add_rmsnorm)
+            self._compiled_norm = (rms, add_rms, lambda x: x, add_rms)
+        self.set_norm(norm)
 
     @classmethod
     def for_model(cls, model: Any, *, compile: bool = True, rope: str = "compiled",
-                  silu_mul: str = "compiled") -> FusedLlamaForward:
+                  silu_mul: str = "compiled", norm: str = "compiled") -> FusedLlamaForward:
         """The model's fused forward, built once per model (its weights are shared, not copied)."""
         fwd = getattr(model, "_fused_forward", None)
         if fwd is None:
-            fwd = cls(model, compile=compile, rope=rope, silu_mul=silu_mul)
+            fwd = cls(model, compile=compile, rope=rope, silu_mul=silu_mul, norm=norm)
             model._fused_forward = fwd
         else:
             fwd.set_rope(rope)
             fwd.set_silu_mul(silu_mul)
+            fwd.set_norm(norm)
         return fwd
 
     @classmethod
-    def check(cls, rope: str = "compiled", silu_mul: str = "compiled") -> None:
-        """Refuse an unknown ``orpheus_rope`` / ``orpheus_silu_mul`` (ValueError)."""
-        for name, value, known in (("orpheus_rope", rope, cls.ROPE), ("orpheus_silu_mul", silu_mul, cls.SILU_MUL)):
+    def check(cls, rope: str = "compiled", silu_mul: str = "compiled", norm: str = "compiled") -> None:
+        """Refuse an unknown ``orpheus_rope`` / ``orpheus_silu_mul`` / ``orpheus_norm`` (ValueError)."""
+        for name, value, known in (("orpheus_rope", rope, cls.ROPE), ("orpheus_silu_mul", silu_mul, cls.SILU_MUL),
+                                   ("orpheus_norm", norm, cls.NORM)):
             if value not in known:
                 raise ValueError(f"{name} {value!r}: expected one of {', '.join(known)}")
 
@@ -183,11 +187,27 @@ class FusedLlamaForward:
         """Take the gate's SiLU times the up projection the ``silu_mul`` way (before capture)."""
         self.check(silu_mul=silu_mul)
         self._silu_mul = self._compiled_silu_mul
-        if silu_mul == "triton" and not self.is_fp8:
+        if silu_mul == "triton":
             from models.orpheus.layer_triton import silu_mul as silu_mul_triton
 
-            self._silu_mul = silu_mul_triton
+            self._silu_mul = functools.partial(silu_mul_triton, quantise=FP8_DTYPE) if self.is_fp8 else silu_mul_triton
         self.silu_mul = silu_mul
+
+    def set_norm(self, norm: str) -> None:
+        """Take the residual adds and RMSNorms (and with fp8 weights the activations'
+        quantisation) the ``norm`` way (before capture)."""
+        self.check(norm=norm)
+        self._rmsnorm, self._add_rmsnorm, self._quant, self._final_add_rmsnorm = self._compiled_norm
+        if norm == "triton":
+            from models.orpheus.layer_triton import add_rmsnorm, quantise_rows
+
+            q = FP8_DTYPE if self.is_fp8 else None
+            self._rmsnorm = lambda x, w, eps: add_rmsnorm(x, None, w, eps, quantise=q)[0]
+            self._add_rmsnorm = lambda x, r, w, eps: add_rmsnorm(x, r, w, eps, quantise=q)
+            self._final_add_rmsnorm = lambda x, r, w, eps: add_rmsnorm(x, r, w, eps)
+            if self.is_fp8:
+                self._quant = lambda x: quantise_rows(x, FP8_DTYPE)
+        self.norm = norm
 
     def _linear(self, x: Any, w: Weight, dtype: torch.dtype) -> Tensor:
         """x: an activation [T, K] (bf16 weights) or its (x8, scale) pair (fp8) -> [T, N] in ``dtype``."""

@@ -32,6 +32,6 @@ def test_its_modules_and_options_exist() -> None:
     assert {"--setting", "--kv-write"} <= options
     assert [o for o in sorted(options) if f'"{o}"' not in profile] == []
     settings = set(re.findall(r"--setting (\w+)=", variants))
-    assert settings == {"orpheus_silu_mul", "orpheus_rope"}
+    assert settings == {"orpheus_silu_mul", "orpheus_rope", "orpheus_norm"}
     build = (ROOT / "models" / "orpheus" / "build.py").read_text()
     assert all(f'ctx.setting("{s}"' in build for s in settings)
