@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Serving settings against the defaults on one GPU in one device call: `h200_serving.sh` once per
+# VARIANTS entry (a fresh server each, the same LEVELS and MAX_TOKENS), into OUT_DIR/NAME with
+# SUMMARY_ONLY=1, so the levels compare on one machine (docs/scheduling.md, "Orpheus near its
+# capacity", says which settings the model favours). About 2-3 minutes a variant with the caches in
+# .fi_cache/ at two 15 s levels: run it through detach.sh.
+#
+#   bash benchmark/gpu/serve_ab.sh OUT_DIR [LEVELS] [MAX_TOKENS]
+#
+# VARIANTS: NAME=SERVE_ARGS entries separated by ";" (default: the defaults; the decode cap
+# measured under a ceiling of 512 rows; prefill batches of 16 with a 0.1 s wait; mixed graphs).
+# The environment h200_serving.sh reads passes through (RAMP_S, DURATION_S, MODEL, COMMIT, ...);
+# SINGLE_N defaults to 0 here, and the wheels are installed once.
+set -uo pipefail
+out=${1:?usage: benchmark/gpu/serve_ab.sh OUT_DIR [LEVELS] [MAX_TOKENS]}
+levels=${2:-480,512}
+max_tokens=${3:-170}
+variants=${VARIANTS:-"default=;cap_budget=--max-num-decode-seqs 512 --decode-cap-budget 0.85;prefill16=--prefill-batch-seqs 16 --prefill-wait-s 0.1;mixed=--mixed-graphs on"}
+mkdir -p "$out"
+export SUMMARY_ONLY=1 SINGLE_N=${SINGLE_N:-0} RAMP_S=${RAMP_S:-10} DURATION_S=${DURATION_S:-15}
+skip=${SKIP_WHEELS:-0}
+IFS=';' read -ra entries <<< "$variants"
+for entry in "${entries[@]}"; do
+  name=${entry%%=*}
+  echo "== $name: ${entry#*=}" | tee -a "$out/variants.txt"
+  SERVE_ARGS="${entry#*=}" SKIP_WHEELS=$skip bash benchmark/gpu/h200_serving.sh "$out/$name" "$levels" "$max_tokens"
+  skip=1
+  grep -E "^ +[0-9]+ +[0-9]+ " "$out/$name/summary.txt" | sed "s/^/$name /" | tee -a "$out/variants.txt"
+done
