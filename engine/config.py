@@ -12,8 +12,9 @@ from engine.llm.scheduler import LIGHT_SLACK_S
 
 __all__ = ["EngineConfig"]
 
-# FlashInfer decode kernels the CUDA graphs can capture (EngineConfig.decode_attention)
-DECODE_ATTENTION_KERNELS = ("cuda-cores", "tensor-cores")
+# Decode attention kernels the CUDA graphs can capture (EngineConfig.decode_attention): FlashInfer's
+# two, or the runtime's own Triton kernel (engine.llm.decode_attention_triton)
+DECODE_ATTENTION_KERNELS = ("cuda-cores", "tensor-cores", "triton")
 # How the KV cache is written (EngineConfig.kv_write, engine.llm.attention.set_kv_write)
 KV_WRITE_KINDS = ("index", "triton")
 
@@ -100,7 +101,8 @@ class EngineConfig:
     # FlashInfer's decode kernel in the CUDA graphs: "cuda-cores" (default: its decode kernel)
     # or "tensor-cores" (its prefill kernel). On an H200 (benchmark.gpu.decode_attention, run 27)
     # tensor cores were slower at the contexts served segments hold (128 and 256 tokens: 12-59%
-    # longer with bf16 pages) and faster only at 512 (6-15% shorter).
+    # longer with bf16 pages) and faster only at 512 (6-15% shorter). "triton": one Triton kernel
+    # of the runtime's own, no plan (engine.llm.decode_attention_triton; not yet timed).
     decode_attention: str = "cuda-cores"
     # How a step's keys and values are stored into the KV cache (engine.llm.attention.write_kv):
     # "index" (default: two index_put kernels a layer) or "triton" (one kernel a layer on CUDA,

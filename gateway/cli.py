@@ -352,9 +352,10 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                            "H200)")
     tune.add_argument("--decode-attention", default=EngineConfig.decode_attention,
                       choices=list(DECODE_ATTENTION_KERNELS),
-                      help="FlashInfer's decode kernel in the CUDA graphs: its CUDA-core decode "
+                      help="the decode attention in the CUDA graphs: FlashInfer's CUDA-core decode "
                            "kernel, or its tensor-core prefill kernel (cuda-cores: tensor cores "
-                           "were slower at served contexts on an H200)")
+                           "were slower at served contexts on an H200), or the runtime's Triton "
+                           "kernel (triton: not yet timed)")
     tune.add_argument("--kv-write", default=EngineConfig.kv_write, choices=list(KV_WRITE_KINDS),
                       help="how a step's keys and values are stored into the KV cache: two "
                            "index_put kernels a layer, or one Triton kernel (CUDA; not yet timed)")

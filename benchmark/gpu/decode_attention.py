@@ -1,5 +1,6 @@
-"""FlashInfer's paged decode attention alone at Orpheus-3B's shape, CUDA-core against tensor-core
-kernel, bf16 and fp8 pages, in CUDA graphs (GPU only; benchmark/gpu/README.md).
+"""Paged decode attention alone at Orpheus-3B's shape: FlashInfer's CUDA-core and tensor-core
+kernels and the runtime's Triton kernel (``--decode-attention triton``), bf16 and fp8 pages, in
+CUDA graphs (GPU only; benchmark/gpu/README.md).
 
     python -m benchmark.gpu.decode_attention --batch 256,384,512 --context 128,256,512 --kv-dtype bf16,fp8"""
 
@@ -20,7 +21,7 @@ __all__ = ["main"]
 
 HQ, HKV, D, PAGE = 24, 8, 128, 16
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
-KERNELS = ("cuda-cores", "tensor-cores")
+KERNELS = ("cuda-cores", "tensor-cores", "triton")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,19 +50,28 @@ def _case(kv: str, kernel: str, batch: int, context: int, layers: int, replays: 
     indices = torch.randperm(num_pages, device=dev, dtype=torch.int32)
     indptr = torch.arange(0, num_pages + 1, pages_per_row, dtype=torch.int32)
     last = torch.full((batch,), context - (pages_per_row - 1) * PAGE, dtype=torch.int32)
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        workspace, "NHD", use_cuda_graph=True, use_tensor_cores=kernel == "tensor-cores",
-        paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device=dev),
-        paged_kv_indices_buffer=torch.zeros(num_pages, dtype=torch.int32, device=dev),
-        paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32, device=dev),
-    )
-    wrapper.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=KV_DTYPES[kv])
     q = torch.randn(batch, HQ, D, device=dev, dtype=torch.bfloat16)
     out = torch.empty_like(q)
+    if kernel == "triton":
+        from engine.llm.decode_attention_triton import paged_decode_attention
 
-    def step() -> None:
-        for cache in caches:
-            wrapper.run(q, cache, out=out)
+        table = (indptr.to(dev), indices, last.to(dev))
+
+        def step() -> None:
+            for cache in caches:
+                paged_decode_attention(q, cache, *table, out=out)
+    else:
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_cuda_graph=True, use_tensor_cores=kernel == "tensor-cores",
+            paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device=dev),
+            paged_kv_indices_buffer=torch.zeros(num_pages, dtype=torch.int32, device=dev),
+            paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32, device=dev),
+        )
+        wrapper.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=KV_DTYPES[kv])
+
+        def step() -> None:
+            for cache in caches:
+                wrapper.run(q, cache, out=out)
 
     side = torch.cuda.Stream(dev)
     side.wait_stream(torch.cuda.current_stream(dev))

@@ -174,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--async-plan", default="on", choices=["on", "off", "compare"],
                         help="attention plans that do not wait for the step in flight (CudaGraphModelRunner; "
                              "on, as the engine's default); compare: both, one after the other on the same engine")
-    parser.add_argument("--decode-attention", default="cuda-cores", choices=["cuda-cores", "tensor-cores"],
-                        help="FlashInfer's decode kernel in the graphs (fixed at capture: one per run; "
+    parser.add_argument("--decode-attention", default="cuda-cores", choices=["cuda-cores", "tensor-cores", "triton"],
+                        help="the decode kernel in the graphs (FlashInfer's two, or the runtime's Triton one) (fixed at capture: one per run; "
                              "benchmark.gpu.decode_attention compares the kernels alone)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="engine.llm.fp8 (CUDA)")
     parser.add_argument("--quantization", default="none", choices=["none", "fp8"], help="engine.llm.fp8 (CUDA)")

@@ -2,19 +2,21 @@
 # The kernel candidates against the defaults on one GPU in one device call (an estimated 8-15
 # minutes with the caches in .fi_cache/, more for fp8's first compiles: run it through detach.sh):
 # `layer_kernels` (the rotation, SiLU-mul, the norms, fp8's quantisations and the KV write alone,
-# and Orpheus's forward with each, bf16 and fp8 weights), then `engine_profile` at BATCHES once per VARIANTS entry, all on
+# and Orpheus's forward with each, bf16 and fp8 weights), `decode_attention` (FlashInfer's kernels
+# and the runtime's Triton one alone), then `engine_profile` at BATCHES once per VARIANTS entry, all on
 # the same machine, so the step times compare (docs/performance.md, "The engine alone").
 #
 #   bash benchmark/gpu/kernel_ab.sh OUT_DIR [BATCHES]
 #
 # VARIANTS: NAME=ENGINE_PROFILE_ARGS entries separated by ";" (default: the defaults, SiLU-mul as
-# a kernel, the norms as kernels, the KV write as a kernel, the rotation compiled; then fp8
+# a kernel, the norms as kernels, the KV write as a kernel, the decode attention as the runtime's
+# Triton kernel, the rotation compiled; then fp8
 # weights with the defaults and with the norm and SiLU-mul kernels, which quantise). SKIP_WHEELS=1:
 # the wheels are in /tmp/site already. Needs what h200_serving.sh needs (.whl/, optionally .fi_cache/).
 set -uo pipefail
 out=${1:?usage: benchmark/gpu/kernel_ab.sh OUT_DIR [BATCHES]}
 batches=${2:-256,448}
-variants=${VARIANTS:-"default=;silu_triton=--setting orpheus_silu_mul=triton;norm_triton=--setting orpheus_norm=triton;kv_triton=--kv-write triton;rope_compiled=--setting orpheus_rope=compiled;fp8=--quantization fp8;fp8_kernels=--quantization fp8 --setting orpheus_norm=triton --setting orpheus_silu_mul=triton"}
+variants=${VARIANTS:-"default=;silu_triton=--setting orpheus_silu_mul=triton;norm_triton=--setting orpheus_norm=triton;kv_triton=--kv-write triton;attn_triton=--decode-attention triton;rope_compiled=--setting orpheus_rope=compiled;fp8=--quantization fp8;fp8_kernels=--quantization fp8 --setting orpheus_norm=triton --setting orpheus_silu_mul=triton"}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 [ "${SKIP_WHEELS:-0}" = 1 ] || python3 -m pip install -q --no-index --no-deps --no-compile \
@@ -27,6 +29,9 @@ nvidia-smi --query-gpu=name,uuid --format=csv | tee "$out/gpu.txt"
 echo "== layer_kernels"
 timeout 300 python3 -m benchmark.gpu.layer_kernels --rows 1,64,256,448 --fp8 --json "$out/layers.json" 2>&1 \
   | grep -v -i warn | tee "$out/layers.txt"
+echo "== decode_attention"
+timeout 240 python3 -m benchmark.gpu.decode_attention --batch 256,448 --context 128,256 --kv-dtype bf16 \
+  --json "$out/attention.json" 2>&1 | grep -v -i warn | tee "$out/attention.txt"
 IFS=';' read -ra entries <<< "$variants"
 for entry in "${entries[@]}"; do
   name=${entry%%=*}

@@ -217,8 +217,9 @@ def build_lm_backend(
     (default): on when the runner replays CUDA graphs. ``mixed_graphs``: "on" / True captures
     ``MixedGraphs`` (decode rows and fresh prompts in one replay) where the program supports it;
     "off" (default). ``async_plan``: "on" / True (default): the graphs' attention plans do not
-    wait for the step in flight. ``decode_attention``: FlashInfer's decode kernel in the graphs,
-    "cuda-cores" (default) or "tensor-cores". ``kv_write``: how keys and values are stored into
+    wait for the step in flight. ``decode_attention``: the decode kernel in the graphs,
+    FlashInfer's "cuda-cores" (default) or "tensor-cores", or "triton" (the runtime's own,
+    ``engine.llm.decode_attention_triton``). ``kv_write``: how keys and values are stored into
     the cache, "index" (default) or "triton" (CUDA; ``attention.set_kv_write``, for the process).
     """
     import torch
@@ -251,6 +252,11 @@ def build_lm_backend(
     if asked_write == "triton" and not str(device).startswith("cuda"):
         raise ValueError(f"--kv-write triton needs CUDA (device {device!r})")
     set_kv_write(asked_write)  # (one engine a process, as the sampler's kernel)
+    if pick(decode_attention, "decode_attention", "cuda-cores") == "triton" and str(device).startswith("cuda"):
+        from engine.llm import decode_attention_triton
+
+        if decode_attention_triton.triton is None:
+            raise ValueError("--decode-attention triton needs Triton (it comes with CUDA torch)")
     if dtype_name == "auto":
         dtype_name = "bfloat16" if device == "cuda" else "float32"
     torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype_name]

@@ -208,6 +208,7 @@ class DecodeGraphs:
         extra_specs: Sequence[TensorSpec] = (),
         tensor_cores: bool = False,
         variants: Sequence[int] = (),
+        decode_kernel: str | None = None,
     ) -> None:
         if not buckets:
             raise ValueError("no buckets")
@@ -222,7 +223,9 @@ class DecodeGraphs:
         self.max_pages_per_seq = max_pages_per_seq
         self.buckets = tuple(sorted(set(buckets)))
         self.extra_specs = list(extra_specs)
-        self.tensor_cores = tensor_cores  # GraphDecodeAttention's kernel
+        # the graphs' decode attention (DECODE_ATTENTION_KERNELS; None: from tensor_cores)
+        self.decode_kernel = decode_kernel or ("tensor-cores" if tensor_cores else "cuda-cores")
+        self.tensor_cores = self.decode_kernel == "tensor-cores"  # GraphDecodeAttention's kernel
         self.device = kv_caches[0].device
         self.variants = tuple(int(v) for v in variants)
         self._keys = set(self.keys())
@@ -260,15 +263,13 @@ class DecodeGraphs:
 
     def capture(self, *, progress: bool = True) -> None:
         """Capture one graph per (variant, bucket), largest first, sharing one memory pool."""
-        from engine.llm.flashinfer_attention import GraphDecodeAttention
-
         pool = torch.cuda.graph_pool_handle()
         workspace = torch.zeros(128 * 1024 * 1024, dtype=torch.uint8, device=self.device)
         keys = sorted(self.keys(), key=lambda k: (-k[1], k[0]))
         for v, b in _progress(keys, "decode graphs", progress):
-            attn = GraphDecodeAttention(
-                self.kv_caches, num_q_heads=self.num_q_heads, batch_size=b,
-                max_num_pages=b * self.max_pages_per_seq, workspace=workspace, tensor_cores=self.tensor_cores,
+            attn = graph_decode_attention(
+                self.decode_kernel, self.kv_caches, num_q_heads=self.num_q_heads, batch_size=b,
+                max_num_pages=b * self.max_pages_per_seq, workspace=workspace,
             )
             ids = torch.zeros(b, dtype=torch.int64, device=self.device)
             pos = torch.zeros(b, dtype=torch.int64, device=self.device)
@@ -306,6 +307,21 @@ class DecodeGraphs:
     def _scratch_metadata(self, b: int) -> Any:
         """Metadata for ``b`` padding rows only (used to plan the capture)."""
         return scratch_decode_metadata(b, scratch_page=self.scratch_page, page_size=self.page_size)
+
+
+def graph_decode_attention(kernel: str, kv_caches: list[torch.Tensor], **kw: Any) -> Any:
+    """A decode graph's attention for ``kernel`` (``DECODE_ATTENTION_KERNELS``): FlashInfer's
+    ``GraphDecodeAttention`` (its CUDA-core or tensor-core kernel) or the runtime's Triton one
+    (``engine.llm.decode_attention_triton.GraphTritonDecodeAttention``), which takes the same calls."""
+    if kernel not in DECODE_ATTENTION_KERNELS:
+        raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_KERNELS)}, got {kernel!r}")
+    if kernel == "triton":
+        from engine.llm.decode_attention_triton import GraphTritonDecodeAttention
+
+        return GraphTritonDecodeAttention(kv_caches, **kw)
+    from engine.llm.flashinfer_attention import GraphDecodeAttention
+
+    return GraphDecodeAttention(kv_caches, tensor_cores=kernel == "tensor-cores", **kw)
 
 
 def scratch_decode_metadata(b: int, *, scratch_page: int, page_size: int) -> Any:
@@ -409,7 +425,6 @@ class CudaGraphModelRunner(ModelRunner):
         kwargs.setdefault("attention_backend_factory", flashinfer_attention_factory)
         self.async_plan = async_plan
         self.decode_attention = decode_attention
-        tensor_cores = decode_attention == "tensor-cores"
         super().__init__(model, config, num_pages=num_pages + 1, **kwargs)
         self.scratch_page = num_pages
         # The step's forward in the graphs: the program's (e.g. a fused one), else the model's.
@@ -427,7 +442,7 @@ class CudaGraphModelRunner(ModelRunner):
             # keep, top_k
             extra_specs=[((), f32), ((), f32), ((), f32), ((), i64), ((), i64), ((), i64), ((), i64), ((), torch.bool),
                          ((), i64)],
-            tensor_cores=tensor_cores,
+            decode_kernel=decode_attention,
             variants=getattr(self.head, "variants", ()),
         )
         from engine.llm.prefill_graphs import DEFAULT_PREFILL_BUCKETS, DEFAULT_PREFILL_ROW_BUCKETS, PrefillGraphs
@@ -453,7 +468,7 @@ class CudaGraphModelRunner(ModelRunner):
                     scratch_page=self.scratch_page, max_pages_per_seq=self.graphs.max_pages_per_seq,
                     decode_buckets=mixed_buckets, token_buckets=token_buckets,
                     max_prompts=self.prefill_graphs.max_num_seqs, extra_specs=self.graphs.extra_specs,
-                    decode_tensor_cores=tensor_cores,
+                    decode_kernel=decode_attention,
                 )
         from engine.llm.decode_inputs import DecodeInputBuilder
 

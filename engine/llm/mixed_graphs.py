@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from engine.llm.cuda_graphs import (TensorSpec, _progress, bucket_for, capture_step, pad_decode_metadata,
-                                    scratch_decode_metadata)
+from engine.llm.cuda_graphs import (TensorSpec, _progress, bucket_for, capture_step, graph_decode_attention,
+                                    pad_decode_metadata, scratch_decode_metadata)
 from engine.llm.prefill_graphs import GraphPrefillAttention, pad_prefill_slots
 
 __all__ = ["MixedAttention", "MixedGraphs", "DEFAULT_MIXED_DECODE_BUCKETS", "DEFAULT_MIXED_TOKEN_BUCKETS",
@@ -75,6 +75,7 @@ class MixedGraphs:
         max_prompts: int = 16,
         extra_specs: Sequence[TensorSpec] = (),
         decode_tensor_cores: bool = False,
+        decode_kernel: str | None = None,
     ) -> None:
         if not decode_buckets or not token_buckets:
             raise ValueError("no buckets")
@@ -90,7 +91,9 @@ class MixedGraphs:
         self.token_buckets = tuple(sorted(set(token_buckets)))
         self.max_prompts = max_prompts
         self.extra_specs = list(extra_specs)
-        self.decode_tensor_cores = decode_tensor_cores  # the decode rows' GraphDecodeAttention kernel
+        # the decode rows' attention (DECODE_ATTENTION_KERNELS; None: from decode_tensor_cores)
+        self.decode_kernel = decode_kernel or ("tensor-cores" if decode_tensor_cores else "cuda-cores")
+        self.decode_tensor_cores = self.decode_kernel == "tensor-cores"
         self.device = kv_caches[0].device
         self._graphs: dict[tuple[int, int], _MixedGraph] = {}
 
@@ -108,16 +111,13 @@ class MixedGraphs:
 
     def capture(self, *, progress: bool = True) -> None:
         """One graph per (decode bucket, token bucket), largest first, sharing one memory pool."""
-        from engine.llm.flashinfer_attention import GraphDecodeAttention
-
         pool = torch.cuda.graph_pool_handle()
         workspace = torch.zeros(128 * 1024 * 1024, dtype=torch.uint8, device=self.device)
         r = self.max_prompts
         keys = [(b, t) for b in sorted(self.decode_buckets, reverse=True) for t in sorted(self.token_buckets, reverse=True)]
         for b, t in _progress(keys, "mixed graphs", progress):
-            dec = GraphDecodeAttention(self.kv_caches, num_q_heads=self.num_q_heads, batch_size=b,
-                                       max_num_pages=b * self.max_pages_per_seq, workspace=workspace,
-                                       tensor_cores=self.decode_tensor_cores)
+            dec = graph_decode_attention(self.decode_kernel, self.kv_caches, num_q_heads=self.num_q_heads,
+                                         batch_size=b, max_num_pages=b * self.max_pages_per_seq, workspace=workspace)
             pre = GraphPrefillAttention(self.kv_caches, num_q_heads=self.num_q_heads, num_tokens=t)
             attn = MixedAttention(dec, pre, b)
             ids = torch.zeros(b + t, dtype=torch.int64, device=self.device)

@@ -118,14 +118,14 @@ def test_cli_on_off_switches_reach_the_engine_config(flag, name, default):
 
 
 @pytest.mark.parametrize("flag, name, default, others, bad, refusal", [
-    ("--decode-attention", "decode_attention", "cuda-cores", ("tensor-cores",), "tensor",
-     "decode_attention must be one of cuda-cores, tensor-cores"),
+    ("--decode-attention", "decode_attention", "cuda-cores", ("tensor-cores", "triton"), "tensor",
+     "decode_attention must be one of cuda-cores, tensor-cores, triton"),
     ("--sampler-kernel", "sampler_kernel", "auto", ("torch", "triton"), "cuda",
      "sampler_kernel must be auto, torch or triton"),
     ("--kv-write", "kv_write", "index", ("triton",), "scatter", "kv_write must be index or triton"),
 ])
 def test_cli_choices_reach_the_engine_config(flag, name, default, others, bad, refusal):
-    """voxgate serve --decode-attention cuda-cores (default) | tensor-cores, --sampler-kernel
+    """voxgate serve --decode-attention cuda-cores (default) | tensor-cores | triton, --sampler-kernel
     auto (default) | torch | triton and --kv-write index (default) | triton reach EngineConfig;
     other values are refused by the parser and the config."""
     from engine.config import EngineConfig

@@ -223,15 +223,26 @@ def test_decode_kernel_choice_reaches_the_graph_wrappers(fake_flashinfer) -> Non
     cfg = TINY.with_(hidden_size=48, intermediate_size=96, num_attention_heads=HQ, num_key_value_heads=HKV,
                      head_dim=D, num_hidden_layers=2)
     model = LlamaModel(cfg, max_seq_len=64).init_random_(seed=0)
-    for kernel, tc in (("cuda-cores", False), ("tensor-cores", True)):
+    for kernel, tc in (("cuda-cores", False), ("tensor-cores", True), ("triton", False)):
         runner = CudaGraphModelRunner(model, cfg, device="cpu", dtype=torch.float32, num_pages=16, max_model_len=64,
                                       max_num_seqs=4, decode_buckets=(1, 4), prefill_buckets=(), capture=False,
                                       decode_attention=kernel)
         assert isinstance(runner.graphs, DecodeGraphs) and runner.graphs.tensor_cores is tc
+        assert runner.graphs.decode_kernel == kernel
         mixed = CudaGraphModelRunner(model, cfg, device="cpu", dtype=torch.float32, num_pages=16, max_model_len=64,
                                      max_num_seqs=4, decode_buckets=(1, 4), prefill_buckets=(32,), capture=False,
                                      mixed=True, mixed_decode_buckets=(4,), decode_attention=kernel)
         assert mixed.mixed_graphs is not None and mixed.mixed_graphs.decode_tensor_cores is tc
+        assert mixed.mixed_graphs.decode_kernel == kernel
+    # what each kernel captures: FlashInfer's wrapper, or the runtime's Triton attention
+    from engine.llm.cuda_graphs import graph_decode_attention
+    from engine.llm.decode_attention_triton import GraphTritonDecodeAttention
+
+    kw = dict(num_q_heads=HQ, batch_size=4, max_num_pages=32, workspace=torch.empty(0))
+    assert graph_decode_attention("tensor-cores", caches, **kw)._wrapper.use_tensor_cores is True
+    assert isinstance(graph_decode_attention("triton", caches, **kw), GraphTritonDecodeAttention)
+    with pytest.raises(ValueError, match="cuda-cores, tensor-cores, triton"):
+        graph_decode_attention("tpu", caches, **kw)
     with pytest.raises(ValueError, match="cuda-cores, tensor-cores"):
         CudaGraphModelRunner(model, cfg, device="cpu", dtype=torch.float32, num_pages=16, max_model_len=64,
                              max_num_seqs=4, prefill_buckets=(), capture=False, decode_attention="tpu")
