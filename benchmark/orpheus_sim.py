@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmark.light_steps_sim import _interp
 from engine.admission import AdmissionConfig
 from engine.backend import BackendInfo
 from engine.core import CoreConfig, EngineCore
@@ -42,13 +43,6 @@ FRAME_SAMPLES = 2048
 SAMPLE_RATE = 24000
 TOKENS_PER_AUDIO_S = TOKENS_PER_FRAME * SAMPLE_RATE / FRAME_SAMPLES  # 82.03
 REFUSAL_BACKOFF_S = (0.05, 5.0)  # benchmark.bench.load.REFUSAL_BACKOFF_S's bounds
-
-
-def _interp(x: float, points: tuple[tuple[int, float], ...]) -> float:
-    xs = [p[0] for p in points]
-    i = min(max(bisect.bisect_left(xs, x), 1), len(points) - 1)
-    (x0, y0), (x1, y1) = points[i - 1], points[i]
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 @dataclass(frozen=True)

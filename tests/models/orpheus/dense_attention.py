@@ -6,7 +6,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["DenseAttention"]
+__all__ = ["DenseAttention", "causal_attention"]
+
+
+def causal_attention(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """One sequence's causal attention over the step's own tokens, GQA, in float32 (a fused
+    forward's ``attn`` argument for one-step tests): q [T, Hq, D], k / v [T, Hkv, D] -> [T, Hq, D]."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    o = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1).float(), k.transpose(0, 1).float(),
+                                                         v.transpose(0, 1).float(), is_causal=True)
+    return o.transpose(0, 1).to(q.dtype)
 
 
 class DenseAttention:

@@ -136,6 +136,7 @@ def _forwards() -> dict:
     from models.orpheus.config import TINY
     from models.orpheus.fused_forward import FusedLlamaForward
     from models.orpheus.llama import LlamaModel
+    from tests.models.orpheus.dense_attention import causal_attention
 
     calls = {"add_rmsnorm": 0, "quantise_rows": 0, "silu_mul": 0}
     for fn in calls:  # the forward imports them at set_* time: count through the module
@@ -145,13 +146,6 @@ def _forwards() -> dict:
         setattr(layer_triton, fn, counted)
     ids, pos = torch.randint(0, 1000, (5,), generator=g), torch.arange(5)
 
-    def attn(i, q, k, v):  # causal attention over the tokens, GQA
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1).float(), k.transpose(0, 1).float(),
-                                                             v.transpose(0, 1).float(), is_causal=True)
-        return o.transpose(0, 1).to(q.dtype)
-
     out = {}
     for kind in ("bf16", "fp8"):
         model = LlamaModel(TINY, max_seq_len=64).init_random_(seed=0).eval().to(torch.bfloat16)
@@ -159,11 +153,11 @@ def _forwards() -> dict:
             quantise_decoder_linears_(model, use_scaled_mm=False)
         fwd = FusedLlamaForward(model, compile=False, use_scaled_mm=False)
         with torch.inference_mode():
-            want = fwd(ids, pos, attn).float()
+            want = fwd(ids, pos, causal_attention).float()
             fwd.set_norm("triton")
             fwd.set_silu_mul("triton")
             before = dict(calls)
-            got = fwd(ids, pos, attn).float()
+            got = fwd(ids, pos, causal_attention).float()
         layers = TINY.num_hidden_layers
         out[kind] = {
             "is_fp8": fwd.is_fp8,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.models.orpheus.dense_attention import causal_attention
 from tests.triton_interpreter import run_interpreted
 
 pytestmark = pytest.mark.timeout(900)  # (the module's interpreter run lands on its first test)
@@ -108,17 +109,10 @@ def test_on_cuda_the_forward_with_the_norm_kernels_is_the_compiled_ones(fp8: boo
     ids = torch.randint(0, 1000, (9,), device="cuda")
     pos = torch.arange(9, device="cuda")
 
-    def attn(i, q, k, v):  # causal attention over the 9 tokens, GQA
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                                             is_causal=True)
-        return o.transpose(0, 1)
-
     with torch.inference_mode():
-        want = fwd(ids, pos, attn)
+        want = fwd(ids, pos, causal_attention)
         fwd.set_norm("triton")
         fwd.set_silu_mul("triton")
-        got = fwd(ids, pos, attn)
+        got = fwd(ids, pos, causal_attention)
     tol = 0.1 if fp8 else 0.05
     assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.models.orpheus.dense_attention import causal_attention
 from tests.triton_interpreter import run_interpreted
 
 pytestmark = pytest.mark.timeout(900)  # (the module's interpreter run lands on its first test)
@@ -81,17 +82,10 @@ def test_on_cuda_the_forward_is_the_compiled_ones() -> None:
     ids = torch.randint(0, 1000, (9,), device="cuda")
     pos = torch.arange(9, device="cuda")
 
-    def attn(i, q, k, v):  # causal attention over the 9 tokens, GQA
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                                             is_causal=True)
-        return o.transpose(0, 1)
-
     with torch.inference_mode():
-        want, want1 = fwd(ids, pos, attn), fwd(ids[:1], pos[:1], attn)
+        want, want1 = fwd(ids, pos, causal_attention), fwd(ids[:1], pos[:1], causal_attention)
         fwd.set_rope("triton")
         fwd.set_silu_mul("triton")
-        got, got1 = fwd(ids, pos, attn), fwd(ids[:1], pos[:1], attn)  # (one row: the compiled form)
+        got, got1 = fwd(ids, pos, causal_attention), fwd(ids[:1], pos[:1], causal_attention)  # (one row: the compiled form)
     assert torch.allclose(got.float(), want.float(), rtol=0.05, atol=0.05)
     assert torch.allclose(got1.float(), want1.float(), rtol=0.05, atol=0.05)
