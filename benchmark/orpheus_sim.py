@@ -236,7 +236,6 @@ class _Client:
     first_audio: float | None = None
     samples: int = 0
     underruns: int = 0
-    queued: bool = False
 
 
 def simulate(offered: int, *, gpu: GpuSteps, cap: int = 384, budget: float = 0.0, headroom: float = 0.1,
@@ -318,8 +317,7 @@ def simulate(offered: int, *, gpu: GpuSteps, cap: int = 384, budget: float = 0.0
             if runner.launches == launches and clock.now == t0:  # nothing launched nor waited for: a pause
                 clock.now += 1e-3
             after = backend.step_counts()
-            g = gpu
-            clock.now += (g.after_ms + g.after_row_us * 1e-3 * (after[0] - counts[0])) / 1e3
+            clock.now += (gpu.after_ms + gpu.after_row_us * 1e-3 * (after[0] - counts[0])) / 1e3
             sample = sampler.on_step(t0, after[0] - counts[0], after[1] - counts[1])
             if sample is not None:
                 core.note_step(*sample, max_rows=backend.max_decode_rows, fill_rows=backend.decode_fill_rows)
