@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from engine.llm.attention import write_kv
+from engine.llm.flashinfer_attention import slot_to_page_offset  # (FlashInfer itself is imported lazily there)
 from engine.llm.fp8 import is_fp8
 
 try:  # Triton serves this kernel on CUDA (it comes with CUDA torch); a CPU install need not have it
@@ -109,8 +110,9 @@ class GraphTritonDecodeAttention:
             raise ValueError(f"{num_pages} pages for a graph of at most {self._indices.numel()}")
         dev = self._page.device
         slots = meta.slot_mapping.to(dev, dtype=torch.int64, non_blocking=True)
-        self._page.copy_(slots // self.page_size)
-        self._offset.copy_(slots % self.page_size)
+        page, offset = slot_to_page_offset(slots, self.page_size)
+        self._page.copy_(page)
+        self._offset.copy_(offset)
         self._indptr.copy_(_staged(meta.kv_indptr, dev))
         self._indices[:num_pages].copy_(_staged(meta.kv_indices, dev))
         self._last.copy_(_staged(meta.kv_last_page_len, dev))
