@@ -104,6 +104,11 @@ class EngineConfig:
     # longer with bf16 pages) and faster only at 512 (6-15% shorter). "triton": one Triton kernel
     # of the runtime's own, no plan (engine.llm.decode_attention_triton; not yet timed).
     decode_attention: str = "cuda-cores"
+    # The prefill graphs' token counts (engine.llm.prefill_graphs): a step's fresh prompts run in
+    # the smallest that holds them, padded. () = the default (32, 64, 128, 256, 512; those up to
+    # max_model_len). Finer steps pad less (three ~55-token prompts pad 165 tokens to 256) for a
+    # few more graphs to capture (not yet timed on a GPU).
+    prefill_token_buckets: tuple[int, ...] = ()
     # How a step's keys and values are stored into the KV cache (engine.llm.attention.write_kv):
     # "index" (default: two index_put kernels a layer) or "triton" (one kernel a layer on CUDA,
     # engine.llm.kv_write_triton; not yet timed on a GPU; fp8 caches keep index_put).
@@ -187,6 +192,10 @@ class EngineConfig:
             raise ValueError("async_plan must be on or off")
         if self.decode_attention not in DECODE_ATTENTION_KERNELS:
             raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_KERNELS)}")
+        if any(t < 1 for t in self.prefill_token_buckets) or \
+                list(self.prefill_token_buckets) != sorted(set(self.prefill_token_buckets)):
+            raise ValueError("prefill_token_buckets must be token counts >= 1 in increasing order, "
+                             f"got {','.join(map(str, self.prefill_token_buckets))}")
         if self.kv_write not in KV_WRITE_KINDS:
             raise ValueError(f"kv_write must be {' or '.join(KV_WRITE_KINDS)}")
         if self.hold_undue_prompts not in ("on", "off"):

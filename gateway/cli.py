@@ -356,6 +356,10 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                            "kernel, or its tensor-core prefill kernel (cuda-cores: tensor cores "
                            "were slower at served contexts on an H200), or the runtime's Triton "
                            "kernel (triton: not yet timed)")
+    tune.add_argument("--prefill-token-buckets", type=_token_counts,
+                      default=EngineConfig.prefill_token_buckets, metavar="N,N,...",
+                      help="the prefill graphs' token counts, increasing (default 32,64,128,256,512: "
+                           "finer steps pad prompts less for more graphs; not yet timed)")
     tune.add_argument("--kv-write", default=EngineConfig.kv_write, choices=list(KV_WRITE_KINDS),
                       help="how a step's keys and values are stored into the KV cache: two "
                            "index_put kernels a layer, or one Triton kernel (CUDA; not yet timed)")
@@ -457,6 +461,17 @@ def _engine_layout(gpus: tuple[str, ...], num_engines: int,
                          f"--gpus 0 --engines {num_engines} (engines sharing GPU 0) or --gpus "
                          "0,1,... (one engine per GPU)")
     return (), num_engines, ("cpu" if num_engines > 1 else device), 1
+
+
+def _token_counts(text: str) -> tuple[int, ...]:
+    """``--prefill-token-buckets 32,64,192`` -> (32, 64, 192): whole numbers >= 1, increasing."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected token counts separated by commas, got {text!r}") from None
+    if any(c < 1 for c in counts) or list(counts) != sorted(set(counts)):
+        raise argparse.ArgumentTypeError(f"expected increasing token counts >= 1, got {text!r}")
+    return counts
 
 
 def _model_setting(text: str) -> tuple[str, str]:

@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import importlib.util
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.llm.backend import LMBackend
@@ -24,6 +24,18 @@ __all__ = ["auto_decode_cap", "build_lm_backend", "model_setting_value"]
 log = logging.getLogger(__name__)
 
 ProgramLoader = Callable[[LoadContext], ProgramModel]
+
+
+def _prefill_buckets(asked: Sequence[int], max_model_len: int) -> list[int] | None:
+    """The prefill graphs' token counts from the setting: None (the runner's default) for ``()``;
+    those up to ``max_model_len``, refused when none is."""
+    if not asked:
+        return None
+    kept = [t for t in asked if t <= max_model_len]
+    if not kept:
+        raise ValueError(f"prefill_token_buckets {','.join(map(str, asked))}: none is within "
+                         f"max_model_len={max_model_len}")
+    return kept
 
 
 def _resolve_async(value: bool | str, runner: Any) -> bool:
@@ -172,6 +184,7 @@ def build_lm_backend(
     mixed_graphs: bool | str | None = None,
     async_plan: bool | str | None = None,
     decode_attention: str | None = None,
+    prefill_token_buckets: Sequence[int] | None = None,
     kv_write: str | None = None,
     attention_backend_factory: Any = None,
     runner_factory: Any = None,
@@ -221,6 +234,8 @@ def build_lm_backend(
     FlashInfer's "cuda-cores" (default) or "tensor-cores", or "triton" (the runtime's own,
     ``engine.llm.decode_attention_triton``). ``kv_write``: how keys and values are stored into
     the cache, "index" (default) or "triton" (CUDA; ``attention.set_kv_write``, for the process).
+    ``prefill_token_buckets``: the prefill graphs' token counts (``()``, default: the runner's
+    ``DEFAULT_PREFILL_BUCKETS``).
     """
     import torch
 
@@ -334,7 +349,10 @@ def build_lm_backend(
                                                graph_forward=loaded.graph_forward, mixed=mixed,
                                                mixed_decode_buckets=mixed_decode_buckets(decode_cap),
                                                async_plan=pick(async_plan, "async_plan", "on") in (True, "on"),
-                                               decode_attention=pick(decode_attention, "decode_attention", "cuda-cores"))
+                                               decode_attention=pick(decode_attention, "decode_attention", "cuda-cores"),
+                                               prefill_buckets=_prefill_buckets(
+                                                   pick(prefill_token_buckets, "prefill_token_buckets", ()),
+                                                   max_model_len))
         else:
             attention_backend_factory = attention_backend_factory or flashinfer_attention_factory
     runner_kw: dict[str, Any] = {}

@@ -75,7 +75,7 @@ def test_every_serve_option_has_a_description() -> None:
 # that --help must not print (it may come from VOXGATE_API_KEY), a size in MiB.
 _WORDED_DEFAULTS = {"--api-key", "--allowed-origins", "--allowed-hosts", "--ssl-certfile",
                     "--ssl-keyfile", "--data-dir", "--max-voice-upload-bytes", "--gpus", "--lora",
-                    "--compat-voice-map", "--codec-device", "--model-setting"}
+                    "--compat-voice-map", "--codec-device", "--model-setting", "--prefill-token-buckets"}
 
 
 def test_serve_help_shows_every_default(serve_help: str) -> None:

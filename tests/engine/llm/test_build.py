@@ -143,6 +143,32 @@ def test_cli_choices_reach_the_engine_config(flag, name, default, others, bad, r
         EngineConfig(**{name: bad})
 
 
+def test_prefill_token_buckets_reach_the_engine_config_and_bad_ones_are_refused():
+    """voxgate serve --prefill-token-buckets 32,64,192 reaches EngineConfig (default (): the
+    runner's own); counts not increasing, below 1 or not numbers are refused by the parser and
+    the config; the build keeps those within max_model_len and refuses a list with none."""
+    from engine.config import EngineConfig
+    from engine.llm.build import _prefill_buckets
+    from gateway.cli import build_parser, configs_from_args
+
+    parser = build_parser()
+    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus"]))
+    assert eng.prefill_token_buckets == ()
+    _, eng = configs_from_args(parser.parse_args(["serve", "--model", "orpheus",
+                                                  "--prefill-token-buckets", "32,64,192,256"]))
+    assert eng.prefill_token_buckets == (32, 64, 192, 256)
+    for bad in ("64,32", "0,32", "32,32", "32,x", ""):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--prefill-token-buckets", bad])
+    for bad in ((64, 32), (0, 32), (32, 32)):
+        with pytest.raises(ValueError, match="prefill_token_buckets must be token counts"):
+            EngineConfig(prefill_token_buckets=bad)
+    assert _prefill_buckets((), 2048) is None
+    assert _prefill_buckets((32, 96, 192, 512), 256) == [32, 96, 192]
+    with pytest.raises(ValueError, match="none is within max_model_len=128"):
+        _prefill_buckets((192, 256), 128)
+
+
 def test_hold_undue_prompts_reaches_the_scheduler(llm_tiny_dir, small_snac_dir):
     """EngineConfig(hold_undue_prompts="on") reaches the built scheduler. (--async-plan reaches
     the CUDA-graph runner, on a GPU only: tests/engine/llm/test_gpu.py.)"""
