@@ -19,6 +19,13 @@ DECODE_ATTENTION_KERNELS = ("cuda-cores", "tensor-cores", "triton")
 KV_WRITE_KINDS = ("index", "triton")
 
 
+def check_token_buckets(counts: tuple[int, ...]) -> None:
+    """Refuse prefill graph token counts that are not increasing whole numbers >= 1."""
+    if any(c < 1 for c in counts) or list(counts) != sorted(set(counts)):
+        raise ValueError("prefill_token_buckets must be token counts >= 1 in increasing order, "
+                         f"got {','.join(map(str, counts))}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     # A name, hub id or local checkpoint that models.registry resolves to a program: "hibari"
@@ -192,10 +199,7 @@ class EngineConfig:
             raise ValueError("async_plan must be on or off")
         if self.decode_attention not in DECODE_ATTENTION_KERNELS:
             raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_KERNELS)}")
-        if any(t < 1 for t in self.prefill_token_buckets) or \
-                list(self.prefill_token_buckets) != sorted(set(self.prefill_token_buckets)):
-            raise ValueError("prefill_token_buckets must be token counts >= 1 in increasing order, "
-                             f"got {','.join(map(str, self.prefill_token_buckets))}")
+        check_token_buckets(self.prefill_token_buckets)
         if self.kv_write not in KV_WRITE_KINDS:
             raise ValueError(f"kv_write must be {' or '.join(KV_WRITE_KINDS)}")
         if self.hold_undue_prompts not in ("on", "off"):

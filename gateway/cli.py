@@ -15,7 +15,7 @@ from dataclasses import fields
 from typing import Callable
 
 from engine.admission import ADMISSION_POLICIES, AdmissionConfig
-from engine.config import DECODE_ATTENTION_KERNELS, KV_WRITE_KINDS, EngineConfig
+from engine.config import DECODE_ATTENTION_KERNELS, KV_WRITE_KINDS, EngineConfig, check_token_buckets
 from engine.core import CoreConfig
 from gateway.config import MAX_ENGINES, GatewayConfig
 from models import registry
@@ -469,8 +469,10 @@ def _token_counts(text: str) -> tuple[int, ...]:
         counts = tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected token counts separated by commas, got {text!r}") from None
-    if any(c < 1 for c in counts) or list(counts) != sorted(set(counts)):
-        raise argparse.ArgumentTypeError(f"expected increasing token counts >= 1, got {text!r}")
+    try:
+        check_token_buckets(counts)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return counts
 
 
