@@ -169,6 +169,25 @@ def test_prefill_token_buckets_reach_the_engine_config_and_bad_ones_are_refused(
         _prefill_buckets((192, 256), 128)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_prefill_token_buckets_reach_the_prefill_graphs_and_serve(llm_tiny_dir, small_snac_dir):
+    """On CUDA the setting is the prefill graphs' token counts (those within max_model_len; by
+    default the runner's own), and a prompt is served with either."""
+    from engine.config import EngineConfig
+    from models.orpheus.build import build_orpheus_backend
+
+    for asked, expected in (((), (32, 64, 128, 256)), ((32, 48, 96, 512), (32, 48, 96))):
+        backend = build_orpheus_backend(str(llm_tiny_dir), config=EngineConfig(prefill_token_buckets=asked),
+                                        device="cuda", codec_path=str(small_snac_dir), max_num_seqs=4,
+                                        max_model_len=256)
+        assert backend.runner.prefill_graphs.buckets == expected
+        voice, opts = backend.validate("leo", {"max_tokens": 14, "seed": 1})
+        backend.add_job(1, "a prompt served through the prefill graphs", voice, opts)
+        assert not any(o.error for o in drain(backend))
+        backend.close()
+
+
 def test_hold_undue_prompts_reaches_the_scheduler(llm_tiny_dir, small_snac_dir):
     """EngineConfig(hold_undue_prompts="on") reaches the built scheduler. (--async-plan reaches
     the CUDA-graph runner, on a GPU only: tests/engine/llm/test_gpu.py.)"""
