@@ -27,6 +27,13 @@ def llm_tiny_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def llm_fi_dir(tmp_path_factory):
+    """The tiny Llama with head_dim 64, the smallest FlashInfer's kernels take (GPU tests that build
+    the CUDA-graph runner through the real loader; head_dim 16 is refused by FlashInfer)."""
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("llm_fi"), seed=1, head_dim=64)
+
+
+@pytest.fixture(scope="session")
 def llm_hf_model(llm_tiny_dir):
     """transformers' reference ``LlamaForCausalLM`` on the checkpoint, fp32, eval."""
     from transformers import LlamaForCausalLM

@@ -171,14 +171,14 @@ def test_prefill_token_buckets_reach_the_engine_config_and_bad_ones_are_refused(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_prefill_token_buckets_reach_the_prefill_graphs_and_serve(llm_tiny_dir, small_snac_dir):
+def test_prefill_token_buckets_reach_the_prefill_graphs_and_serve(llm_fi_dir, small_snac_dir):
     """On CUDA the setting is the prefill graphs' token counts (those within max_model_len; by
     default the runner's own), and a prompt is served with either."""
     from engine.config import EngineConfig
     from models.orpheus.build import build_orpheus_backend
 
     for asked, expected in (((), (32, 64, 128, 256)), ((32, 48, 96, 512), (32, 48, 96))):
-        backend = build_orpheus_backend(str(llm_tiny_dir), config=EngineConfig(prefill_token_buckets=asked),
+        backend = build_orpheus_backend(str(llm_fi_dir), config=EngineConfig(prefill_token_buckets=asked),
                                         device="cuda", codec_path=str(small_snac_dir), max_num_seqs=4,
                                         max_model_len=256)
         assert backend.runner.prefill_graphs.buckets == expected
@@ -254,14 +254,14 @@ def test_cli_codec_device_reaches_the_engine_config_and_bad_values_are_refused()
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
-def test_orpheus_codec_on_a_second_gpu_gives_the_audio_of_the_codec_beside_the_lm(llm_tiny_dir, small_snac_dir):
+def test_orpheus_codec_on_a_second_gpu_gives_the_audio_of_the_codec_beside_the_lm(llm_fi_dir, small_snac_dir):
     """The LM on cuda:0, the codec on cuda:1: the same greedy tokens give the same audio as with
     the codec on cuda:0 (bf16 codec: within its rounding)."""
     from models.orpheus.build import build_orpheus_backend
 
     audio = []
     for codec_device in (None, "cuda:1"):
-        backend = build_orpheus_backend(str(llm_tiny_dir), device="cuda", codec_path=str(small_snac_dir),
+        backend = build_orpheus_backend(str(llm_fi_dir), device="cuda", codec_path=str(small_snac_dir),
                                         max_num_seqs=4, max_model_len=256, codec_device=codec_device)
         voice, opts = backend.validate("leo", {"max_tokens": 70, "seed": 3, "temperature": 0})
         backend.add_job(1, "the codec may run elsewhere", voice, opts)
