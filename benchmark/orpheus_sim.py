@@ -6,6 +6,7 @@ concurrency mode runs them (docs/scheduling.md, "Orpheus near its capacity: a mo
 
     python -m benchmark.orpheus_sim [--streams 448,512] [--gpu h100-f904384] [--cap 384,448]
         [--budget 0,0.85] [--headroom 0.1] [--ramp-s 10] [--duration-s 15]
+        [--prefill-token-buckets none default 32,64,96,128,192,256,384,512]
 
 An estimate, not a measurement. Step times (``GpuSteps``) are the engine alone's decode step by
 rows (``benchmark.gpu.engine_profile``, medians) plus a prefill pass for a step with prompts and
@@ -51,6 +52,9 @@ class GpuSteps:
     past the last on its last segment's slope), plus ``prefill_ms + prefill_token_ms`` x tokens
     when the step has prompts (a second pass over the weights: the prefill graph), plus
     ``codec_frame_ms`` per frame the step before completed (the codec's kernels share the GPU).
+    ``prefill_buckets``: the prefill graphs' token counts, a pass's tokens padded up to the next
+    (``()``: unpadded, as the prefill terms were fitted; the served runner pads to
+    ``DEFAULT_PREFILL_BUCKETS`` or ``--prefill-token-buckets``).
     The host: ``launch_ms`` (+ ``launch_row_us`` a row) before the device can start a step,
     ``after_ms`` (+ ``after_row_us``) after it has the tokens of the one before."""
 
@@ -64,12 +68,19 @@ class GpuSteps:
     launch_row_us: float = 4.0
     after_ms: float = 0.5
     after_row_us: float = 3.0
+    prefill_buckets: tuple[int, ...] = ()
     source: str = ""
+
+    def padded(self, tokens: int) -> int:
+        """A prefill pass's tokens as its graph runs them: the next bucket up (the tokens
+        themselves past the last, or without buckets)."""
+        i = bisect.bisect_left(self.prefill_buckets, tokens)
+        return self.prefill_buckets[i] if i < len(self.prefill_buckets) else tokens
 
     def device_ms(self, rows: int, prompt_tokens: int, frames_before: int) -> float:
         ms = _interp(max(rows, 1), self.decode_ms) if rows else 0.0
         if prompt_tokens:
-            ms += self.prefill_ms + self.prefill_token_ms * prompt_tokens
+            ms += self.prefill_ms + self.prefill_token_ms * self.padded(prompt_tokens)
         return ms + self.codec_frame_ms * frames_before
 
 
@@ -103,6 +114,13 @@ class SimResult:
     capacity: list[tuple[float, int | None]] = field(default_factory=list)  # (t, estimate) a second
     admission: list[dict[str, Any]] = field(default_factory=list)  # the engine's admission snapshot a second
     decode_caps: list[int] = field(default_factory=list)
+    on_time_audio_s: float = 0.0  # audio of the streams that never underran
+    wall_s: float = 0.0
+
+    @property
+    def goodput(self) -> float:
+        """On-time audio seconds per second of the run, as ``voxgate bench`` reports it."""
+        return self.on_time_audio_s / self.wall_s if self.wall_s > 0 else 0.0
 
     def pct(self, q: float) -> float:
         xs = sorted(self.ttfa_ms)
@@ -304,6 +322,7 @@ def simulate(offered: int, *, gpu: GpuSteps, cap: int = 384, budget: float = 0.0
                     again += min(max(msg.retry_after_s or 1.0, lo), hi)
                 else:
                     result.underran += c.underruns > 0
+                    result.on_time_audio_s += c.samples / SAMPLE_RATE if not c.underruns else 0.0
                 if again < duration_s:
                     bisect.insort(starts, (again, w))
 
@@ -340,6 +359,7 @@ def simulate(offered: int, *, gpu: GpuSteps, cap: int = 384, budget: float = 0.0
             result.admission.append(dict(core.admission.snapshot(), t=clock.now, speaking=core.admission.demand))
             result.decode_caps.append(backend.max_decode_rows)
     result.queued = core.admission.counters.admitted_after_wait
+    result.wall_s = clock.now
     return result
 
 
@@ -361,6 +381,24 @@ def timeline(r: SimResult) -> list[str]:
     return out
 
 
+def _buckets(text: str) -> tuple[int, ...]:
+    """``--prefill-token-buckets``'s value: none, default or increasing counts (the runtime's check)."""
+    from engine.config import check_token_buckets
+
+    if text == "none":
+        return ()
+    if text == "default":
+        from engine.llm.prefill_graphs import DEFAULT_PREFILL_BUCKETS
+
+        return tuple(DEFAULT_PREFILL_BUCKETS)
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{text}: none, default or whole numbers N,N,...") from None
+    check_token_buckets(counts)
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--streams", default="448,512")
@@ -374,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-batch", default="8", help="prefill_batch_seqs values")
     p.add_argument("--prefill-wait-s", type=float, default=0.05, help="prefill_wait_s")
     p.add_argument("--hold-undue-prompts", action="store_true", help="SchedulerConfig.hold_undue_prompts")
+    p.add_argument("--prefill-token-buckets", nargs="+", default=["none"], metavar="COUNTS",
+                   help="the prefill graphs' token counts, each run in turn: none (tokens unpadded, as the "
+                        "prefill terms were fitted), default (the runner's) or N,N,...")
     p.add_argument("--timeline", action="store_true", help="each run's seconds too")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="a GpuSteps number changed (prefill_ms=1.0: cheaper prompt passes), repeatable")
@@ -386,17 +427,21 @@ def main(argv: list[str] | None = None) -> int:
         gpu = replace(gpu, **{name: float(value)})
     floats = lambda v: [float(x) for x in v.split(",")]  # noqa: E731
     ints = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
+    try:
+        buckets = {name: _buckets(name) for name in args.prefill_token_buckets}
+    except ValueError as e:
+        p.error(f"--prefill-token-buckets: {e}")
     print(f"Orpheus on a modelled GPU: {gpu.name} ({gpu.source}); an estimate (benchmark/orpheus_sim.py)")
     print("  " + ", ".join(f"{k} {getattr(gpu, k)}" for k in GpuSteps.__dataclass_fields__ if k not in ("name", "source")))
     print(f"ramp {args.ramp_s:g} s, level {args.duration_s:g} s, policy {args.policy}")
     print("offered   cap budget headroom pbatch streams refused queued underran on time  admitted on time  "
-          "TTFA p50   p90  capacity (median)  cap in force  400+ row steps ms (p50)")
+          "TTFA p50   p90  capacity (median)  cap in force  400+ row steps ms (p50)  goodput  buckets")
     for n in ints(args.streams):
         for cap in ints(args.cap):
             for budget in floats(args.budget):
                 for headroom in floats(args.headroom):
-                    for pb in ints(args.prefill_batch):
-                        r = simulate(n, gpu=gpu, cap=cap, budget=budget, headroom=headroom, ramp_s=args.ramp_s,
+                    for pb, (bname, counts) in ((pb, b) for pb in ints(args.prefill_batch) for b in buckets.items()):
+                        r = simulate(n, gpu=replace(gpu, prefill_buckets=counts), cap=cap, budget=budget, headroom=headroom, ramp_s=args.ramp_s,
                                      duration_s=args.duration_s, prefill_batch=pb, policy=args.policy,
                                      prefill_wait_s=args.prefill_wait_s, hold_undue_prompts=args.hold_undue_prompts)
                         caps = sorted(c for _, c in r.capacity if c is not None)
@@ -406,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                               f"{r.queued:6d} {r.underran:8d} {100 * r.on_time:7.1f}% {100 * r.admitted_on_time:16.1f}% "
                               f"{r.pct(0.5):9.0f} {r.pct(0.9):5.0f} "
                               f"{caps[len(caps) // 2] if caps else '-':>18} {in_force[len(in_force) // 2]:>13} "
-                              f"{big[len(big) // 2] if big else float('nan'):>24.2f}", flush=True)
+                              f"{big[len(big) // 2] if big else float('nan'):>24.2f} {r.goodput:8.1f}  {bname}",
+                              flush=True)
                         if args.timeline:
                             print("\n".join(timeline(r)))
     return 0
