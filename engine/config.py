@@ -109,16 +109,19 @@ class EngineConfig:
     # or "tensor-cores" (its prefill kernel). On an H200 (benchmark.gpu.decode_attention, run 27)
     # tensor cores were slower at the contexts served segments hold (128 and 256 tokens: 12-59%
     # longer with bf16 pages) and faster only at 512 (6-15% shorter). "triton": one Triton kernel
-    # of the runtime's own, no plan (engine.llm.decode_attention_triton; not yet timed).
+    # of the runtime's own, no plan (engine.llm.decode_attention_triton; on one H100 no faster
+    # than cuda-cores at 448 rows, docs/performance.md).
     decode_attention: str = "cuda-cores"
     # The prefill graphs' token counts (engine.llm.prefill_graphs): a step's fresh prompts run in
     # the smallest that holds them, padded. () = the default (32, 64, 128, 256, 512; those up to
     # max_model_len). Finer steps pad less (three ~55-token prompts pad 165 tokens to 256) for a
-    # few more graphs to capture (not yet timed on a GPU).
+    # few more graphs to capture (served on two H100s with the measured cap and batches of 16:
+    # docs/performance.md, "The serving settings on an H100").
     prefill_token_buckets: tuple[int, ...] = ()
     # How a step's keys and values are stored into the KV cache (engine.llm.attention.write_kv):
     # "index" (default: two index_put kernels a layer) or "triton" (one kernel a layer on CUDA,
-    # engine.llm.kv_write_triton; not yet timed on a GPU; fp8 caches keep index_put).
+    # engine.llm.kv_write_triton; timed only beside the other Triton kernels; fp8 caches keep
+    # index_put).
     kv_write: str = "index"
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,

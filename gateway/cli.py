@@ -355,14 +355,16 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                       help="the decode attention in the CUDA graphs: FlashInfer's CUDA-core decode "
                            "kernel, or its tensor-core prefill kernel (cuda-cores: tensor cores "
                            "were slower at served contexts on an H200), or the runtime's Triton "
-                           "kernel (triton: not yet timed)")
+                           "kernel (triton: no faster than cuda-cores on one H100)")
     tune.add_argument("--prefill-token-buckets", type=_token_counts,
                       default=EngineConfig.prefill_token_buckets, metavar="N,N,...",
                       help="the prefill graphs' token counts, increasing (default 32,64,128,256,512: "
-                           "finer steps pad prompts less for more graphs; not yet timed)")
+                           "finer steps pad prompts less for more graphs; served on two H100s, "
+                           "docs/performance.md)")
     tune.add_argument("--kv-write", default=EngineConfig.kv_write, choices=list(KV_WRITE_KINDS),
                       help="how a step's keys and values are stored into the KV cache: two "
-                           "index_put kernels a layer, or one Triton kernel (CUDA; not yet timed)")
+                           "index_put kernels a layer, or one Triton kernel (CUDA; timed only beside "
+                           "the other Triton kernels)")
     tune.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
                       metavar="SAMPLES",
                       help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "
