@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -322,7 +323,8 @@ def simulate(offered: int, *, gpu: GpuSteps, cap: int = 384, budget: float = 0.0
                     again += min(max(msg.retry_after_s or 1.0, lo), hi)
                 else:
                     result.underran += c.underruns > 0
-                    result.on_time_audio_s += c.samples / SAMPLE_RATE if not c.underruns else 0.0
+                    if not c.underruns:
+                        result.on_time_audio_s += c.samples / SAMPLE_RATE
                 if again < duration_s:
                     bisect.insort(starts, (again, w))
 
@@ -432,29 +434,27 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         p.error(f"--prefill-token-buckets: {e}")
     print(f"Orpheus on a modelled GPU: {gpu.name} ({gpu.source}); an estimate (benchmark/orpheus_sim.py)")
-    print("  " + ", ".join(f"{k} {getattr(gpu, k)}" for k in GpuSteps.__dataclass_fields__ if k not in ("name", "source")))
+    print("  " + ", ".join(f"{k} {getattr(gpu, k)}" for k in GpuSteps.__dataclass_fields__
+                           if k not in ("name", "source", "prefill_buckets")))  # (the buckets: a column)
     print(f"ramp {args.ramp_s:g} s, level {args.duration_s:g} s, policy {args.policy}")
     print("offered   cap budget headroom pbatch streams refused queued underran on time  admitted on time  "
           "TTFA p50   p90  capacity (median)  cap in force  400+ row steps ms (p50)  goodput  buckets")
-    for n in ints(args.streams):
-        for cap in ints(args.cap):
-            for budget in floats(args.budget):
-                for headroom in floats(args.headroom):
-                    for pb, (bname, counts) in ((pb, b) for pb in ints(args.prefill_batch) for b in buckets.items()):
-                        r = simulate(n, gpu=replace(gpu, prefill_buckets=counts), cap=cap, budget=budget, headroom=headroom, ramp_s=args.ramp_s,
-                                     duration_s=args.duration_s, prefill_batch=pb, policy=args.policy,
-                                     prefill_wait_s=args.prefill_wait_s, hold_undue_prompts=args.hold_undue_prompts)
-                        caps = sorted(c for _, c in r.capacity if c is not None)
-                        big = sorted(ms for _, rows, ms in r.loaded_ms if rows >= 400)
-                        in_force = sorted(r.decode_caps)
-                        print(f"{n:7d} {cap:5d} {budget:6.2f} {headroom:8.2f} {pb:6d} {r.streams:7d} {r.refused:7d} "
-                              f"{r.queued:6d} {r.underran:8d} {100 * r.on_time:7.1f}% {100 * r.admitted_on_time:16.1f}% "
-                              f"{r.pct(0.5):9.0f} {r.pct(0.9):5.0f} "
-                              f"{caps[len(caps) // 2] if caps else '-':>18} {in_force[len(in_force) // 2]:>13} "
-                              f"{big[len(big) // 2] if big else float('nan'):>24.2f} {r.goodput:8.1f}  {bname}",
-                              flush=True)
-                        if args.timeline:
-                            print("\n".join(timeline(r)))
+    sweep = itertools.product(ints(args.streams), ints(args.cap), floats(args.budget), floats(args.headroom),
+                              ints(args.prefill_batch), buckets.items())
+    for n, cap, budget, headroom, pb, (bname, counts) in sweep:
+        r = simulate(n, gpu=replace(gpu, prefill_buckets=counts), cap=cap, budget=budget, headroom=headroom,
+                     ramp_s=args.ramp_s, duration_s=args.duration_s, prefill_batch=pb, policy=args.policy,
+                     prefill_wait_s=args.prefill_wait_s, hold_undue_prompts=args.hold_undue_prompts)
+        caps = sorted(c for _, c in r.capacity if c is not None)
+        big = sorted(ms for _, rows, ms in r.loaded_ms if rows >= 400)
+        in_force = sorted(r.decode_caps)
+        print(f"{n:7d} {cap:5d} {budget:6.2f} {headroom:8.2f} {pb:6d} {r.streams:7d} {r.refused:7d} "
+              f"{r.queued:6d} {r.underran:8d} {100 * r.on_time:7.1f}% {100 * r.admitted_on_time:16.1f}% "
+              f"{r.pct(0.5):9.0f} {r.pct(0.9):5.0f} "
+              f"{caps[len(caps) // 2] if caps else '-':>18} {in_force[len(in_force) // 2]:>13} "
+              f"{big[len(big) // 2] if big else float('nan'):>24.2f} {r.goodput:8.1f}  {bname}", flush=True)
+        if args.timeline:
+            print("\n".join(timeline(r)))
     return 0
 
 
