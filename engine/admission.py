@@ -47,7 +47,9 @@ class AdmissionConfig:
     # decode rows whose step the fit predicts within this fraction of the real-time step (one
     # token's worth of audio, 1 / tokens per audio second), within the backend's own cap; the
     # engine core applies it as the fit moves (docs/scheduling.md, "A measured decode cap").
-    decode_cap_budget: float = 0.0
+    # -1 (default): the model's own, which the engine core takes from its backend (an LM
+    # program's ``ServingDefaults`` on CUDA; off for every model at present).
+    decode_cap_budget: float = -1.0
 
     def __post_init__(self) -> None:
         if self.policy not in ADMISSION_POLICIES:
@@ -62,8 +64,10 @@ class AdmissionConfig:
         if self.initial_capacity < 0:
             raise ValueError(f"admission initial_capacity must be >= 0 (0: no cap), got "
                              f"{self.initial_capacity}")
-        if not (math.isfinite(self.decode_cap_budget) and 0.0 <= self.decode_cap_budget <= 1.0):
-            raise ValueError(f"decode_cap_budget must be in [0, 1] (0: off), got {self.decode_cap_budget}")
+        if not (self.decode_cap_budget == -1.0
+                or (math.isfinite(self.decode_cap_budget) and 0.0 <= self.decode_cap_budget <= 1.0)):
+            raise ValueError(f"decode_cap_budget must be in [0, 1] (0: off) or -1 (the model's), "
+                             f"got {self.decode_cap_budget}")
         if self.min_samples < 1:
             raise ValueError(f"admission min_samples must be >= 1, got {self.min_samples}")
 
@@ -166,7 +170,7 @@ class Admission:
         within that fraction of the real-time step; at least 1. None while it is off, before the
         estimate is measured, or without a limit."""
         frac = self.config.decode_cap_budget
-        if not frac or limit <= 0 or not self.is_measured:
+        if frac <= 0 or limit <= 0 or not self.is_measured:  # (-1, the model's, unresolved: off)
             return None
         budget_s = frac / self.tokens_per_audio_second  # type: ignore[operator]
         if self.model.predict(limit) <= budget_s:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -145,6 +145,9 @@ class EngineCore:
         self._clock = clock
         # Streams are admitted at their first job against the capacity measured from the
         # backend's steps (``note_step``); see engine.admission and docs/scheduling.md.
+        admission = admission or AdmissionConfig()
+        if admission.decode_cap_budget < 0:  # the model's own (an LM program's, LMBackend's)
+            admission = replace(admission, decode_cap_budget=float(getattr(backend, "default_decode_cap_budget", 0.0)))
         self.admission = Admission(
             admission, tokens_per_audio_second=getattr(backend.info, "tokens_per_audio_second", None),
             max_streams=self.config.max_streams, clock=clock)

@@ -268,7 +268,8 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                      help="the decode cap from this engine's measured step times: the most decode "
                           "rows whose step takes at most this fraction of the real-time step (0.8: "
                           "80%%), never above --max-num-decode-seqs (or the batch slots); 0: off, "
-                          "the cap stays a constant")
+                          "the cap stays a constant; -1: the model's (off for every model at "
+                          "present)")
 
     st.add_argument("--lookahead-jobs", type=int, default=CoreConfig.lookahead_jobs, metavar="N",
                     help="segments of a stream generated ahead of the one being spoken")
@@ -358,9 +359,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                            "kernel (triton: no faster than cuda-cores on one H100)")
     tune.add_argument("--prefill-token-buckets", type=_token_counts,
                       default=EngineConfig.prefill_token_buckets, metavar="N,N,...",
-                      help="the prefill graphs' token counts, increasing (default 32,64,128,256,512: "
-                           "finer steps pad prompts less for more graphs; served on two H100s, "
-                           "docs/performance.md)")
+                      help="the prefill graphs' token counts, increasing (default: the model's, "
+                           "32,64,128,256,512 for every model at present; finer steps pad prompts "
+                           "less for more graphs; served on two H100s, docs/performance.md)")
     tune.add_argument("--kv-write", default=EngineConfig.kv_write, choices=list(KV_WRITE_KINDS),
                       help="how a step's keys and values are stored into the KV cache: two "
                            "index_put kernels a layer, or one Triton kernel (CUDA; timed only beside "

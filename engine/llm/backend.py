@@ -31,8 +31,11 @@ class LMBackend:
     """Continuous-batching LM speech backend; see the module docstring."""
 
     def __init__(self, program: Program, runner: ModelRunner, scheduler: Scheduler, *,
-                 async_steps: bool = False) -> None:
+                 async_steps: bool = False, default_decode_cap_budget: float = 0.0) -> None:
         self.program = program
+        # The measured decode cap's fraction for AdmissionConfig.decode_cap_budget -1 (the
+        # model's): the program's ServingDefaults on CUDA, 0 (off) elsewhere (engine.llm.build).
+        self.default_decode_cap_budget = default_decode_cap_budget
         self.runner = runner
         self.scheduler = scheduler
         # Launch step N+1 before step N's tokens reach the host (see ``step``).

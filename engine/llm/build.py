@@ -19,16 +19,18 @@ from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
 from engine.llm.sampler import Sampler
 from engine.llm.scheduler import LIGHT_SLACK_S, Scheduler
 
-__all__ = ["auto_decode_cap", "build_lm_backend", "model_setting_value"]
+__all__ = ["auto_decode_cap", "auto_decode_cap_budget", "build_lm_backend", "model_setting_value"]
 
 log = logging.getLogger(__name__)
 
 ProgramLoader = Callable[[LoadContext], ProgramModel]
 
 
-def _prefill_buckets(asked: Sequence[int], max_model_len: int) -> list[int] | None:
-    """The prefill graphs' token counts from the setting: None (the runner's default) for ``()``;
-    those up to ``max_model_len``, refused when none is."""
+def _prefill_buckets(asked: Sequence[int], max_model_len: int, default: Sequence[int] = ()) -> list[int] | None:
+    """The prefill graphs' token counts from the setting, for ``()`` the program's ``default``:
+    None (the runner's default) when both are ``()``; those up to ``max_model_len``, refused
+    when none is."""
+    asked = asked or default
     if not asked:
         return None
     kept = [t for t in asked if t <= max_model_len]
@@ -137,6 +139,14 @@ def auto_decode_cap(cap: int, device: str, fp8_weights: bool, defaults: ServingD
     return defaults.decode_cap_fp8 if fp8_weights else defaults.decode_cap
 
 
+def auto_decode_cap_budget(device: str, fp8_weights: bool, defaults: ServingDefaults = ServingDefaults()) -> float:
+    """The program's fraction for the measured decode cap (``AdmissionConfig.decode_cap_budget``
+    -1) on CUDA (its fp8 one with fp8 weights); 0 (off) on the CPU, where the cap is off too."""
+    if device != "cuda":
+        return 0.0
+    return defaults.decode_cap_budget_fp8 if fp8_weights else defaults.decode_cap_budget
+
+
 def _same_device(a: str, b: str) -> bool:
     """"cuda" is the current GPU, "cuda:0" under one visible device: the same place."""
     def norm(d: str) -> str:
@@ -234,8 +244,10 @@ def build_lm_backend(
     FlashInfer's "cuda-cores" (default) or "tensor-cores", or "triton" (the runtime's own,
     ``engine.llm.decode_attention_triton``). ``kv_write``: how keys and values are stored into
     the cache, "index" (default) or "triton" (CUDA; ``attention.set_kv_write``, for the process).
-    ``prefill_token_buckets``: the prefill graphs' token counts (``()``, default: the runner's
-    ``DEFAULT_PREFILL_BUCKETS``).
+    ``prefill_token_buckets``: the prefill graphs' token counts (``()``, default: the program's
+    ``ServingDefaults.prefill_token_buckets``, else the runner's ``DEFAULT_PREFILL_BUCKETS``).
+    The backend's ``default_decode_cap_budget`` is the program's measured-cap fraction
+    (``auto_decode_cap_budget``), which the engine core takes for ``decode_cap_budget`` -1.
     """
     import torch
 
@@ -352,7 +364,7 @@ def build_lm_backend(
                                                decode_attention=pick(decode_attention, "decode_attention", "cuda-cores"),
                                                prefill_buckets=_prefill_buckets(
                                                    pick(prefill_token_buckets, "prefill_token_buckets", ()),
-                                                   max_model_len))
+                                                   max_model_len, defaults.prefill_token_buckets))
         else:
             attention_backend_factory = attention_backend_factory or flashinfer_attention_factory
     runner_kw: dict[str, Any] = {}
@@ -404,7 +416,8 @@ def build_lm_backend(
         PageAllocator(allocator_pages, page_size),
     )
     backend = LMBackend(program, runner, scheduler,
-                        async_steps=_resolve_async(pick(async_steps, "async_steps", "auto"), runner))
+                        async_steps=_resolve_async(pick(async_steps, "async_steps", "auto"), runner),
+                        default_decode_cap_budget=auto_decode_cap_budget(device, quantise_fp8, defaults))
     if load_format == "dummy":
         backend.info = dataclasses.replace(backend.info, weights="random")
     if warmup:

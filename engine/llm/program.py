@@ -127,6 +127,11 @@ class ServingDefaults:
     decode_fill_seqs: int = 256
     prefill_wait_s: float = 0.05  # with prefill graphs (no mixed graphs)
     prefill_batch_seqs: int = 8
+    prefill_token_buckets: tuple[int, ...] = ()  # the prefill graphs' token counts, () = the runner's
+    # AdmissionConfig.decode_cap_budget for -1 (the model's): the decode cap measured from step
+    # times below decode_cap, as a fraction of the real-time step; 0 = off, the constant cap stands
+    decode_cap_budget: float = 0.0
+    decode_cap_budget_fp8: float = 0.0  # the same with fp8 weights
     light_steps: int = 0  # scheduler light_steps_max (the head's ``light_until_step``), 0 = off
     sampler_kernel: str = "torch"  # the runtime sampler's draw (``Sampler.kernel``) for ``--sampler-kernel auto``
 

@@ -196,7 +196,8 @@ def test_the_measured_decode_cap_keeps_steps_within_the_budget_and_follows_the_d
     _run_steps(adm, 4000, scale=1.3)
     slower = adm.measured_decode_cap(1024)
     assert slower == pytest.approx(_true_cap(0.8, scale=1.3), rel=0.03) and slower < cap  # type: ignore[operator]
-    assert _measured().measured_decode_cap(1024) is None  # off by default
+    assert _measured().measured_decode_cap(1024) is None  # off by default (-1, the model's, unresolved)
+    assert _measured(_config(decode_cap_budget=0.0)).measured_decode_cap(1024) is None  # off
     young = Admission(_config(decode_cap_budget=0.8), tokens_per_audio_second=ORPHEUS_TOKENS_PER_S)
     assert young.measured_decode_cap(1024) is None  # not measured yet
     tight = _measured(_config(decode_cap_budget=0.2))  # even one row's step is over 20% of 12.2 ms
@@ -324,6 +325,7 @@ def test_config_is_validated() -> None:
                      (dict(max_wait_s=-1.0), "max_wait_s"), (dict(headroom=1.0), "headroom"),
                      (dict(initial_capacity=-1), "initial_capacity"), (dict(min_samples=0), "min_samples"),
                      (dict(decode_cap_budget=1.5), "decode_cap_budget"),
+                     (dict(decode_cap_budget=-0.5), "decode_cap_budget"),
                      (dict(decode_cap_budget=float("nan")), "decode_cap_budget")):
         with pytest.raises(ValueError, match=word):
             AdmissionConfig(**kw)  # type: ignore[arg-type]

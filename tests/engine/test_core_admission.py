@@ -301,3 +301,21 @@ def test_the_measured_decode_cap_reaches_the_backend(budget: float) -> None:
         assert core.admission.max_rows_per_step == 5  # the capacity estimate counts the new cap
     else:
         assert backend.caps == [] and backend.max_decode_rows == 64
+
+
+@pytest.mark.parametrize(("asked", "model_default", "applied"), [(-1.0, 0.8, 0.8), (-1.0, 0.0, 0.0),
+                                                                 (0.0, 0.8, 0.0), (0.5, 0.8, 0.5)])
+def test_the_decode_cap_budget_is_the_models_unless_given(asked: float, model_default: float, applied: float) -> None:
+    """``decode_cap_budget`` -1 (the default) takes the backend's ``default_decode_cap_budget``
+    (an LM program's, engine.llm.build); 0 or a fraction given stands. The model's 0.8 caps
+    the rows as a given 0.8 does (5 rows for these steps)."""
+    clock = FakeClock()
+    backend = CappedSim(clock)
+    backend.default_decode_cap_budget = model_default
+    core = EngineCore(backend, CoreConfig(), admission=AdmissionConfig(decode_cap_budget=asked), clock=clock)
+    assert core.admission.config.decode_cap_budget == applied
+    for i in range(400):
+        rows = 1 + i % 20
+        core.note_step(rows, 0, step_s(rows), max_rows=backend.max_decode_rows)
+    assert (backend.caps[-1] if backend.caps else None) == {0.8: 5, 0.5: 2, 0.0: None}[applied]
+    assert EngineCore(SimBackend(clock), CoreConfig(), clock=clock).admission.config.decode_cap_budget == 0.0

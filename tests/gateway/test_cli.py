@@ -198,7 +198,7 @@ def test_admission_flags_map_onto_the_engine_config() -> None:
     assert a.decode_cap_budget == 0.8
     _, default = cli.configs_from_args(cli.build_parser().parse_args(["serve", "--model", "synthetic"]))
     assert default.admission.policy == "queue" and default.admission.initial_capacity == 0
-    assert default.admission.decode_cap_budget == 0.0  # off: the constant cap stands
+    assert default.admission.decode_cap_budget == -1.0  # the model's (off for every model now)
 
 
 def test_a_bad_admission_setting_is_a_one_line_error(no_serving: None, capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,6 +37,7 @@ def test_build_serve_and_validate_on_cpu(llm_tiny_dir, small_snac_dir):
     assert backend.info.sample_rate == 24000 and "tara" in backend.info.voices
     assert backend.runner.scratch_page == backend.scheduler.allocator.num_pages
     assert backend.scheduler.config.hold_undue_prompts is False  # off unless asked
+    assert backend.default_decode_cap_budget == 0.0  # no measured cap on the CPU
     with pytest.raises(OptionError, match="voices"):
         backend.validate("nobody", {})
     with pytest.raises(OptionError, match="top_p"):
@@ -165,6 +166,8 @@ def test_prefill_token_buckets_reach_the_engine_config_and_bad_ones_are_refused(
             EngineConfig(prefill_token_buckets=bad)
     assert _prefill_buckets((), 2048) is None
     assert _prefill_buckets((32, 96, 192, 512), 256) == [32, 96, 192]
+    assert _prefill_buckets((), 256, (32, 48, 512)) == [32, 48]  # the program's, for ()
+    assert _prefill_buckets((64,), 256, (32, 48, 512)) == [64]  # the setting's over it
     with pytest.raises(ValueError, match="none is within max_model_len=128"):
         _prefill_buckets((192, 256), 128)
 
@@ -212,6 +215,21 @@ def test_auto_decode_cap_by_device_and_weights() -> None:
     assert auto_decode_cap(-1, "cuda", True, ORPHEUS_DEFAULTS) == 448
     assert auto_decode_cap(-1, "cpu", False, ORPHEUS_DEFAULTS) == 0
     assert auto_decode_cap(0, "cuda", True) == 0 and auto_decode_cap(200, "cuda", True) == 200
+
+
+def test_auto_decode_cap_budget_is_the_programs_on_cuda_only() -> None:
+    """The backend's ``default_decode_cap_budget`` (the engine core's for decode_cap_budget -1):
+    the program's fraction on CUDA, its fp8 one with fp8 weights, off on the CPU; off for
+    Orpheus at present (its constant caps stand)."""
+    from engine.llm.build import auto_decode_cap_budget
+    from engine.llm.program import ServingDefaults
+    from models.orpheus.build import ORPHEUS_DEFAULTS
+
+    d = ServingDefaults(decode_cap_budget=0.85, decode_cap_budget_fp8=0.9)
+    assert auto_decode_cap_budget("cuda", False, d) == 0.85 and auto_decode_cap_budget("cuda", True, d) == 0.9
+    assert auto_decode_cap_budget("cpu", False, d) == 0.0
+    assert auto_decode_cap_budget("cuda", False, ORPHEUS_DEFAULTS) == 0.0
+    assert auto_decode_cap_budget("cuda", True, ORPHEUS_DEFAULTS) == 0.0
 
 
 def test_the_codec_device_setting_places_orpheus_codec_and_is_refused_where_not_honoured(llm_tiny_dir, small_snac_dir):
