@@ -115,8 +115,9 @@ class EngineConfig:
     # The prefill graphs' token counts (engine.llm.prefill_graphs): a step's fresh prompts run in
     # the smallest that holds them, padded. () = the model's (its program's ServingDefaults),
     # else the runner's 32, 64, 128, 256, 512 (those up to max_model_len). Finer steps pad less
-    # (three ~55-token prompts pad 165 tokens to 256) for a few more graphs to capture (served on two H100s with the measured cap and batches of 16:
-    # docs/performance.md, "The serving settings on an H100").
+    # (three ~55-token prompts pad 165 tokens to 256) for a few more graphs to capture (served
+    # on two H100s with the measured cap and batches of 16: docs/performance.md, "The serving
+    # settings on an H100").
     prefill_token_buckets: tuple[int, ...] = ()
     # How a step's keys and values are stored into the KV cache (engine.llm.attention.write_kv):
     # "index" (default: two index_put kernels a layer) or "triton" (one kernel a layer on CUDA,
