@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from engine.admission import AdmissionConfig
 from engine.core import CoreConfig
-from engine.llm.scheduler import LIGHT_SLACK_S
+from engine.llm.scheduler import LIGHT_SLACK_S, check_token_buckets
 
 __all__ = ["EngineConfig"]
 
@@ -17,13 +17,6 @@ __all__ = ["EngineConfig"]
 DECODE_ATTENTION_KERNELS = ("cuda-cores", "tensor-cores", "triton")
 # How the KV cache is written (EngineConfig.kv_write, engine.llm.attention.set_kv_write)
 KV_WRITE_KINDS = ("index", "triton")
-
-
-def check_token_buckets(counts: tuple[int, ...]) -> None:
-    """Refuse prefill graph token counts that are not increasing whole numbers >= 1."""
-    if any(c < 1 for c in counts) or list(counts) != sorted(set(counts)):
-        raise ValueError("prefill_token_buckets must be token counts >= 1 in increasing order, "
-                         f"got {','.join(map(str, counts))}")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from engine.backend import BackendInfo
+from engine.llm.scheduler import check_token_buckets
 from engine.llm.sequence import SamplingParams
 
 __all__ = ["Collect", "KVShape", "LoadContext", "Program", "ProgramModel", "ServingDefaults", "SlotProgram",
@@ -134,6 +135,12 @@ class ServingDefaults:
     decode_cap_budget_fp8: float = 0.0  # the same with fp8 weights
     light_steps: int = 0  # scheduler light_steps_max (the head's ``light_until_step``), 0 = off
     sampler_kernel: str = "torch"  # the runtime sampler's draw (``Sampler.kernel``) for ``--sampler-kernel auto``
+
+    def __post_init__(self) -> None:
+        check_token_buckets(self.prefill_token_buckets)  # as the option's
+        for name in ("decode_cap_budget", "decode_cap_budget_fp8"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"ServingDefaults.{name} must be in [0, 1] (0: off), got {getattr(self, name)}")
 
 
 @dataclass

@@ -18,7 +18,7 @@ from engine.backend import JobError
 from engine.llm.page_allocator import PageAllocator, num_pages_for
 from engine.llm.sequence import PENDING, Sequence, SequenceStatus
 
-__all__ = ["LIGHT_SLACK_S", "RequestError", "ScheduledBatch", "Scheduler", "SchedulerConfig"]
+__all__ = ["LIGHT_SLACK_S", "RequestError", "ScheduledBatch", "Scheduler", "SchedulerConfig", "check_token_buckets"]
 
 
 class RequestError(Exception):
@@ -33,6 +33,14 @@ class RequestError(Exception):
 # 400 streams from a TTFA p50 of 375 to 267 ms (p90 503 to 400) on one H200 and gave 271 / 457
 # and 242 / 366 on two others, every stream on time (docs/performance.md); 0.1 before.
 LIGHT_SLACK_S = 0.05
+
+
+def check_token_buckets(counts: tuple[int, ...]) -> None:
+    """Refuse prefill graph token counts (the prompt passes' padded sizes: EngineConfig's, a
+    program's ServingDefaults') that are not increasing whole numbers >= 1."""
+    if any(c < 1 for c in counts) or list(counts) != sorted(set(counts)):
+        raise ValueError("prefill_token_buckets must be token counts >= 1 in increasing order, "
+                         f"got {','.join(map(str, counts))}")
 
 
 @dataclass(frozen=True)

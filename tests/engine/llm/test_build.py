@@ -230,6 +230,10 @@ def test_auto_decode_cap_budget_is_the_programs_on_cuda_only() -> None:
     assert auto_decode_cap_budget("cpu", False, d) == 0.0
     assert auto_decode_cap_budget("cuda", False, ORPHEUS_DEFAULTS) == 0.0
     assert auto_decode_cap_budget("cuda", True, ORPHEUS_DEFAULTS) == 0.0
+    with pytest.raises(ValueError, match="ServingDefaults.decode_cap_budget_fp8 must be in"):
+        ServingDefaults(decode_cap_budget_fp8=-1.0)
+    with pytest.raises(ValueError, match="prefill_token_buckets must be token counts"):
+        ServingDefaults(prefill_token_buckets=(64, 32))
 
 
 def test_the_codec_device_setting_places_orpheus_codec_and_is_refused_where_not_honoured(llm_tiny_dir, small_snac_dir):
