@@ -384,8 +384,8 @@ def timeline(r: SimResult) -> list[str]:
 
 
 def _buckets(text: str) -> tuple[int, ...]:
-    """``--prefill-token-buckets``'s value: none, default or increasing counts (the runtime's check)."""
-    from engine.config import check_token_buckets
+    """``--prefill-token-buckets``'s value: none, default or increasing counts (the serve option's parser)."""
+    from engine.llm.scheduler import parse_token_buckets
 
     if text == "none":
         return ()
@@ -393,12 +393,7 @@ def _buckets(text: str) -> tuple[int, ...]:
         from engine.llm.prefill_graphs import DEFAULT_PREFILL_BUCKETS
 
         return tuple(DEFAULT_PREFILL_BUCKETS)
-    try:
-        counts = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"{text}: none, default or whole numbers N,N,...") from None
-    check_token_buckets(counts)
-    return counts
+    return parse_token_buckets(text)
 
 
 def main(argv: list[str] | None = None) -> int:

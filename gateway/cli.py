@@ -15,8 +15,9 @@ from dataclasses import fields
 from typing import Callable
 
 from engine.admission import ADMISSION_POLICIES, AdmissionConfig
-from engine.config import DECODE_ATTENTION_KERNELS, KV_WRITE_KINDS, EngineConfig, check_token_buckets
+from engine.config import DECODE_ATTENTION_KERNELS, KV_WRITE_KINDS, EngineConfig
 from engine.core import CoreConfig
+from engine.llm.scheduler import parse_token_buckets
 from gateway.config import MAX_ENGINES, GatewayConfig
 from models import registry
 
@@ -469,14 +470,9 @@ def _engine_layout(gpus: tuple[str, ...], num_engines: int,
 def _token_counts(text: str) -> tuple[int, ...]:
     """``--prefill-token-buckets 32,64,192`` -> (32, 64, 192): whole numbers >= 1, increasing."""
     try:
-        counts = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected token counts separated by commas, got {text!r}") from None
-    try:
-        check_token_buckets(counts)
+        return parse_token_buckets(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    return counts
 
 
 def _model_setting(text: str) -> tuple[str, str]:

@@ -18,7 +18,8 @@ from engine.backend import JobError
 from engine.llm.page_allocator import PageAllocator, num_pages_for
 from engine.llm.sequence import PENDING, Sequence, SequenceStatus
 
-__all__ = ["LIGHT_SLACK_S", "RequestError", "ScheduledBatch", "Scheduler", "SchedulerConfig", "check_token_buckets"]
+__all__ = ["LIGHT_SLACK_S", "RequestError", "ScheduledBatch", "Scheduler", "SchedulerConfig", "check_token_buckets",
+           "parse_token_buckets"]
 
 
 class RequestError(Exception):
@@ -41,6 +42,16 @@ def check_token_buckets(counts: tuple[int, ...]) -> None:
     if any(c < 1 for c in counts) or list(counts) != sorted(set(counts)):
         raise ValueError("prefill_token_buckets must be token counts >= 1 in increasing order, "
                          f"got {','.join(map(str, counts))}")
+
+
+def parse_token_buckets(text: str) -> tuple[int, ...]:
+    """``"32,64,192"`` -> (32, 64, 192), checked by ``check_token_buckets``; ValueError otherwise."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"expected token counts separated by commas, got {text!r}") from None
+    check_token_buckets(counts)
+    return counts
 
 
 @dataclass(frozen=True)
