@@ -265,8 +265,10 @@ def simulate(offered: int, *, gpu: GpuSteps, cap: int = 384, budget: float = 0.0
     """``offered`` clients in ``voxgate bench``'s concurrency mode (first starts evenly over
     ``ramp_s``, each starting its next stream when its last ends or, refused, after the
     retry-after hint; no new stream after ``duration_s``); the server as Orpheus's defaults
-    set it on CUDA (``cap``: the decode cap; ``budget``: ``--decode-cap-budget``, the cap then
-    measured below ``cap``; ``headroom``: admission's). Every stream's text is sent at once."""
+    before session 48 set it on CUDA (``cap``: the decode cap; ``budget``: ``--decode-cap-budget``,
+    the cap then measured below ``cap``; ``headroom``: admission's); its defaults since are
+    ``cap=512, budget=0.85, prefill_wait_s=0.1, prefill_batch=16`` with the finer prefill counts
+    (``models.orpheus.build``). Every stream's text is sent at once."""
     from benchmark.bench.prompts import filter_prompts, load_prompts
 
     texts = texts or filter_prompts(load_prompts(), min_words=30, max_words=50)

@@ -48,7 +48,7 @@ class AdmissionConfig:
     # token's worth of audio, 1 / tokens per audio second), within the backend's own cap; the
     # engine core applies it as the fit moves (docs/scheduling.md, "A measured decode cap").
     # -1 (default): the model's own, which the engine core takes from its backend (an LM
-    # program's ``ServingDefaults`` on CUDA; off for every model at present).
+    # program's ``ServingDefaults`` on CUDA: Orpheus 0.85 with bf16 weights, off for the others).
     decode_cap_budget: float = -1.0
 
     def __post_init__(self) -> None:

@@ -8,15 +8,11 @@ from dataclasses import dataclass, field
 
 from engine.admission import AdmissionConfig
 from engine.core import CoreConfig
+from engine.llm.kernels import check_kernel
 from engine.llm.scheduler import LIGHT_SLACK_S, check_token_buckets
 
 __all__ = ["EngineConfig"]
 
-# Decode attention kernels the CUDA graphs can capture (EngineConfig.decode_attention): FlashInfer's
-# two, or the runtime's own Triton kernel (engine.llm.decode_attention_triton)
-DECODE_ATTENTION_KERNELS = ("cuda-cores", "tensor-cores", "triton")
-# How the KV cache is written (EngineConfig.kv_write, engine.llm.attention.set_kv_write)
-KV_WRITE_KINDS = ("index", "triton")
 
 
 @dataclass(frozen=True)
@@ -50,10 +46,9 @@ class EngineConfig:
     # generated ahead (CoreConfig.lookahead_jobs), so 1024 serves 512 streams without a segment
     # waiting for a slot.
     max_num_seqs: int = 1024
-    # Decode rows per step: -1 = auto (384 on CUDA, where served 384-row Orpheus-3B steps took
-    # 11.1 ms (median) of the 12.2 ms real-time budget on one loan of an H200 and 11.5-11.8 ms on
-    # another, async_plan on: docs/performance_history.md, runs 24-26; 448 with fp8 weights, run 28; no
-    # cap on the CPU), 0 = no cap.
+    # Decode rows per step: -1 = auto (the program's ServingDefaults on CUDA: Orpheus 512 under
+    # the cap its step times allow (AdmissionConfig.decode_cap_budget), 448 with fp8 weights
+    # (docs/performance_history.md, run 28; models.orpheus.build); no cap on the CPU), 0 = no cap.
     max_num_decode_seqs: int = -1
     # Decode only the jobs whose audio is due within this many seconds, filling the step up to
     # decode_fill_seqs rows with the next deadlines (engine.llm.scheduler): -1 = auto (1.0 s and
@@ -62,8 +57,8 @@ class EngineConfig:
     decode_fill_seqs: int = -1
     # Under load (a step of at least decode_fill_seqs decode rows) fresh prompts wait up to
     # prefill_wait_s, once due, for prefill_batch_seqs of them to share one prefill pass
-    # (engine.llm.scheduler): -1 = auto (50 ms and 8 with CUDA graphs, off otherwise and with
-    # mixed graphs, where a prompt rides in the decode rows' pass), 0 = off.
+    # (engine.llm.scheduler): -1 = auto (the program's with CUDA graphs, Orpheus 100 ms and 16;
+    # off otherwise and with mixed graphs, where a prompt rides in the decode rows' pass), 0 = off.
     prefill_wait_s: float = -1.0
     prefill_batch_seqs: int = -1
     # Under load, prompts not due within the decode horizon (segments generated ahead) wait
@@ -98,13 +93,14 @@ class EngineConfig:
     # engine's time at 64 streams on the H200). On (default): engine steps 2-7% shorter, and 384
     # streams over a 3 s ramp 99.9% on time against 98.6% off (docs/performance_history.md, run 24).
     async_plan: str = "on"
-    # FlashInfer's decode kernel in the CUDA graphs: "cuda-cores" (default: its decode kernel)
+    # The decode attention in the CUDA graphs: FlashInfer's "cuda-cores" (its decode kernel)
     # or "tensor-cores" (its prefill kernel). On an H200 (benchmark.gpu.decode_attention, run 27)
     # tensor cores were slower at the contexts served segments hold (128 and 256 tokens: 12-59%
     # longer with bf16 pages) and faster only at 512 (6-15% shorter). "triton": one Triton kernel
-    # of the runtime's own, no plan (engine.llm.decode_attention_triton; on one H100 no faster
-    # than cuda-cores at 448 rows, docs/performance.md).
-    decode_attention: str = "cuda-cores"
+    # of the runtime's own, no plan (engine.llm.decode_attention_triton). "auto" (default): the
+    # model's choice on CUDA where Triton imports (its ServingDefaults; Orpheus: triton, with
+    # its other Triton kernels served on an H200, docs/performance.md), else cuda-cores.
+    decode_attention: str = "auto"
     # The prefill graphs' token counts (engine.llm.prefill_graphs): a step's fresh prompts run in
     # the smallest that holds them, padded. () = the model's (its program's ServingDefaults),
     # else the runner's 32, 64, 128, 256, 512 (those up to max_model_len). Finer steps pad less
@@ -113,10 +109,10 @@ class EngineConfig:
     # settings on an H100").
     prefill_token_buckets: tuple[int, ...] = ()
     # How a step's keys and values are stored into the KV cache (engine.llm.attention.write_kv):
-    # "index" (default: two index_put kernels a layer) or "triton" (one kernel a layer on CUDA,
+    # "index" (two index_put kernels a layer) or "triton" (one kernel a layer on CUDA,
     # engine.llm.kv_write_triton; timed only beside the other Triton kernels; fp8 caches keep
-    # index_put).
-    kv_write: str = "index"
+    # index_put). "auto" (default): the model's choice on CUDA where Triton imports, else index.
+    kv_write: str = "auto"
     # Orpheus fast-start ramp: lookahead growth per frame in samples (models.orpheus.codec
     # StreamingDecoder). 1024 releases 1,024 samples in each of frames 1-4; 1536 releases 1024,
     # 512, 512, 1387 (a start buffer fills a frame later, with less of a deficit behind it).
@@ -194,11 +190,9 @@ class EngineConfig:
             raise ValueError("mixed_graphs must be on or off")
         if self.async_plan not in ("on", "off"):
             raise ValueError("async_plan must be on or off")
-        if self.decode_attention not in DECODE_ATTENTION_KERNELS:
-            raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_KERNELS)}")
+        check_kernel("decode_attention", self.decode_attention)
         check_token_buckets(self.prefill_token_buckets)
-        if self.kv_write not in KV_WRITE_KINDS:
-            raise ValueError(f"kv_write must be {' or '.join(KV_WRITE_KINDS)}")
+        check_kernel("kv_write", self.kv_write)
         if self.hold_undue_prompts not in ("on", "off"):
             raise ValueError("hold_undue_prompts must be on or off")
         if self.sampler_kernel not in ("auto", "torch", "triton"):

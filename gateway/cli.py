@@ -15,8 +15,9 @@ from dataclasses import fields
 from typing import Callable
 
 from engine.admission import ADMISSION_POLICIES, AdmissionConfig
-from engine.config import DECODE_ATTENTION_KERNELS, KV_WRITE_KINDS, EngineConfig
+from engine.config import EngineConfig
 from engine.core import CoreConfig
+from engine.llm.kernels import DECODE_ATTENTION_KERNELS, KV_WRITE_KINDS
 from engine.llm.scheduler import parse_token_buckets
 from gateway.config import MAX_ENGINES, GatewayConfig
 from models import registry
@@ -269,8 +270,8 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                      help="the decode cap from this engine's measured step times: the most decode "
                           "rows whose step takes at most this fraction of the real-time step (0.8: "
                           "80%%), never above --max-num-decode-seqs (or the batch slots); 0: off, "
-                          "the cap stays a constant; -1: the model's (off for every model at "
-                          "present)")
+                          "the cap stays a constant; -1: the model's (Orpheus 0.85 with bf16 "
+                          "weights; off for the others)")
 
     st.add_argument("--lookahead-jobs", type=int, default=CoreConfig.lookahead_jobs, metavar="N",
                     help="segments of a stream generated ahead of the one being spoken")
@@ -306,8 +307,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     tune.add_argument("--max-num-decode-seqs", type=int, metavar="N",
                       default=EngineConfig.max_num_decode_seqs,
                       help="decode rows per step, earliest deadlines first; the rest wait a step "
-                           "(-1 auto: 384 on CUDA, 448 with --quantization fp8, no cap on the "
-                           "CPU; 0 no cap)")
+                           "(-1 auto: the model's on CUDA, Orpheus 512 with the cap measured "
+                           "below it (--decode-cap-budget) and 448 with --quantization fp8; no cap "
+                           "on the CPU; 0 no cap)")
     tune.add_argument("--decode-horizon-s", type=float, default=EngineConfig.decode_horizon_s,
                       metavar="S",
                       help="decode only jobs whose audio is due within this many seconds, so the "
@@ -320,10 +322,12 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     tune.add_argument("--prefill-wait-s", type=float, default=EngineConfig.prefill_wait_s,
                       metavar="S",
                       help="under load, a new prompt waits up to this long for others to share "
-                           "its prefill pass (-1 auto: 0.05 with CUDA graphs; 0 off)")
+                           "its prefill pass (-1 auto: the model's with CUDA graphs, Orpheus 0.1; "
+                           "0 off)")
     tune.add_argument("--prefill-batch-seqs", type=int, default=EngineConfig.prefill_batch_seqs,
                       metavar="N",
-                      help="prompts that go at once without waiting (-1 auto: 8 with CUDA graphs)")
+                      help="prompts that go at once without waiting (-1 auto: the model's with "
+                           "CUDA graphs, Orpheus 16)")
     tune.add_argument("--light-steps", type=int, default=EngineConfig.light_steps, metavar="N",
                       help="a new sequence's first steps that the model runs in a cheaper variant "
                            "(Kyutai TTS: before its first codes) take up to N steps in a row of "
@@ -353,20 +357,21 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                            "waiting for the step in flight (on: engine steps 2-7%% shorter on an "
                            "H200)")
     tune.add_argument("--decode-attention", default=EngineConfig.decode_attention,
-                      choices=list(DECODE_ATTENTION_KERNELS),
+                      choices=["auto", *DECODE_ATTENTION_KERNELS],
                       help="the decode attention in the CUDA graphs: FlashInfer's CUDA-core decode "
-                           "kernel, or its tensor-core prefill kernel (cuda-cores: tensor cores "
-                           "were slower at served contexts on an H200), or the runtime's Triton "
-                           "kernel (triton: no faster than cuda-cores on one H100)")
+                           "kernel, or its tensor-core prefill kernel (slower at served contexts "
+                           "on an H200), or the runtime's Triton kernel (auto: the model's on "
+                           "CUDA: Orpheus triton, with its other Triton kernels; the others "
+                           "cuda-cores)")
     tune.add_argument("--prefill-token-buckets", type=_token_counts,
                       default=EngineConfig.prefill_token_buckets, metavar="N,N,...",
-                      help="the prefill graphs' token counts, increasing (default: the model's, "
-                           "32,64,128,256,512 for every model at present; finer steps pad prompts "
-                           "less for more graphs; served on two H100s, docs/performance.md)")
-    tune.add_argument("--kv-write", default=EngineConfig.kv_write, choices=list(KV_WRITE_KINDS),
+                      help="the prefill graphs' token counts, increasing (default: the model's: "
+                           "Orpheus 32,64,96,128,192,256,384,512, the others 32,64,128,256,512; "
+                           "finer steps pad prompts less for more graphs)")
+    tune.add_argument("--kv-write", default=EngineConfig.kv_write, choices=["auto", *KV_WRITE_KINDS],
                       help="how a step's keys and values are stored into the KV cache: two "
-                           "index_put kernels a layer, or one Triton kernel (CUDA; timed only beside "
-                           "the other Triton kernels)")
+                           "index_put kernels a layer, or one Triton kernel (CUDA; auto: the "
+                           "model's: Orpheus triton, the others index)")
     tune.add_argument("--ramp-step-samples", type=int, default=EngineConfig.ramp_step_samples,
                       metavar="SAMPLES",
                       help="Orpheus fast-start ramp: lookahead growth per frame in samples (1024: "

@@ -20,7 +20,7 @@ from collections import defaultdict
 from typing import Any
 
 from benchmark.args import list_type, number_type
-from engine.config import KV_WRITE_KINDS
+from engine.llm.kernels import DECODE_ATTENTION_KERNELS, KV_WRITE_KINDS
 
 __all__ = ["main", "measure"]
 
@@ -174,13 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--async-plan", default="on", choices=["on", "off", "compare"],
                         help="attention plans that do not wait for the step in flight (CudaGraphModelRunner; "
                              "on, as the engine's default); compare: both, one after the other on the same engine")
-    parser.add_argument("--decode-attention", default="cuda-cores", choices=["cuda-cores", "tensor-cores", "triton"],
-                        help="the decode kernel in the graphs (FlashInfer's two, or the runtime's Triton one) (fixed at capture: one per run; "
+    parser.add_argument("--decode-attention", default="auto", choices=["auto", *DECODE_ATTENTION_KERNELS],
+                        help="the decode kernel in the graphs (FlashInfer's two, or the runtime's Triton one; auto: the "
+                             "model's, as voxgate serve) (fixed at capture: one per run; "
                              "benchmark.gpu.decode_attention compares the kernels alone)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="engine.llm.fp8 (CUDA)")
     parser.add_argument("--quantization", default="none", choices=["none", "fp8"], help="engine.llm.fp8 (CUDA)")
-    parser.add_argument("--kv-write", default="index", choices=list(KV_WRITE_KINDS),
-                        help="how keys and values are stored into the KV cache (voxgate serve --kv-write)")
+    parser.add_argument("--kv-write", default="auto", choices=["auto", *KV_WRITE_KINDS],
+                        help="how keys and values are stored into the KV cache (voxgate serve --kv-write; auto: the model's)")
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="a model setting (voxgate serve --model-setting), repeatable")
     parser.add_argument("--json", default=None, help="write the figures here")
@@ -209,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     # words for the warm-up and the measured steps at any pace (Kyutai with random weights
     # spends about 8 frames a word).
     text = " ".join([TEXT] * (1 + args.steps // 25)) if backend.info.input_streaming else TEXT
+    from engine.llm.attention import kv_write_kind
+
+    # the kernels "auto" chose (the runner's decode attention exists with CUDA graphs only)
+    attention_kernel = getattr(backend.runner, "decode_attention", "none (no graphs)")
+    args.decode_attention, args.kv_write = attention_kernel, kv_write_kind()
     sync = torch.cuda.synchronize if args.device == "cuda" else None
     name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
     print(f"engine step on {name}; model {args.model} ({args.load_format}); torch {torch.__version__}; "

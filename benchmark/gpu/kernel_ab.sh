@@ -8,15 +8,15 @@
 #
 #   bash benchmark/gpu/kernel_ab.sh OUT_DIR [BATCHES]
 #
-# VARIANTS: NAME=ENGINE_PROFILE_ARGS entries separated by ";" (default: the defaults, SiLU-mul as
-# a kernel, the norms as kernels, the KV write as a kernel, the decode attention as the runtime's
-# Triton kernel, the rotation compiled; then fp8
-# weights with the defaults and with the norm and SiLU-mul kernels, which quantise). SKIP_WHEELS=1:
+# VARIANTS: NAME=ENGINE_PROFILE_ARGS entries separated by ";" (default: the defaults, whose
+# rotation, SiLU-mul, norms, KV write and decode attention are Triton kernels since session 48;
+# then each of them in its earlier form (compiled, index_put, FlashInfer's CUDA-core decode), all
+# of those together; then fp8 weights with the defaults and with the compiled norms and SiLU-mul). SKIP_WHEELS=1:
 # the wheels are in /tmp/site already. Needs what h200_serving.sh needs (.whl/, optionally .fi_cache/).
 set -uo pipefail
 out=${1:?usage: benchmark/gpu/kernel_ab.sh OUT_DIR [BATCHES]}
 batches=${2:-256,448}
-variants=${VARIANTS:-"default=;silu_triton=--setting orpheus_silu_mul=triton;norm_triton=--setting orpheus_norm=triton;kv_triton=--kv-write triton;attn_triton=--decode-attention triton;rope_compiled=--setting orpheus_rope=compiled;fp8=--quantization fp8;fp8_kernels=--quantization fp8 --setting orpheus_norm=triton --setting orpheus_silu_mul=triton"}
+variants=${VARIANTS:-"default=;silu_compiled=--setting orpheus_silu_mul=compiled;norm_compiled=--setting orpheus_norm=compiled;kv_index=--kv-write index;attn_cuda_cores=--decode-attention cuda-cores;rope_compiled=--setting orpheus_rope=compiled;before=--setting orpheus_silu_mul=compiled --setting orpheus_norm=compiled --kv-write index --decode-attention cuda-cores;fp8=--quantization fp8;fp8_compiled=--quantization fp8 --setting orpheus_norm=compiled --setting orpheus_silu_mul=compiled"}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 [ "${SKIP_WHEELS:-0}" = 1 ] || python3 -m pip install -q --no-index --no-deps --no-compile \

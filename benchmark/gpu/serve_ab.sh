@@ -7,16 +7,16 @@
 #
 #   bash benchmark/gpu/serve_ab.sh OUT_DIR [LEVELS] [MAX_TOKENS]
 #
-# VARIANTS: NAME=SERVE_ARGS entries separated by ";" (default: the defaults; the decode cap
-# measured under a ceiling of 512 rows; prefill batches of 16 with a 0.1 s wait; both; mixed graphs;
-# finer prefill graph token counts).
+# VARIANTS: NAME=SERVE_ARGS entries separated by ";" (default: Orpheus's defaults; the same
+# without its Triton kernels; Orpheus's defaults before session 48: a constant cap of 384, prefill
+# batches of 8 after 50 ms, the runner's prefill token counts, no Triton kernels).
 # The environment h200_serving.sh reads passes through (RAMP_S, DURATION_S, MODEL, COMMIT, ...);
 # SINGLE_N defaults to 0 here, and the wheels are installed once.
 set -uo pipefail
 out=${1:?usage: benchmark/gpu/serve_ab.sh OUT_DIR [LEVELS] [MAX_TOKENS]}
 levels=${2:-480,512}
 max_tokens=${3:-170}
-variants=${VARIANTS:-"default=;cap_budget=--max-num-decode-seqs 512 --decode-cap-budget 0.85;prefill16=--prefill-batch-seqs 16 --prefill-wait-s 0.1;both=--max-num-decode-seqs 512 --decode-cap-budget 0.85 --prefill-batch-seqs 16 --prefill-wait-s 0.1;mixed=--mixed-graphs on;buckets=--prefill-token-buckets 32,64,96,128,192,256,384,512"}
+variants=${VARIANTS:-"default=;no_kernels=--decode-attention cuda-cores --kv-write index --model-setting orpheus_norm=compiled --model-setting orpheus_silu_mul=compiled;before=--max-num-decode-seqs 384 --decode-cap-budget 0 --prefill-batch-seqs 8 --prefill-wait-s 0.05 --prefill-token-buckets 32,64,128,256,512 --decode-attention cuda-cores --kv-write index --model-setting orpheus_norm=compiled --model-setting orpheus_silu_mul=compiled"}
 mkdir -p "$out"
 export SUMMARY_ONLY=1 SINGLE_N=${SINGLE_N:-0} RAMP_S=${RAMP_S:-10} DURATION_S=${DURATION_S:-15}
 skip=${SKIP_WHEELS:-0}

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.llm.fp8 import is_fp8, to_fp8_saturated
+from engine.llm.kernels import KV_WRITE_KINDS, check_kernel
 
 if TYPE_CHECKING:
     from engine.llm.scheduler import ScheduledBatch
@@ -26,6 +27,7 @@ __all__ = [
     "TorchPagedAttention",
     "allocate_kv_caches",
     "build_attention_metadata",
+    "kv_write_kind",
     "set_kv_write",
     "torch_paged_attention_factory",
     "write_kv",
@@ -33,19 +35,20 @@ __all__ = [
 
 # How ``write_kv`` stores a step's keys and values (EngineConfig.kv_write): "index" (two
 # index_put kernels) or "triton" (one kernel, ``engine.llm.kv_write_triton``; CUDA caches not in
-# fp8, others keep index_put). One engine a process: ``build_lm_backend`` sets it. The same kinds
-# as engine.config.KV_WRITE_KINDS, which the runtime may not import (engine.config pulls in the
-# gateway's messages; the Triton venv that builds backends for the kernel tests lacks msgpack).
-KV_WRITE_KINDS = ("index", "triton")
+# fp8, others keep index_put). One engine a process: ``build_lm_backend`` sets it.
 _kv_write = "index"
 _write_kv_triton = None  # kv_write_triton.write_kv_triton while "triton" is set
+
+
+def kv_write_kind() -> str:
+    """The process's KV write (``KV_WRITE_KINDS``), as ``set_kv_write`` last chose it."""
+    return _kv_write
 
 
 def set_kv_write(kind: str) -> None:
     """Choose ``write_kv``'s kernels for this process (``KV_WRITE_KINDS``); "triton" needs Triton."""
     global _kv_write, _write_kv_triton
-    if kind not in KV_WRITE_KINDS:
-        raise ValueError(f"kv_write must be one of {', '.join(KV_WRITE_KINDS)}, got {kind!r}")
+    check_kernel("kv_write", kind, auto=False)
     writer = None
     if kind == "triton":
         from engine.llm import kv_write_triton

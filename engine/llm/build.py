@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.llm.backend import LMBackend
+from engine.llm.kernels import check_kernel, resolve_kernel
 from engine.llm.model_runner import ModelRunner
 from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
 from engine.llm.sampler import Sampler
@@ -47,6 +48,13 @@ def _resolve_async(value: bool | str, runner: Any) -> bool:
     if value not in ("auto", "on", "off"):
         raise ValueError(f"async_steps must be auto, on or off, got {value!r}")
     return value == "on" or (value == "auto" and bool(getattr(runner, "use_graphs", False)))
+
+
+def _triton_imports() -> bool:
+    """Whether Triton imports here (it comes with CUDA torch; the runtime's Triton kernels need it)."""
+    from engine.llm import kv_write_triton
+
+    return kv_write_triton.triton is not None
 
 
 def _sampler_kernel(kernel: str) -> str:
@@ -241,9 +249,11 @@ def build_lm_backend(
     ``MixedGraphs`` (decode rows and fresh prompts in one replay) where the program supports it;
     "off" (default). ``async_plan``: "on" / True (default): the graphs' attention plans do not
     wait for the step in flight. ``decode_attention``: the decode kernel in the graphs,
-    FlashInfer's "cuda-cores" (default) or "tensor-cores", or "triton" (the runtime's own,
+    FlashInfer's "cuda-cores" or "tensor-cores", or "triton" (the runtime's own,
     ``engine.llm.decode_attention_triton``). ``kv_write``: how keys and values are stored into
-    the cache, "index" (default) or "triton" (CUDA; ``attention.set_kv_write``, for the process).
+    the cache, "index" or "triton" (CUDA; ``attention.set_kv_write``, for the process). For either,
+    "auto" (default) is the program's ``ServingDefaults`` choice on CUDA where Triton imports,
+    "cuda-cores" / "index" elsewhere (``engine.llm.kernels.resolve_kernel``).
     ``prefill_token_buckets``: the prefill graphs' token counts (``()``, default: the program's
     ``ServingDefaults.prefill_token_buckets``, else the runner's ``DEFAULT_PREFILL_BUCKETS``).
     The backend's ``default_decode_cap_budget`` is the program's measured-cap fraction
@@ -275,15 +285,15 @@ def build_lm_backend(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but torch sees no CUDA GPU")
-    asked_write = pick(kv_write, "kv_write", "index")
-    if asked_write == "triton" and not str(device).startswith("cuda"):
+    on_cuda = str(device).startswith("cuda")
+    asked_write = check_kernel("kv_write", pick(kv_write, "kv_write", "auto"))
+    if asked_write == "triton" and not on_cuda:
         raise ValueError(f"--kv-write triton needs CUDA (device {device!r})")
-    set_kv_write(asked_write)  # (one engine a process, as the sampler's kernel)
-    if pick(decode_attention, "decode_attention", "cuda-cores") == "triton" and str(device).startswith("cuda"):
-        from engine.llm import decode_attention_triton
-
-        if decode_attention_triton.triton is None:
-            raise ValueError("--decode-attention triton needs Triton (it comes with CUDA torch)")
+    # (one engine a process, as the sampler's kernel; "auto" waits for the program's default)
+    set_kv_write("index" if asked_write == "auto" else asked_write)
+    asked_attention = check_kernel("decode_attention", pick(decode_attention, "decode_attention", "auto"))
+    if asked_attention == "triton" and on_cuda and not _triton_imports():
+        raise ValueError("--decode-attention triton needs Triton (it comes with CUDA torch)")
     if dtype_name == "auto":
         dtype_name = "bfloat16" if device == "cuda" else "float32"
     torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype_name]
@@ -324,8 +334,17 @@ def build_lm_backend(
     program, shape, defaults = loaded.program, loaded.kv_shape, loaded.defaults
     if kernel_asked == "auto":  # (before any graph captures a draw)
         Sampler.kernel = _auto_sampler_kernel(defaults, device)
+    # "auto": the program's kernels on CUDA where Triton imports (before the runner writes a key)
+    attention_kernel = resolve_kernel("decode_attention", asked_attention, defaults.decode_attention,
+                                      cuda=on_cuda, triton_imports=on_cuda and _triton_imports())
+    write_kind = resolve_kernel("kv_write", asked_write, defaults.kv_write, cuda=on_cuda,
+                                triton_imports=on_cuda and _triton_imports())
+    set_kv_write(write_kind)
     log.info("loaded in %.1f s; building the KV cache%s", time.monotonic() - t0,
              " and capturing CUDA graphs" if use_graphs and runner_factory is None else "")
+    if on_cuda:
+        log.info("decode attention %s, KV write %s%s", attention_kernel, write_kind,
+                 " (the model's)" if "auto" in (asked_attention, asked_write) else "")
 
     pages_per_seq = -(-max_model_len // page_size)
     if num_pages is None:
@@ -361,7 +380,7 @@ def build_lm_backend(
                                                graph_forward=loaded.graph_forward, mixed=mixed,
                                                mixed_decode_buckets=mixed_decode_buckets(decode_cap),
                                                async_plan=pick(async_plan, "async_plan", "on") in (True, "on"),
-                                               decode_attention=pick(decode_attention, "decode_attention", "cuda-cores"),
+                                               decode_attention=attention_kernel,
                                                prefill_buckets=_prefill_buckets(
                                                    pick(prefill_token_buckets, "prefill_token_buckets", ()),
                                                    max_model_len, defaults.prefill_token_buckets))

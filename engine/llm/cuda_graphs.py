@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from engine.config import DECODE_ATTENTION_KERNELS
 from engine.llm.attention import AttentionMetadata, KVCacheSpec, build_attention_metadata
 from engine.llm.host_copy import start_host_copy
+from engine.llm.kernels import DECODE_ATTENTION_KERNELS, check_kernel
 from engine.llm.model_runner import LaunchedStep, ModelRunner, _feed_column, host_input_ids
 from engine.llm.token_head import RowInputs
 
@@ -313,8 +313,7 @@ def graph_decode_attention(kernel: str, kv_caches: list[torch.Tensor], **kw: Any
     """A decode graph's attention for ``kernel`` (``DECODE_ATTENTION_KERNELS``): FlashInfer's
     ``GraphDecodeAttention`` (its CUDA-core or tensor-core kernel) or the runtime's Triton one
     (``engine.llm.decode_attention_triton.GraphTritonDecodeAttention``), which takes the same calls."""
-    if kernel not in DECODE_ATTENTION_KERNELS:
-        raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_KERNELS)}, got {kernel!r}")
+    check_kernel("decode_attention", kernel, auto=False)
     if kernel == "triton":
         from engine.llm.decode_attention_triton import GraphTritonDecodeAttention
 
@@ -419,9 +418,7 @@ class CudaGraphModelRunner(ModelRunner):
         decode_attention: str = "cuda-cores",
         **kwargs: Any,
     ) -> None:
-        if decode_attention not in DECODE_ATTENTION_KERNELS:
-            raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_KERNELS)}, "
-                             f"got {decode_attention!r}")
+        check_kernel("decode_attention", decode_attention, auto=False)
         kwargs.setdefault("attention_backend_factory", flashinfer_attention_factory)
         self.async_plan = async_plan
         self.decode_attention = decode_attention

@@ -14,8 +14,9 @@ scores in float32 from the queries and keys in the queries' dtype, the probabili
 the values' dtype for their product (as FlashInfer's tensor-core decode and FlashAttention do);
 fp8 pages are read as their values (scale 1.0, the engine's). Float32 queries (and Triton's
 CPU interpreter, whose bfloat16 ``tl.dot`` is wrong) take every product in float32. One program per (row, KV head)
-and no split of long contexts: meant for many rows of short contexts. Not yet timed on a GPU:
-``cuda-cores`` stays the default.
+and no split of long contexts: meant for many rows of short contexts. The default for a program
+that names it (``ServingDefaults.decode_attention``; Orpheus, with its other Triton kernels:
+served on an H200, docs/performance.md); ``cuda-cores`` for the others.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 On an H100 at 448 decode rows (Orpheus-3B, 8 KV heads of 128) each of those took 5.6 µs for
 0.9 MB (engine_profile's kernel table, 2026-12-05): 11 µs a layer, 3% of the step's device time.
 Here a program is a block of one token's K and V columns: it reads the token's page and offset
-once and writes both. Caches in fp8 keep ``index_put`` (their saturating cast). Not yet timed
-on a GPU: ``index`` is the default.
+once and writes both. Caches in fp8 keep ``index_put`` (their saturating cast). The default for
+a program that names it (``ServingDefaults.kv_write``; Orpheus); ``index`` for the others.
 """
 
 from __future__ import annotations

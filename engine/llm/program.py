@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from engine.backend import BackendInfo
+from engine.llm.kernels import check_kernel
 from engine.llm.scheduler import check_token_buckets
 from engine.llm.sequence import SamplingParams
 
@@ -135,9 +136,15 @@ class ServingDefaults:
     decode_cap_budget_fp8: float = 0.0  # the same with fp8 weights
     light_steps: int = 0  # scheduler light_steps_max (the head's ``light_until_step``), 0 = off
     sampler_kernel: str = "torch"  # the runtime sampler's draw (``Sampler.kernel``) for ``--sampler-kernel auto``
+    # the kernels for --decode-attention / --kv-write auto on CUDA (``engine.llm.kernels``; a
+    # Triton one only where Triton imports)
+    decode_attention: str = "cuda-cores"
+    kv_write: str = "index"
 
     def __post_init__(self) -> None:
         check_token_buckets(self.prefill_token_buckets)  # as the option's
+        check_kernel("decode_attention", self.decode_attention, auto=False)
+        check_kernel("kv_write", self.kv_write, auto=False)
         for name in ("decode_cap_budget", "decode_cap_budget_fp8"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"ServingDefaults.{name} must be in [0, 1] (0: off), got {getattr(self, name)}")

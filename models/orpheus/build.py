@@ -14,7 +14,13 @@ from engine.llm.program import LoadContext, ProgramModel, ServingDefaults, codec
 __all__ = ["ORPHEUS_DEFAULTS", "build_orpheus_backend", "load"]
 
 RAMP_WINDOW_FRAMES = 4  # window decoder frames when it only serves the fast-start ramp
-AUTO_DECODE_CAP_CUDA = 384  # decode rows per step by default on CUDA (scheduler.max_num_decode_seqs): 11.1-11.8 ms served on an H200 (runs 24-26)
+# Decode rows per step by default on CUDA (scheduler.max_num_decode_seqs), bf16 weights: a
+# ceiling of 512 under the cap measured from step times (AUTO_DECODE_CAP_BUDGET_CUDA). 384 as a
+# constant (11.1-11.8 ms steps served on an H200, runs 24-26) until session 48: with the budget,
+# 512, the prefill settings below and the Triton kernels, 480 and 512 streams over 10 s passed on
+# an H200 where the old defaults refused 163 and 403 starts (docs/performance.md, e1d8535b)
+AUTO_DECODE_CAP_CUDA = 512
+AUTO_DECODE_CAP_BUDGET_CUDA = 0.85  # admission decode_cap_budget (bf16): rows whose step takes <= 85% of real time
 # With fp8 weights (--quantization fp8), on H200s (docs/performance_history.md run 28): at cap 512, steps
 # of 11.2-11.8 ms once every stream was due left new streams barely above real time, and 500
 # streams underran at their start (93.4% on time; 87.2% at 512 streams in run 27); cap 448 kept
@@ -26,12 +32,23 @@ AUTO_RAMP_STEPS_CUDA = (1024, 1536)  # ramp_step_samples: light load, under load
 # 320 streams of 10 s over a 10 s ramp: 98.3% on time with 256 (run 17) against 78.5% with 64
 # (run 16), whose small steps (about 5 ms for 64 rows) left streams a second ahead at most
 AUTO_DECODE_FILL_CUDA = 256
-AUTO_PREFILL_WAIT_S_CUDA = 0.05  # scheduler.prefill_wait_s: a due prompt waits at most 50 ms for company
-AUTO_PREFILL_BATCH_CUDA = 8  # scheduler.prefill_batch_seqs: this many prompts go at once
+# scheduler.prefill_wait_s / prefill_batch_seqs: a due prompt waits at most 100 ms for company,
+# 16 prompts go at once, in prefill graphs of these token counts (finer than the runner's
+# 32, 64, 128, 256, 512: three ~55-token prompts pad to 192, not 256). Together with the cap
+# above: more streams admitted for the same step time on two H100s (bfa42ffc, 5df2e740) and an
+# H200 (e1d8535b); 50 ms, 8 and the runner's counts before (docs/performance.md)
+AUTO_PREFILL_WAIT_S_CUDA = 0.1
+AUTO_PREFILL_BATCH_CUDA = 16
+AUTO_PREFILL_TOKEN_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512)
+# The runtime's Triton decode attention and KV write (with orpheus_norm and orpheus_silu_mul
+# "triton" under CUDA graphs, load below): engine steps 5% shorter at 448 rows on an H100, and
+# on an H200 512 streams over 10 s 99.5% on time against 95.8% without them (docs/performance.md)
 ORPHEUS_DEFAULTS = ServingDefaults(
     decode_cap=AUTO_DECODE_CAP_CUDA, decode_cap_fp8=AUTO_DECODE_CAP_CUDA_FP8,
+    decode_cap_budget=AUTO_DECODE_CAP_BUDGET_CUDA,
     decode_horizon_s=AUTO_DECODE_HORIZON_S_CUDA, decode_fill_seqs=AUTO_DECODE_FILL_CUDA,
     prefill_wait_s=AUTO_PREFILL_WAIT_S_CUDA, prefill_batch_seqs=AUTO_PREFILL_BATCH_CUDA,
+    prefill_token_buckets=AUTO_PREFILL_TOKEN_BUCKETS, decode_attention="triton", kv_write="triton",
 )
 
 
@@ -57,9 +74,10 @@ def load(ctx: LoadContext) -> ProgramModel:
     takes its frames from the host, so nothing else moves), ``orpheus_rope`` (the graphed
     forward's rotary embedding: "triton", the default with CUDA graphs: one kernel a layer,
     ``models.orpheus.layer_triton``; or "compiled": ``torch.compile``'s three), ``orpheus_silu_mul``
-    (its SiLU-mul: "compiled", the default, or "triton"; not yet timed), ``orpheus_norm`` (its
+    (its SiLU-mul: "triton", the default with CUDA graphs, or "compiled"), ``orpheus_norm`` (its
     residual adds and RMSNorms, with fp8 weights the activations' quantisation fused in:
-    "compiled", the default, or "triton"; not yet timed)."""
+    "triton", the default with CUDA graphs, or "compiled"; both served with the runtime's Triton
+    decode attention and KV write, ``ORPHEUS_DEFAULTS``)."""
     from engine.llm.fp8 import quantise_decoder_linears_
     from models.orpheus.fused_forward import FusedLlamaForward
     from models.orpheus.loader import SNAC_HUB_ID, load_orpheus
@@ -67,8 +85,8 @@ def load(ctx: LoadContext) -> ProgramModel:
 
     device = ctx.device
     rope = ctx.setting("orpheus_rope", "triton" if ctx.use_graphs else "compiled")
-    silu_mul = ctx.setting("orpheus_silu_mul", "compiled")
-    norm = ctx.setting("orpheus_norm", "compiled")
+    silu_mul = ctx.setting("orpheus_silu_mul", "triton" if ctx.use_graphs else "compiled")
+    norm = ctx.setting("orpheus_norm", "triton" if ctx.use_graphs else "compiled")
     FusedLlamaForward.check(rope, silu_mul, norm)  # (before the weights load)
     model, tokenizer, llama_config = load_orpheus(
         ctx.model_id, device=device, dtype=ctx.dtype, load_format=ctx.load_format, max_seq_len=ctx.max_model_len

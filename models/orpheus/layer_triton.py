@@ -17,7 +17,8 @@ v: 10.9 µs at 448 rows alone in a CUDA graph, the graph's launch included (28.7
 
 ``torch.compile``'s SiLU-mul took 15.4 µs a layer at 448 rows on the same H100 for about 22 MB
 (1.4 TB/s). ``silu_mul`` reads a block of a row's gate and up halves, multiplies in float32 and
-rounds once, as the compiled form (not yet timed on a GPU: off by default).
+rounds once, as the compiled form (the default with CUDA graphs since session 48, with the norms'
+kernels below, the runtime's Triton decode attention and KV write: docs/performance.md).
 
 With fp8 weights the compiled forward quantises four activations a layer (the two RMSNorms'
 outputs, SiLU-mul's and the attention's), 0.93 ms of a 512-row fp8 step on an H200 (at
@@ -26,7 +27,7 @@ makes the activation: a program holds a whole row, so its largest magnitude, the
 fp8 values come from one read (``add_rmsnorm``, ``silu_mul`` with ``quantise``; ``quantise_rows``
 for the attention's output). Numerics as ``engine.llm.fp8.quantise_rowwise`` applied to the
 bf16 activation the eager form makes (its roundings kept: the residual sum, the normalised row,
-its product with the weight). Not yet timed on a GPU: ``orpheus_norm`` is off by default.
+its product with the weight). ``orpheus_norm=triton`` is the default with CUDA graphs (as above).
 """
 
 from __future__ import annotations

@@ -119,16 +119,16 @@ def test_cli_on_off_switches_reach_the_engine_config(flag, name, default):
 
 
 @pytest.mark.parametrize("flag, name, default, others, bad, refusal", [
-    ("--decode-attention", "decode_attention", "cuda-cores", ("tensor-cores", "triton"), "tensor",
-     "decode_attention must be one of cuda-cores, tensor-cores, triton"),
+    ("--decode-attention", "decode_attention", "auto", ("cuda-cores", "tensor-cores", "triton"), "tensor",
+     "decode_attention must be one of auto, cuda-cores, tensor-cores, triton"),
     ("--sampler-kernel", "sampler_kernel", "auto", ("torch", "triton"), "cuda",
      "sampler_kernel must be auto, torch or triton"),
-    ("--kv-write", "kv_write", "index", ("triton",), "scatter", "kv_write must be index or triton"),
+    ("--kv-write", "kv_write", "auto", ("index", "triton"), "scatter", "kv_write must be one of auto, index, triton"),
 ])
 def test_cli_choices_reach_the_engine_config(flag, name, default, others, bad, refusal):
-    """voxgate serve --decode-attention cuda-cores (default) | tensor-cores | triton, --sampler-kernel
-    auto (default) | torch | triton and --kv-write index (default) | triton reach EngineConfig;
-    other values are refused by the parser and the config."""
+    """voxgate serve --decode-attention auto (default) | cuda-cores | tensor-cores | triton,
+    --sampler-kernel auto (default) | torch | triton and --kv-write auto (default) | index | triton
+    reach EngineConfig; other values are refused by the parser and the config."""
     from engine.config import EngineConfig
     from gateway.cli import build_parser, configs_from_args
 
@@ -204,14 +204,30 @@ def test_hold_undue_prompts_reaches_the_scheduler(llm_tiny_dir, small_snac_dir):
 
 
 
+def test_on_the_cpu_auto_keeps_the_torch_kv_write_for_a_program_that_prefers_triton(llm_tiny_dir, small_snac_dir) -> None:
+    """Orpheus names the Triton KV write; a CPU backend built with the defaults writes with
+    index_put (the process-wide choice ``attention._kv_write``), and with the config's "auto"."""
+    from engine.config import EngineConfig
+    from engine.llm import attention
+    from models.orpheus.build import build_orpheus_backend
+
+    attention.set_kv_write("index")
+    backend = build_orpheus_backend(str(llm_tiny_dir), config=EngineConfig(), device="cpu",
+                                    codec_path=str(small_snac_dir), max_num_seqs=2, max_model_len=128, warmup=False)
+    try:
+        assert attention._kv_write == "index"
+    finally:
+        backend.close()
+
+
 def test_auto_decode_cap_by_device_and_weights() -> None:
-    """-1 picks the measured cap: 384 on CUDA, 448 with fp8 weights, none on the CPU; a given
-    cap (0 = none) is kept."""
+    """-1 picks the program's cap: Orpheus's ceiling of 512 on CUDA (under its measured-cap
+    budget), 448 with fp8 weights, none on the CPU; a given cap (0 = none) is kept."""
     from engine.llm.build import auto_decode_cap
     from models.orpheus.build import AUTO_DECODE_CAP_CUDA, AUTO_DECODE_CAP_CUDA_FP8, ORPHEUS_DEFAULTS
 
-    assert (AUTO_DECODE_CAP_CUDA, AUTO_DECODE_CAP_CUDA_FP8) == (384, 448)
-    assert auto_decode_cap(-1, "cuda", False, ORPHEUS_DEFAULTS) == 384
+    assert (AUTO_DECODE_CAP_CUDA, AUTO_DECODE_CAP_CUDA_FP8) == (512, 448)
+    assert auto_decode_cap(-1, "cuda", False, ORPHEUS_DEFAULTS) == 512
     assert auto_decode_cap(-1, "cuda", True, ORPHEUS_DEFAULTS) == 448
     assert auto_decode_cap(-1, "cpu", False, ORPHEUS_DEFAULTS) == 0
     assert auto_decode_cap(0, "cuda", True) == 0 and auto_decode_cap(200, "cuda", True) == 200
@@ -219,8 +235,8 @@ def test_auto_decode_cap_by_device_and_weights() -> None:
 
 def test_auto_decode_cap_budget_is_the_programs_on_cuda_only() -> None:
     """The backend's ``default_decode_cap_budget`` (the engine core's for decode_cap_budget -1):
-    the program's fraction on CUDA, its fp8 one with fp8 weights, off on the CPU; off for
-    Orpheus at present (its constant caps stand)."""
+    the program's fraction on CUDA, its fp8 one with fp8 weights, off on the CPU; Orpheus's
+    0.85 with bf16 weights, off with fp8 (its constant cap of 448 stands)."""
     from engine.llm.build import auto_decode_cap_budget
     from engine.llm.program import ServingDefaults
     from models.orpheus.build import ORPHEUS_DEFAULTS
@@ -228,8 +244,9 @@ def test_auto_decode_cap_budget_is_the_programs_on_cuda_only() -> None:
     d = ServingDefaults(decode_cap_budget=0.85, decode_cap_budget_fp8=0.9)
     assert auto_decode_cap_budget("cuda", False, d) == 0.85 and auto_decode_cap_budget("cuda", True, d) == 0.9
     assert auto_decode_cap_budget("cpu", False, d) == 0.0
-    assert auto_decode_cap_budget("cuda", False, ORPHEUS_DEFAULTS) == 0.0
+    assert auto_decode_cap_budget("cuda", False, ORPHEUS_DEFAULTS) == 0.85
     assert auto_decode_cap_budget("cuda", True, ORPHEUS_DEFAULTS) == 0.0
+    assert auto_decode_cap_budget("cpu", False, ORPHEUS_DEFAULTS) == 0.0
     with pytest.raises(ValueError, match="ServingDefaults.decode_cap_budget_fp8 must be in"):
         ServingDefaults(decode_cap_budget_fp8=-1.0)
     with pytest.raises(ValueError, match="prefill_token_buckets must be token counts"):

@@ -45,11 +45,12 @@ def test_the_graph_attention_stores_the_new_keys_then_attends(interpreted: dict)
 
 
 def test_the_option_is_known_and_needs_cuda() -> None:
-    from engine.config import DECODE_ATTENTION_KERNELS, EngineConfig
+    from engine.config import EngineConfig
+    from engine.llm.kernels import DECODE_ATTENTION_KERNELS
 
     assert "triton" in DECODE_ATTENTION_KERNELS
     EngineConfig(decode_attention="triton")  # a known value
-    with pytest.raises(ValueError, match="decode_attention must be one of cuda-cores, tensor-cores, triton"):
+    with pytest.raises(ValueError, match="decode_attention must be one of auto, cuda-cores, tensor-cores, triton"):
         EngineConfig(decode_attention="flash")
 
 
