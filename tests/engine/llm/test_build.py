@@ -176,11 +176,11 @@ def test_prefill_token_buckets_reach_the_engine_config_and_bad_ones_are_refused(
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_prefill_token_buckets_reach_the_prefill_graphs_and_serve(llm_fi_dir, small_snac_dir):
     """On CUDA the setting is the prefill graphs' token counts (those within max_model_len; by
-    default the runner's own), and a prompt is served with either."""
+    default the program's own: Orpheus's finer counts), and a prompt is served with either."""
     from engine.config import EngineConfig
     from models.orpheus.build import build_orpheus_backend
 
-    for asked, expected in (((), (32, 64, 128, 256)), ((32, 48, 96, 512), (32, 48, 96))):
+    for asked, expected in (((), (32, 64, 96, 128, 192, 256)), ((32, 48, 96, 512), (32, 48, 96))):
         backend = build_orpheus_backend(str(llm_fi_dir), config=EngineConfig(prefill_token_buckets=asked),
                                         device="cuda", codec_path=str(small_snac_dir), max_num_seqs=4,
                                         max_model_len=256)

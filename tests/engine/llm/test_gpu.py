@@ -245,7 +245,7 @@ def test_mixed_graph_matches_a_decode_and_a_prefill_replay() -> None:
             out = runner.mixed_graphs._graphs[(b, bucket_for(sum(lengths), runner.mixed_graphs.token_buckets))].outs[1]
             rows[mixed] = (out[:3].float().clone(), out[b : b + 2].float().clone())
         else:
-            dec = runner.graphs._graphs[bucket_for(3, runner.graphs.buckets)].outs[1]
+            dec = runner.graphs._graphs[(0, bucket_for(3, runner.graphs.buckets))].outs[1]  # (variant 0: full steps)
             key = (bucket_for(sum(lengths), runner.prefill_graphs.buckets), bucket_for(2, runner.prefill_graphs.row_buckets))
             pre = runner.prefill_graphs._graphs[key].outs[1]
             rows[mixed] = (dec[:3].float().clone(), pre[:2].float().clone())
