@@ -5,7 +5,7 @@ stand-in program that makes a frame of audio every 7 tokens; clients as ``voxgat
 concurrency mode runs them (docs/scheduling.md, "Orpheus near its capacity: a model").
 
     python -m benchmark.orpheus_sim [--streams 448,512] [--gpu h100-f904384] [--cap 384,448]
-        [--budget 0,0.85] [--headroom 0.1] [--ramp-s 10] [--duration-s 15]
+        [--budget 0,0.85] [--headroom 0.1] [--ramp-s 10] [--duration-s 15] [--slots 1024,2048]
         [--prefill-token-buckets none default 32,64,96,128,192,256,384,512]
 
 An estimate, not a measurement. Step times (``GpuSteps``) are the engine alone's decode step by
@@ -261,12 +261,13 @@ def simulate(offered: int, *, gpu: GpuSteps, cap: int = 384, budget: float = 0.0
              ramp_s: float = 10.0, duration_s: float = 15.0, texts: list[str] | None = None,
              max_tokens: int = 170, fill: int = 256, horizon_s: float = 1.0, prefill_wait_s: float = 0.05,
              prefill_batch: int = 8, start_buffer_s: float = 0.1, policy: str = "queue",
-             hold_undue_prompts: bool = False) -> SimResult:
+             hold_undue_prompts: bool = False, slots: int = 1024) -> SimResult:
     """``offered`` clients in ``voxgate bench``'s concurrency mode (first starts evenly over
     ``ramp_s``, each starting its next stream when its last ends or, refused, after the
     retry-after hint; no new stream after ``duration_s``); the server as Orpheus's defaults
     before session 48 set it on CUDA (``cap``: the decode cap; ``budget``: ``--decode-cap-budget``,
-    the cap then measured below ``cap``; ``headroom``: admission's); its defaults since are
+    the cap then measured below ``cap``; ``headroom``: admission's; ``slots``: ``--max-num-seqs``,
+    the jobs at once, two a speaking stream); its defaults since are
     ``cap=512, budget=0.85, prefill_wait_s=0.1, prefill_batch=16`` with the finer prefill counts
     (``models.orpheus.build``). Every stream's text is sent at once."""
     from benchmark.bench.prompts import filter_prompts, load_prompts
@@ -276,7 +277,6 @@ def simulate(offered: int, *, gpu: GpuSteps, cap: int = 384, budget: float = 0.0
     result = SimResult(offered)
     program = _Program()
     runner = _Runner(clock, gpu, program, result)
-    slots = 1024
     sched = Scheduler(SchedulerConfig(
         max_num_seqs=slots, max_num_batched_tokens=slots + 256, max_model_len=2048, max_waiting=4096,
         max_num_prefill_seqs=16, max_num_prefill_tokens=512, max_num_decode_seqs=cap, decode_horizon_s=horizon_s,
@@ -405,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap", default="384", help="decode caps (--max-num-decode-seqs), comma-separated")
     p.add_argument("--budget", default="0", help="--decode-cap-budget values (0: off)")
     p.add_argument("--headroom", default="0.1", help="admission headroom values")
+    p.add_argument("--slots", default="1024", help="--max-num-seqs values (jobs at once; a speaking stream holds two)")
     p.add_argument("--policy", default="queue", choices=["queue", "refuse", "off"])
     p.add_argument("--ramp-s", type=float, default=10.0)
     p.add_argument("--duration-s", type=float, default=15.0)
@@ -434,18 +435,18 @@ def main(argv: list[str] | None = None) -> int:
     print("  " + ", ".join(f"{k} {getattr(gpu, k)}" for k in GpuSteps.__dataclass_fields__
                            if k not in ("name", "source", "prefill_buckets")))  # (the buckets: a column)
     print(f"ramp {args.ramp_s:g} s, level {args.duration_s:g} s, policy {args.policy}")
-    print("offered   cap budget headroom pbatch streams refused queued underran on time  admitted on time  "
+    print("offered slots   cap budget headroom pbatch streams refused queued underran on time  admitted on time  "
           "TTFA p50   p90  capacity (median)  cap in force  400+ row steps ms (p50)  goodput  buckets")
-    sweep = itertools.product(ints(args.streams), ints(args.cap), floats(args.budget), floats(args.headroom),
-                              ints(args.prefill_batch), buckets.items())
-    for n, cap, budget, headroom, pb, (bname, counts) in sweep:
+    sweep = itertools.product(ints(args.streams), ints(args.slots), ints(args.cap), floats(args.budget),
+                              floats(args.headroom), ints(args.prefill_batch), buckets.items())
+    for n, slots, cap, budget, headroom, pb, (bname, counts) in sweep:
         r = simulate(n, gpu=replace(gpu, prefill_buckets=counts), cap=cap, budget=budget, headroom=headroom,
                      ramp_s=args.ramp_s, duration_s=args.duration_s, prefill_batch=pb, policy=args.policy,
-                     prefill_wait_s=args.prefill_wait_s, hold_undue_prompts=args.hold_undue_prompts)
+                     prefill_wait_s=args.prefill_wait_s, hold_undue_prompts=args.hold_undue_prompts, slots=slots)
         caps = sorted(c for _, c in r.capacity if c is not None)
         big = sorted(ms for _, rows, ms in r.loaded_ms if rows >= 400)
         in_force = sorted(r.decode_caps)
-        print(f"{n:7d} {cap:5d} {budget:6.2f} {headroom:8.2f} {pb:6d} {r.streams:7d} {r.refused:7d} "
+        print(f"{n:7d} {slots:5d} {cap:5d} {budget:6.2f} {headroom:8.2f} {pb:6d} {r.streams:7d} {r.refused:7d} "
               f"{r.queued:6d} {r.underran:8d} {100 * r.on_time:7.1f}% {100 * r.admitted_on_time:16.1f}% "
               f"{r.pct(0.5):9.0f} {r.pct(0.9):5.0f} "
               f"{caps[len(caps) // 2] if caps else '-':>18} {in_force[len(in_force) // 2]:>13} "

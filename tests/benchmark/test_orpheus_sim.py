@@ -62,6 +62,14 @@ def test_a_prefill_pass_runs_padded_to_its_graphs_token_count() -> None:
     assert fine.underran == coarse.underran == 0
 
 
+def test_the_job_slots_bound_what_a_fast_gpu_serves() -> None:
+    """``slots`` is the scheduler's max_num_seqs: with fewer jobs at once than 96 streams hold
+    (two a speaking stream), the same GPU serves fewer streams and less audio."""
+    few = simulate(96, gpu=FAST, ramp_s=2.0, duration_s=6.0, slots=64)
+    many = simulate(96, gpu=FAST, ramp_s=2.0, duration_s=6.0, slots=1024)
+    assert few.streams < many.streams and few.goodput < 0.8 * many.goodput
+
+
 def test_goodput_is_the_on_time_streams_audio_over_the_run() -> None:
     r = simulate(32, gpu=FAST, ramp_s=1.0, duration_s=3.0, max_tokens=70)
     assert r.underran == 0 and r.refused == 0
@@ -75,7 +83,7 @@ def test_the_command_line(capsys) -> None:
     out = capsys.readouterr().out
     assert GPUS["h100-f904384"].source in out and "jitter 0.0" in out
     row = out.strip().splitlines()[-1].split()
-    assert row[:2] == ["24", "384"]
+    assert row[:3] == ["24", "1024", "384"]  # offered, slots, cap
     with pytest.raises(SystemExit):
         main(["--set", "nonsense=1"])
     assert "not a GpuSteps number" in capsys.readouterr().err
