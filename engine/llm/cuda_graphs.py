@@ -16,7 +16,7 @@ import torch
 
 from engine.llm.attention import AttentionMetadata, KVCacheSpec, build_attention_metadata
 from engine.llm.host_copy import start_host_copy
-from engine.llm.kernels import DECODE_ATTENTION_KERNELS, check_kernel
+from engine.llm.kernels import check_kernel
 from engine.llm.model_runner import LaunchedStep, ModelRunner, _feed_column, host_input_ids
 from engine.llm.token_head import RowInputs
 
@@ -223,7 +223,7 @@ class DecodeGraphs:
         self.max_pages_per_seq = max_pages_per_seq
         self.buckets = tuple(sorted(set(buckets)))
         self.extra_specs = list(extra_specs)
-        # the graphs' decode attention (DECODE_ATTENTION_KERNELS; None: from tensor_cores)
+        # the graphs' decode attention (engine.llm.kernels.DECODE_ATTENTION_KERNELS; None: from tensor_cores)
         self.decode_kernel = decode_kernel or ("tensor-cores" if tensor_cores else "cuda-cores")
         self.tensor_cores = self.decode_kernel == "tensor-cores"  # GraphDecodeAttention's kernel
         self.device = kv_caches[0].device
@@ -310,7 +310,7 @@ class DecodeGraphs:
 
 
 def graph_decode_attention(kernel: str, kv_caches: list[torch.Tensor], **kw: Any) -> Any:
-    """A decode graph's attention for ``kernel`` (``DECODE_ATTENTION_KERNELS``): FlashInfer's
+    """A decode graph's attention for ``kernel`` (``kernels.DECODE_ATTENTION_KERNELS``): FlashInfer's
     ``GraphDecodeAttention`` (its CUDA-core or tensor-core kernel) or the runtime's Triton one
     (``engine.llm.decode_attention_triton.GraphTritonDecodeAttention``), which takes the same calls."""
     check_kernel("decode_attention", kernel, auto=False)
