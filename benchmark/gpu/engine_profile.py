@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from engine.llm.attention import kv_write_kind
     from engine.llm.build import build_lm_backend
     from models.registry import load_factory, resolve
 
@@ -210,8 +211,6 @@ def main(argv: list[str] | None = None) -> int:
     # words for the warm-up and the measured steps at any pace (Kyutai with random weights
     # spends about 8 frames a word).
     text = " ".join([TEXT] * (1 + args.steps // 25)) if backend.info.input_streaming else TEXT
-    from engine.llm.attention import kv_write_kind
-
     # the kernels "auto" chose (the runner's decode attention exists with CUDA graphs only)
     attention_kernel = getattr(backend.runner, "decode_attention", "none (no graphs)")
     args.decode_attention, args.kv_write = attention_kernel, kv_write_kind()
