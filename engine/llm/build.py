@@ -334,11 +334,13 @@ def build_lm_backend(
     program, shape, defaults = loaded.program, loaded.kv_shape, loaded.defaults
     if kernel_asked == "auto":  # (before any graph captures a draw)
         Sampler.kernel = _auto_sampler_kernel(defaults, device)
-    # "auto": the program's kernels on CUDA where Triton imports (before the runner writes a key)
+    # "auto": the program's kernels on CUDA where Triton imports (before the runner writes a key),
+    # on the device the other automatic settings count as CUDA (auto_decode_cap)
+    auto_cuda = device == "cuda" and _triton_imports()
     attention_kernel = resolve_kernel("decode_attention", asked_attention, defaults.decode_attention,
-                                      cuda=on_cuda, triton_imports=on_cuda and _triton_imports())
-    write_kind = resolve_kernel("kv_write", asked_write, defaults.kv_write, cuda=on_cuda,
-                                triton_imports=on_cuda and _triton_imports())
+                                      cuda=device == "cuda", triton_imports=auto_cuda)
+    write_kind = resolve_kernel("kv_write", asked_write, defaults.kv_write, cuda=device == "cuda",
+                                triton_imports=auto_cuda)
     set_kv_write(write_kind)
     log.info("loaded in %.1f s; building the KV cache%s", time.monotonic() - t0,
              " and capturing CUDA graphs" if use_graphs and runner_factory is None else "")
