@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import shlex
-import sys
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
