@@ -109,13 +109,19 @@ class Admission:
 
     def __init__(self, config: AdmissionConfig | None = None, *,
                  tokens_per_audio_second: float | None = None, max_streams: int = 4096,
-                 clock: Callable[[], float] = time.monotonic,
+                 job_slots: int = 0, clock: Callable[[], float] = time.monotonic,
                  model: StepTimeModel | None = None) -> None:
         if tokens_per_audio_second is not None and not tokens_per_audio_second > 0:
             raise ValueError(f"tokens_per_audio_second must be > 0, got {tokens_per_audio_second}")
+        if job_slots < 0:
+            raise ValueError(f"job_slots must be >= 0 (0: no limit), got {job_slots}")
         self.config = config or AdmissionConfig()
         self.tokens_per_audio_second = tokens_per_audio_second
         self.max_streams = max_streams
+        # The jobs the backend runs at once (an LM engine's --max-num-seqs; 0: no limit): a
+        # stream holds ``jobs_per_stream`` of them, and one admitted past them would wait for a
+        # slot with its audio due (``seats``).
+        self.job_slots = job_slots
         self._clock = clock
         self.model = model or StepTimeModel()
         self._speaking: dict[int, float] = {}  # admitted stream key -> when admitted
@@ -156,13 +162,26 @@ class Admission:
 
     def capacity(self) -> int | None:
         """Streams that can speak at once: the measured estimate, or before it (and for a
-        backend that is not step-based) ``initial_capacity``; None for no limit known."""
+        backend that is not step-based) ``initial_capacity``, within the ``seats`` of the job
+        slots; None for no limit known."""
+        seats = self.seats()
         if not self.is_measured:
-            return self.config.initial_capacity or None
-        if self._capacity_stale:
-            self._capacity = self._estimate()
-            self._capacity_stale = False
-        return self._capacity
+            cap = self.config.initial_capacity or None
+        else:
+            if self._capacity_stale:
+                self._capacity = self._estimate()
+                self._capacity_stale = False
+            cap = self._capacity
+        if seats is None:
+            return cap
+        return seats if cap is None else min(cap, seats)
+
+    def seats(self) -> int | None:
+        """Streams the backend's job slots hold at the jobs a stream holds (measured), at least
+        one; None without a slot limit."""
+        if not self.job_slots:
+            return None
+        return max(1, int(self.job_slots / self.jobs_per_stream()))
 
     def measured_decode_cap(self, limit: int) -> int | None:
         """The decode cap ``decode_cap_budget`` asks for: the most decode rows, at most ``limit``
@@ -348,6 +367,8 @@ class Admission:
                "queue_wait": f"the expected wait is over {self.config.max_wait_s:g} s",
                "queue_timeout": f"no room within {self.config.max_wait_s:g} s"}[reason]
         cap_text = "no limit" if cap is None else f"capacity {cap}"
+        if cap is not None and cap == self.seats():
+            cap_text += f": the engine's {self.job_slots} job slots (--max-num-seqs)"
         message = (f"server at capacity: {why} ({self.demand} streams speaking, {cap_text}); "
                    f"retry after {retry_after_s:.1f} s")
         return Decision("refuse", reason, retry_after_s, message)
@@ -423,6 +444,7 @@ class Admission:
             "room": self.room(),
             "retry_after_s": self._retry_after_s(1),
             "decode_cap": self.max_rows_per_step,  # the backend's cap in force (0: none)
+            "job_slots": self.job_slots,  # 0: no limit
         }
         if coef is not None:
             out.update(step_base_ms=1e3 * coef[0], step_row_us=1e6 * coef[1],

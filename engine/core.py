@@ -150,7 +150,8 @@ class EngineCore:
             admission = replace(admission, decode_cap_budget=float(getattr(backend, "default_decode_cap_budget", 0.0)))
         self.admission = Admission(
             admission, tokens_per_audio_second=getattr(backend.info, "tokens_per_audio_second", None),
-            max_streams=self.config.max_streams, clock=clock)
+            max_streams=self.config.max_streams, job_slots=int(getattr(backend, "job_slots", 0) or 0),
+            clock=clock)
         self._streams: dict[int, _Stream] = {}
         self._job_owner: dict[int, int] = {}  # job id -> stream key
         self._next_job_id = 1

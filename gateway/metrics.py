@@ -17,7 +17,7 @@ _REFUSAL_REASONS = ("capacity", "queue_full", "queue_wait", "queue_timeout")
 _STEP_TERMS = {"step_base_ms": "base_ms", "step_row_us": "per_row_us",
                "step_prompt_token_us": "per_prompt_token_us"}
 # The estimate's other terms (engine.admission): what makes a capacity out of the step fit
-_ESTIMATE_TERMS = ("prefill_share", "jobs_per_stream", "step_scale", "decode_cap")
+_ESTIMATE_TERMS = ("prefill_share", "jobs_per_stream", "step_scale", "decode_cap", "job_slots")
 
 
 def admission_health(admission: dict[str, Any]) -> dict[str, Any]:
@@ -146,7 +146,9 @@ class GatewayMetrics:
             "The capacity estimate's other terms: prefill_share (engine time per second one "
             "stream's prompts take), jobs_per_stream (jobs a speaking stream holds), step_scale "
             "(recent measured / fitted step time), decode_cap (decode rows a step at most, 0: no "
-            "cap; measured with --decode-cap-budget)", ["term"], registry=r)
+            "cap; measured with --decode-cap-budget), job_slots (jobs the engine runs at once, "
+            "--max-num-seqs; the capacity is at most job_slots / jobs_per_stream; 0: no limit)",
+            ["term"], registry=r)
         # Per engine (label engine: its place in --gpus or --engines, from 0)
         self.pool_engines = Gauge("voxgate_pool_engines", "Engines of this server, by status "
                                   "(starting, ready, restarting, failed, stopped)", ["status"],

@@ -189,6 +189,12 @@ class LMBackend:
         return int(t["decode_rows"] - t["light_rows"]), int(t["prefill_tokens"])
 
     @property
+    def job_slots(self) -> int:
+        """The jobs the engine runs at once (``--max-num-seqs``); one more waits for a slot.
+        The engine core admits streams within them (``engine.admission``, ``seats``)."""
+        return self.scheduler.config.max_num_seqs
+
+    @property
     def max_decode_rows(self) -> int:
         """The most decode rows one step runs: the decode cap, else the batch slots."""
         return self.scheduler.config.max_num_decode_seqs or self.scheduler.config.max_num_seqs

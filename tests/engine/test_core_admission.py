@@ -319,3 +319,27 @@ def test_the_decode_cap_budget_is_the_models_unless_given(asked: float, model_de
         core.note_step(rows, 0, step_s(rows), max_rows=backend.max_decode_rows)
     assert (backend.caps[-1] if backend.caps else None) == {0.8: 5, 0.5: 2, 0.0: None}[applied]
     assert EngineCore(SimBackend(clock), CoreConfig(), clock=clock).admission.config.decode_cap_budget == 0.0
+
+
+def test_the_backends_job_slots_bound_the_streams_admitted() -> None:
+    """A backend with 4 job slots (``LMBackend.job_slots``) and a segment generated ahead of
+    each spoken one: two streams fill the slots, so a third is refused with ``capacity`` though
+    the step times leave room for five, and the refusal names the slots."""
+    clock = FakeClock()
+    backend = SimBackend(clock)
+    backend.job_slots = 4  # type: ignore[attr-defined]
+    core = EngineCore(backend, CoreConfig(lookahead_jobs=1, first_segment_min_chars=5, min_segment_chars=10,
+                                          max_segment_chars=60),
+                      admission=AdmissionConfig(policy="refuse"), clock=clock)
+    assert core.admission.job_slots == 4 and core.admission.capacity() == 4  # one job a stream until measured
+    text = "One sentence that is long enough to stand alone. " * 4
+    for key in (1, 2):
+        _speak(core, key, text)
+    for _ in range(64):  # cheap steps: the step times alone would seat more
+        core.step()
+        core.note_step(backend.last_rows, 0, 0.001, max_rows=0)
+    assert backend.last_rows == 4
+    assert core.admission.jobs_per_stream() == pytest.approx(2.0, rel=0.02)
+    assert core.admission.capacity() == 2
+    errors = [x for x in _speak(core, 3, text) if isinstance(x, m.Error)]
+    assert [(e.key, e.code) for e in errors] == [(3, "capacity")] and "4 job slots" in errors[0].message
