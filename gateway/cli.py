@@ -291,7 +291,9 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                           "it (orpheus) (default: the LM's device)")
     gpu.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs, metavar="N",
                      help="segments generating at once (KV cache and batch slots); a stream "
-                          "holds two, the one spoken and the one generated ahead")
+                          "holds up to two, the one spoken and the one generated ahead, and the "
+                          "engine admits no more streams than the slots seat "
+                          "(docs/scheduling.md, 'The job slots')")
     gpu.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len, metavar="TOKENS",
                      help="prompt and audio tokens per segment")
     gpu.add_argument("--quantization", default=EngineConfig.quantization, choices=["none", "fp8"],
