@@ -119,8 +119,7 @@ class Admission:
         self.tokens_per_audio_second = tokens_per_audio_second
         self.max_streams = max_streams
         # The jobs the backend runs at once (an LM engine's --max-num-seqs; 0: no limit): a
-        # stream holds ``jobs_per_stream`` of them, and one admitted past them would wait for a
-        # slot with its audio due (``seats``).
+        # stream admitted past them would wait for a slot with its audio due (``seats``).
         self.job_slots = job_slots
         self._clock = clock
         self.model = model or StepTimeModel()
@@ -177,11 +176,10 @@ class Admission:
         return seats if cap is None else min(cap, seats)
 
     def seats(self) -> int | None:
-        """Streams the backend's job slots hold at the jobs a stream holds (measured), at least
-        one; None without a slot limit."""
-        if not self.job_slots:
-            return None
-        return max(1, int(self.job_slots / self.jobs_per_stream()))
+        """Streams the backend's job slots hold: one each, for its spoken segment (a segment
+        generated ahead may wait for a slot while the one before it speaks); None without a
+        slot limit."""
+        return self.job_slots or None
 
     def measured_decode_cap(self, limit: int) -> int | None:
         """The decode cap ``decode_cap_budget`` asks for: the most decode rows, at most ``limit``

@@ -292,7 +292,7 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
     gpu.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs, metavar="N",
                      help="segments generating at once (KV cache and batch slots); a stream "
                           "holds up to two, the one spoken and the one generated ahead, and the "
-                          "engine admits no more streams than the slots seat "
+                          "engine admits no more streams than it has slots "
                           "(docs/scheduling.md, 'The job slots')")
     gpu.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len, metavar="TOKENS",
                      help="prompt and audio tokens per segment")

@@ -64,10 +64,12 @@ def test_a_prefill_pass_runs_padded_to_its_graphs_token_count() -> None:
 
 def test_the_job_slots_bound_what_a_fast_gpu_serves() -> None:
     """``slots`` is the scheduler's max_num_seqs: with fewer jobs at once than 96 streams hold
-    (two a speaking stream), the same GPU serves fewer streams and less audio."""
+    (two a speaking stream), the same GPU serves less audio, and the admission refuses the
+    streams past the slots (one each) rather than let them wait for one."""
     few = simulate(96, gpu=FAST, ramp_s=2.0, duration_s=6.0, slots=64)
     many = simulate(96, gpu=FAST, ramp_s=2.0, duration_s=6.0, slots=1024)
-    assert few.streams < many.streams and few.goodput < 0.8 * many.goodput
+    assert few.goodput < 0.8 * many.goodput
+    assert few.refused > 0 and many.refused == 0 and few.underran == many.underran == 0
 
 
 def test_goodput_is_the_on_time_streams_audio_over_the_run() -> None:

@@ -367,27 +367,26 @@ def test_room_is_what_request_would_still_admit_or_queue() -> None:
     assert snap["room"] == 3 and snap["retry_after_s"] > 0
 
 
-def test_the_job_slots_seat_the_streams_at_the_jobs_each_holds() -> None:
-    """A backend that runs 600 jobs at once (``--max-num-seqs``), streams holding two each (the
-    spoken segment and the one ahead): at most 300 streams are admitted whatever the step times
-    allow (500 here), and the refusal names the slots; before any job is measured a stream
-    counts one, and without slots nothing changes."""
+def test_the_job_slots_seat_one_stream_each() -> None:
+    """A backend that runs 300 jobs at once (``--max-num-seqs``): at most 300 streams are
+    admitted whatever the step times allow (500 here), one slot each for its spoken segment
+    (a segment generated ahead may wait for one), and the refusal names the slots; without
+    slots nothing changes."""
     free = Admission(AdmissionConfig(policy="refuse"), tokens_per_audio_second=6.25, clock=FakeClock())
-    slots = Admission(AdmissionConfig(policy="refuse"), tokens_per_audio_second=6.25, job_slots=600,
+    slots = Admission(AdmissionConfig(policy="refuse"), tokens_per_audio_second=6.25, job_slots=300,
                       clock=FakeClock())
-    assert free.seats() is None and slots.seats() == 600 and slots.capacity() == 600  # unmeasured
+    assert free.seats() is None and slots.seats() == 300 and slots.capacity() == 300  # unmeasured too
     for adm in (free, slots):
         for key in range(100):
             adm.request(key)
-        for i in range(3000):  # steps of 200 jobs that take 1 ms whatever their rows: room for 500+
+        for i in range(3000):  # steps that take 1 ms whatever their rows: room for 500+ streams
             adm.observe_step(1 + i % 200, 0, 0.001, max_rows=0, fill_rows=0, jobs=200)
     assert free.capacity() > 500  # type: ignore[operator]
-    assert slots.jobs_per_stream() == pytest.approx(2.0)
     assert slots.seats() == 300 and slots.capacity() == 300
     for key in range(100, 300):
         assert slots.request(key).verdict == "admit"
     refused = slots.request(300)
-    assert refused.verdict == "refuse" and "600 job slots" in refused.message
-    assert slots.snapshot()["job_slots"] == 600 and free.snapshot()["job_slots"] == 0
+    assert refused.verdict == "refuse" and "300 job slots" in refused.message
+    assert slots.snapshot()["job_slots"] == 300 and free.snapshot()["job_slots"] == 0
     with pytest.raises(ValueError, match="job_slots"):
         Admission(job_slots=-1)

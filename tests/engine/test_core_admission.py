@@ -322,24 +322,19 @@ def test_the_decode_cap_budget_is_the_models_unless_given(asked: float, model_de
 
 
 def test_the_backends_job_slots_bound_the_streams_admitted() -> None:
-    """A backend with 4 job slots (``LMBackend.job_slots``) and a segment generated ahead of
-    each spoken one: two streams fill the slots, so a third is refused with ``capacity`` though
-    the step times leave room for five, and the refusal names the slots."""
+    """A backend with 2 job slots (``LMBackend.job_slots``): two streams take them, so a third
+    is refused with ``capacity`` though the step times leave room for five, and the refusal
+    names the slots; once one ends a new stream is admitted."""
     clock = FakeClock()
     backend = SimBackend(clock)
-    backend.job_slots = 4  # type: ignore[attr-defined]
-    core = EngineCore(backend, CoreConfig(lookahead_jobs=1, first_segment_min_chars=5, min_segment_chars=10,
-                                          max_segment_chars=60),
+    backend.job_slots = 2  # type: ignore[attr-defined]
+    core = EngineCore(backend, CoreConfig(first_segment_min_chars=5, min_segment_chars=10, max_segment_chars=60),
                       admission=AdmissionConfig(policy="refuse"), clock=clock)
-    assert core.admission.job_slots == 4 and core.admission.capacity() == 4  # one job a stream until measured
-    text = "One sentence that is long enough to stand alone. " * 4
+    assert core.admission.job_slots == 2 and core.admission.capacity() == 2
     for key in (1, 2):
-        _speak(core, key, text)
-    for _ in range(64):  # cheap steps: the step times alone would seat more
-        core.step()
-        core.note_step(backend.last_rows, 0, 0.001, max_rows=0)
-    assert backend.last_rows == 4
-    assert core.admission.jobs_per_stream() == pytest.approx(2.0, rel=0.02)
-    assert core.admission.capacity() == 2
-    errors = [x for x in _speak(core, 3, text) if isinstance(x, m.Error)]
-    assert [(e.key, e.code) for e in errors] == [(3, "capacity")] and "4 job slots" in errors[0].message
+        assert not [x for x in _speak(core, key) if isinstance(x, m.Error)]
+    errors = [x for x in _speak(core, 3) if isinstance(x, m.Error)]
+    assert [(e.key, e.code) for e in errors] == [(3, "capacity")] and "2 job slots" in errors[0].message
+    out = _run(core, backend)
+    assert sorted(x.key for x in out if isinstance(x, m.Done)) == [1, 2]
+    assert not [x for x in _speak(core, 4) if isinstance(x, m.Error)]
