@@ -147,7 +147,7 @@ class GatewayMetrics:
             "stream's prompts take), jobs_per_stream (jobs a speaking stream holds), step_scale "
             "(recent measured / fitted step time), decode_cap (decode rows a step at most, 0: no "
             "cap; measured with --decode-cap-budget), job_slots (jobs the engine runs at once, "
-            "--max-num-seqs; the capacity is at most job_slots / jobs_per_stream; 0: no limit)",
+            "--max-num-seqs; the capacity is at most job_slots, one a stream; 0: no limit)",
             ["term"], registry=r)
         # Per engine (label engine: its place in --gpus or --engines, from 0)
         self.pool_engines = Gauge("voxgate_pool_engines", "Engines of this server, by status "
