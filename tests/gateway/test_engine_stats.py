@@ -37,7 +37,8 @@ def _admission(**kw: object) -> dict:
             "admitted": 320, "admitted_after_wait": 5, "refused_capacity": 0, "refused_queue_full": 1,
             "refused_queue_wait": 3, "refused_queue_timeout": 0, "waits_s": [0.1, 0.4],
             "step_base_ms": 3.2, "step_row_us": 20.6, "step_prompt_token_us": 4.0,
-            "prefill_share": 0.0004, "jobs_per_stream": 1.9, "step_scale": 1.1, "decode_cap": 384}
+            "prefill_share": 0.0004, "jobs_per_stream": 1.9, "step_scale": 1.1, "decode_cap": 384,
+            "job_slots": 1024}
     return {**base, **kw}
 
 
@@ -56,7 +57,8 @@ def test_admission_figures_become_metrics() -> None:
                  'voxgate_admission_estimate{term="prefill_share"} 0.0004',
                  'voxgate_admission_estimate{term="jobs_per_stream"} 1.9',
                  'voxgate_admission_estimate{term="step_scale"} 1.1',
-                 'voxgate_admission_estimate{term="decode_cap"} 384.0'):
+                 'voxgate_admission_estimate{term="decode_cap"} 384.0',
+                 'voxgate_admission_estimate{term="job_slots"} 1024.0'):
         assert line in text, line
     sup._dispatch(em.encode(em.Stats(300, 0, 600, {}, _admission(refused_queue_wait=7, waits_s=[]))))
     assert 'voxgate_admission_refused_total{reason="queue_wait"} 7.0' in metrics.render().decode()
