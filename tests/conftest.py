@@ -26,7 +26,7 @@ class VoxgateServer:
     process: subprocess.Popen[str]
     base_url: str
     port: int
-    output: list[str] = field(default_factory=list)
+    output: list[str] = field(default_factory=list, repr=False)
 
     @property
     def ws_url(self) -> str:

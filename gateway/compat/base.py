@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from gateway.server import Gateway
 
 __all__ = ["CompatConnection", "StreamOut", "VoiceNames", "CompatError", "HTTP_STATUS",
-           "drive", "serve_adapter", "load_json", "speech_options"]
+           "drive", "serve_adapter", "is_one_of", "load_json", "speech_options"]
 
 log = logging.getLogger("voxgate.compat")
 
@@ -290,6 +290,15 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         parts.append(chunk)
         size += len(chunk)
     return b"".join(parts)
+
+
+def is_one_of(value: Any, choices: Any) -> bool:
+    """``value in choices`` for a value a client sent: a list or a map (unhashable) is in no
+    table of names rather than a TypeError."""
+    try:
+        return value in choices
+    except TypeError:
+        return False
 
 
 def load_json(data: bytes | str) -> dict[str, Any]:

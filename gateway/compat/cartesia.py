@@ -16,7 +16,7 @@ from aiohttp import web
 from gateway import protocol as p
 from gateway.compat.audio_out import AudioEncoder, FormatError, OutputFormat
 from gateway.compat.base import (HTTP_STATUS, CompatConnection, CompatError, StreamOut,
-                                 VoiceNames, drive, load_json, native_refusal, read_body, retry_headers,
+                                 VoiceNames, drive, is_one_of, load_json, native_refusal, read_body, retry_headers,
                                  serve_adapter, speech_options)
 from gateway.compat.http_speech import Speech, speak
 from gateway.compat.timing import Aligner, CharTiming, Word, flush_words, words_of
@@ -152,24 +152,24 @@ class _Route:
                               "\"raw\", \"encoding\": \"pcm_s16le\", \"sample_rate\": 24000}",
                               field="output_format")
         container = spec.get("container", "raw")
-        if container not in containers:
+        if not is_one_of(container, containers):
             raise CompatError("unsupported_format", f"'output_format.container' must be one of "
                               f"{list(containers)}, got {p.show_value(container)}",
                               field="output_format.container")
         rate = spec.get("sample_rate")
-        if rate not in _RATES or isinstance(rate, bool):
+        if not is_one_of(rate, _RATES) or isinstance(rate, bool):
             raise CompatError("unsupported_format", f"'output_format.sample_rate' must be one of "
                               f"{list(_RATES)}, got {p.show_value(rate)}",
                               field="output_format.sample_rate")
         if container == "mp3":
             bit_rate = spec.get("bit_rate", 128000)
-            if bit_rate not in _MP3_BIT_RATES:
+            if not is_one_of(bit_rate, _MP3_BIT_RATES):
                 raise CompatError("unsupported_format", f"'output_format.bit_rate' must be one "
                                   f"of {list(_MP3_BIT_RATES)}", field="output_format.bit_rate")
             return OutputFormat("mp3", rate, bit_rate)
         encoding = spec.get("encoding")
         accepted = _IN_WAV if container == "wav" else _ENCODINGS
-        if encoding not in accepted:
+        if not is_one_of(encoding, accepted):
             raise CompatError("unsupported_format", f"'output_format.encoding' for {container} "
                               f"must be one of {list(accepted)}, got {p.show_value(encoding)}",
                               field="output_format.encoding")

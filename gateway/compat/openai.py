@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gateway import protocol as p
 from gateway.compat.audio_out import OutputFormat
-from gateway.compat.base import HTTP_STATUS, CompatError, VoiceNames, read_body, speech_options
+from gateway.compat.base import HTTP_STATUS, CompatError, VoiceNames, is_one_of, read_body, speech_options
 from gateway.compat.http_speech import Speech, speak
 
 if TYPE_CHECKING:
@@ -123,11 +123,11 @@ class SpeechRoute:
             voice = voice.get("id")
         voice = self.voices.resolve(voice, field="voice")
         fmt = body.get("response_format", "mp3")
-        if fmt not in _FORMATS:
+        if not is_one_of(fmt, _FORMATS):
             raise CompatError("invalid_value", f"'response_format' must be one of "
                               f"{list(_FORMATS)}, got {p.show_value(fmt)}", field="response_format")
         stream_format = body.get("stream_format", "audio")
-        if stream_format not in ("audio", "sse"):
+        if not is_one_of(stream_format, ("audio", "sse")):
             raise CompatError("invalid_value", "'stream_format' must be 'audio' or 'sse', got "
                               f"{p.show_value(stream_format)}", field="stream_format")
         speed = body.get("speed")
