@@ -7,6 +7,7 @@ chunks of at most ``chunk_ms``; voices, speed and scheduling: docs/architecture.
 
 from __future__ import annotations
 
+import unicodedata
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -160,8 +161,10 @@ class HibariBackend:
     def _synthesize_next(self, job: _Job) -> tuple[np.ndarray, bool]:
         """The audio of the job's next sentence, and whether it was the last one."""
         tts = self._tts[job.voice]
-        if job.phonemes is None:
-            job.phonemes = tts.phonemize(job.text)
+        if job.phonemes is None:  # compatibility forms (superscripts, ligatures, full-width
+            # letters) as their plain letters and digits: hibari's number reading takes a
+            # superscript for a digit it cannot read ("¹:30" failed the job)
+            job.phonemes = tts.phonemize(unicodedata.normalize("NFKC", job.text))
         if job.num_done >= len(job.phonemes):
             return np.zeros(0, np.float32), True  # nothing speakable in this text
         phonemes = job.phonemes[job.num_done]

@@ -183,3 +183,13 @@ def test_earliest_deadline_is_served_first(backend) -> None:
     backend.set_deadline(2, 50.0)
     assert {out.job_id for out in backend.step()} == {2}
     backend.abort_job(1)
+
+
+@pytest.mark.parametrize("text", ["¹:30", "Pay ¹$ now.", "E = mc², ﬁne, １２ apples."])
+def test_compatibility_characters_are_read_as_their_plain_forms(backend: HibariBackend, text: str) -> None:
+    """Superscripts, ligatures and full-width forms speak (hibari's own number reading failed
+    on a superscript it took for a digit: found by the vendor-protocol fuzz)."""
+    add(backend, 1, text, seed=0)
+    out = run_to_end(backend)
+    assert not [o.error for o in out if o.error]
+    assert sum(o.pcm.size for o in out if o.pcm is not None) > 0 and out[-1].is_finished
