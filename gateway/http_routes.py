@@ -1,7 +1,8 @@
 """The plain HTTP endpoints: ``/health``, ``/metrics``, the demo page and its static files.
 
 Handlers are small functions of the ``Gateway`` and the request; aiohttp answers what no route
-matches (404, 405 with ``Allow``) and malformed requests (400, 413, 431) itself.
+matches (404, 405 with ``Allow``) and malformed requests (400, 413, 431) itself, in JSON on the
+API's paths (``api_errors``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from gateway.metrics import CONTENT_TYPE_LATEST
 if TYPE_CHECKING:
     from gateway.server import Gateway
 
-__all__ = ["WEB_DEMO_DIR", "error_response", "health", "metrics", "static_file"]
+__all__ = ["WEB_DEMO_DIR", "api_errors", "error_response", "health", "metrics", "static_file"]
 
 WEB_DEMO_DIR = Path(__file__).resolve().parent.parent / "web_demo"
 _NO_CACHE = {"Cache-Control": "no-cache"}
@@ -28,6 +29,26 @@ def error_response(status: int, code: str, message: str, *, retryable: bool = Fa
     """An HTTP error as ``{"error": {"code", "message", "retryable"}}``."""
     body: dict[str, Any] = {"error": {"code": code, "message": message, "retryable": retryable}}
     return web.json_response(body, status=status, headers=headers)
+
+
+_API_PREFIXES = ("/v1/", "/health", "/metrics")
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+@web.middleware
+async def api_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """What aiohttp itself refuses on the API's paths (no such path, a wrong method, a body
+    too large) in the JSON endpoints' error form rather than as plain text; the demo page's
+    paths and the vendors' (their own form: ``gateway.compat``) are left as they are."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        code = _HTTP_CODES.get(exc.status)
+        if code is None or not request.path.startswith(_API_PREFIXES):
+            raise
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return error_response(exc.status, code, f"{request.method} {request.path}: {exc.reason} "
+                              "(the API: docs/protocol.md)", headers=headers)
 
 
 async def health(gateway: Gateway, request: web.Request) -> web.Response:

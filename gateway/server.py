@@ -122,6 +122,7 @@ class Gateway:
             raise RuntimeError("build_app() runs in start(), once the voice store is open")
         self._voice_routes.add_to(app.router)
         compat.add_to(app, self)  # OpenAI, ElevenLabs, Cartesia, Deepgram (docs/compat.md)
+        app.middlewares.insert(0, http_routes.api_errors)  # outermost: the vendors' paths answered first
         app.router.add_get("/", http_routes.static_file)
         app.router.add_get("/{name}", http_routes.static_file)
         return app

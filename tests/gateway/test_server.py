@@ -75,6 +75,23 @@ def test_http_routes(synth: VoxgateServer) -> None:
     assert _get(synth, "/nope/../../etc/passwd")[0] == 404
 
 
+def test_the_apis_unknown_paths_and_methods_answer_in_json(synth: VoxgateServer) -> None:
+    """Under /v1/ (and /health, /metrics) an unknown path is 404 ``not_found`` and a wrong method
+    405 ``method_not_allowed`` with ``Allow``, in the JSON endpoints' error form; the demo
+    page's unknown files stay plain 404s."""
+    status, body = _get(synth, "/v1/nope")
+    error = json.loads(body)["error"]
+    assert status == 404 and error["code"] == "not_found" and error["retryable"] is False
+    assert "/v1/nope" in error["message"]
+    request = urllib.request.Request(synth.base_url + "v1/voices", method="PUT", data=b"")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    assert info.value.code == 405 and "POST" in info.value.headers["Allow"]
+    assert json.loads(info.value.read())["error"]["code"] == "method_not_allowed"
+    status, body = _get(synth, "/nope.html")
+    assert status == 404 and not body.startswith(b"{")
+
+
 def _raw_http(server: VoxgateServer, data: bytes) -> list[int]:
     """Send raw bytes, read until the server closes; the status codes of its responses."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
