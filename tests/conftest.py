@@ -70,6 +70,12 @@ def start_server(*args: str) -> VoxgateServer:
     return VoxgateServer(proc, url[0][0], url[0][1], output)
 
 
+def assert_no_exception_logged(server: VoxgateServer) -> None:
+    """Nothing in a stopped server's whole log is an exception or an error."""
+    log = "".join(server.output)
+    assert "Traceback" not in log and " ERROR " not in log, log[-4000:]
+
+
 @pytest.fixture(scope="session")
 def voxgate_server() -> Iterator[VoxgateServer]:
     """The real server with the embedded default voice, shared by the session's tests."""

@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 
 from benchmark.fuzz_protocol import DOCUMENTED_CLOSE_CODES, DOCUMENTED_ERRORS
 from benchmark.fuzz_protocol import frames as hostile_frames
-from tests.conftest import VoxgateServer, start_server
+from tests.conftest import VoxgateServer, assert_no_exception_logged, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -38,9 +38,8 @@ def server() -> Iterator[VoxgateServer]:
     with urllib.request.urlopen(server.base_url + "health", timeout=10) as response:
         engine = json.loads(response.read())["engine"]
     server.stop()
-    log = "".join(server.output)
     assert engine["restarts"] == 0, engine
-    assert "Traceback" not in log and " ERROR " not in log, log[-4000:]
+    assert_no_exception_logged(server)
 
 
 def _message(kind: str, text: str, voice: Any) -> dict[str, Any]:

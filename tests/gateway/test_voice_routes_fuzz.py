@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import VoxgateServer, start_server
+from tests.conftest import VoxgateServer, assert_no_exception_logged, start_server
 from tests.gateway.audio_files import make_audio, tone
+from tests.gateway.test_voice_routes import _on_disk
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +42,8 @@ def server(data_dir: Path) -> Iterator[VoxgateServer]:
                           "--max-voices", "1000")
     yield server
     server.stop()
-    log = "".join(server.output)
-    assert "Traceback" not in log and " ERROR " not in log, log[-4000:]
-    folder = data_dir / "voices"
-    on_disk = {p.name for p in folder.iterdir() if not p.name.startswith("index.sqlite3")} if folder.exists() else set()
-    assert len(on_disk) == len(set(_registered)), (sorted(on_disk), _registered)
+    assert_no_exception_logged(server)
+    assert len(_on_disk(data_dir)) == len(set(_registered)), (sorted(_on_disk(data_dir)), _registered)
 
 
 def _mangle(data: bytes, how: int, noise: bytes) -> bytes:

@@ -18,7 +18,7 @@ from websockets.sync.client import connect
 
 from benchmark.fuzz_protocol import hostile_values
 from benchmark.fuzz_protocol import frames as native_frames
-from tests.conftest import VoxgateServer, start_server
+from tests.conftest import VoxgateServer, assert_no_exception_logged, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +37,7 @@ def fuzz_server() -> Iterator[VoxgateServer]:
     server = start_server("--api-key", API_KEY)
     yield server
     server.stop()
-    log = "".join(server.output)
-    assert "Traceback" not in log and " ERROR " not in log, log[-4000:]
+    assert_no_exception_logged(server)
 
 
 def _either(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
