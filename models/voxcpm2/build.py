@@ -74,7 +74,8 @@ def load(ctx: LoadContext) -> ProgramModel:
     model, config = loaded.model, loaded.config
     if ctx.max_model_len > config.lm.max_position_embeddings:
         raise ValueError(f"max_model_len {ctx.max_model_len} exceeds the backbone's RoPE table of "
-                         f"{config.lm.max_position_embeddings} positions")
+                         f"{config.lm.max_position_embeddings} positions: pass --max-model-len "
+                         f"{config.lm.max_position_embeddings} or less")
     if ctx.quantise_fp8:
         from engine.llm.fp8 import quantise_decoder_linears_
 

@@ -64,7 +64,7 @@ def test_settings_refused_at_load() -> None:
     """A row longer than the RoPE table, a zero chunk size or step count: refused naming them."""
     from tests.models.voxcpm2.voxcpm2_serving import backend
 
-    with pytest.raises(ValueError, match="RoPE table of 1024"):
+    with pytest.raises(ValueError, match="RoPE table of 1024 positions: pass --max-model-len 1024 or less"):
         backend(max_model_len=2048, max_num_seqs=1)
     for name in ("stream_chunk_patches", "max_flow_steps"):
         with pytest.raises(ValueError, match=name):
