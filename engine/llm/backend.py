@@ -84,7 +84,8 @@ class LMBackend:
             params = self.program.sampling_params(options)
             if self._streaming:
                 self._turns[job_id] = _Turn(state, params)
-                self.program.push_text(state, text, flush=False, final=False)
+                if not self._push(job_id, state, text, flush=False, final=False):
+                    return
                 self._start_turn(job_id)
                 return
             seq = Sequence(seq_id=job_id, prompt_ids=self.program.build_prompt(text, voice, options), params=params)
@@ -97,7 +98,20 @@ class LMBackend:
         except Exception as e:  # a bad job fails alone
             log.exception("job %d could not be queued", job_id)
             self._turns.pop(job_id, None)
-            self._pending.append(JobOutput(job_id, error=JobError("bad_request", str(e), retryable=False)))
+            self._pending.append(JobOutput(job_id, error=JobError("model_error", str(e), retryable=False)))
+
+    def _push(self, job_id: int, state: Any, text: str, *, flush: bool, final: bool) -> bool:
+        """Text to an input-streaming program; False when it refused the text (a ``ValueError``,
+        its contract for text the model cannot speak): the job has failed with ``model_error``
+        naming why, logged without a traceback (the client's text, not a fault of ours)."""
+        try:
+            self.program.push_text(state, text, flush=flush, final=final)
+        except ValueError as e:
+            log.info("job %d: text refused: %s", job_id, e)
+            self.abort_job(job_id)
+            self._pending.append(JobOutput(job_id, error=JobError("model_error", str(e), retryable=False)))
+            return False
+        return True
 
     def push_text(self, job_id: int, text: str, *, flush: bool = False, final: bool = False) -> None:
         """More text for an input-streaming job (``flush``: speak what is buffered, even a word
@@ -107,7 +121,8 @@ class LMBackend:
         if turn is None:
             return  # an unknown or finished job: late text is dropped
         try:
-            self.program.push_text(turn.state, text, flush=flush, final=final)
+            if not self._push(job_id, turn.state, text, flush=flush, final=final):
+                return
             if turn.seq is None:
                 self._start_turn(job_id)
                 if turn.seq is None and final:
@@ -115,8 +130,8 @@ class LMBackend:
                     self._pending.append(JobOutput(job_id, pcm=np.zeros(0, np.float32), is_finished=True))
             elif turn.seq.is_paused:
                 self._refresh_input(turn.seq)
-        except Exception as e:  # the program refused this text (e.g. a script it cannot speak)
-            log.exception("job %d: text refused", job_id)
+        except Exception as e:  # a fault while taking the text: the job fails alone
+            log.exception("job %d: text not taken", job_id)
             self.abort_job(job_id)
             self._pending.append(JobOutput(job_id, error=JobError("model_error", str(e), retryable=False)))
 

@@ -366,8 +366,9 @@ class Qwen3Program:
 
 
 def _check_script(text: str) -> None:
-    """Refuse letters of scripts none of the model's languages is written in (that stream only)."""
-    for ch in text:
+    """Refuse letters of scripts none of the model's languages is written in (that stream only).
+    Compatibility forms are judged as their plain letters (NFKC): 'ª' is an 'a', not a script."""
+    for ch in unicodedata.normalize("NFKC", text):
         if ch.isascii() or not ch.isalpha():
             continue
         name = unicodedata.name(ch, "")

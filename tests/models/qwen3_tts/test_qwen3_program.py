@@ -289,3 +289,16 @@ def test_a_voice_file_that_changed_is_unavailable(ckpt_root, tmp_path) -> None:
     with pytest.raises(OptionError) as e:
         backend.prepare_voice(ref)
     assert e.value.code == "voice_unavailable"
+
+
+def test_compatibility_letters_are_judged_as_their_plain_letters(tiny) -> None:
+    """'ª', 'ﬁ' and full-width Latin are Latin letters (NFKC), not scripts of their own: the turn
+    speaks; its refusal at the turn's first text (add_job) is ``model_error`` as later text's is."""
+    opts = dict(SAMPLED, seed=3, max_tokens=6)
+    _add(tiny, 1, "1ª ﬁne ｗｏｒｄ", opts)
+    tiny.push_text(1, "", final=True)
+    _add(tiny, 2, "Ελληνικά", opts)
+    outs = _drain(tiny, [])
+    errors = [o for o in outs if o.error is not None]
+    assert [(o.job_id, o.error.code) for o in errors] == [(2, "model_error")] and "Greek" in errors[0].error.message
+    assert [o.job_id for o in outs if o.is_finished] == [1] and _audio(outs, 1).size == 6 * 1920
