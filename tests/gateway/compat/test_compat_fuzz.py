@@ -152,12 +152,16 @@ _OPENAI = st.fixed_dictionaries({
     "model": _either(st.just("tts-1")), "input": _text,
     "voice": _either(st.sampled_from(["alloy", "x"]))}, optional={
     "response_format": _either(st.sampled_from(["pcm", "wav", "mp3", "nope"])),
-    "speed": _either(st.floats(0.25, 4.0)), "instructions": hostile_values})
+    "speed": _either(st.floats(0.25, 4.0)), "instructions": hostile_values,
+    "stream_format": _either(st.sampled_from(["audio", "sse"]))})
 _REST = {
     "/v1/audio/speech": _OPENAI,
     "/v1/text-to-speech/x/stream?output_format=pcm_16000": st.fixed_dictionaries({"text": _text}, optional={
         "model_id": hostile_values, "voice_settings": _voice_settings}),
+    "/v1/text-to-speech/x?output_format=mp3_44100_128": st.fixed_dictionaries({"text": _text}, optional={
+        "model_id": hostile_values, "voice_settings": _voice_settings}),
     "/tts/bytes": CARTESIA,
+    "/tts/sse": CARTESIA,
     "/v1/speak?encoding=linear16&sample_rate=16000": st.fixed_dictionaries(
         {}, optional={"text": _text}),
 }
