@@ -119,7 +119,10 @@ class EngineConfig:
     # 0 = auto: 1024, and 1536 for segments that start while frames take over 35 ms (on CUDA;
     # 1024 always on the CPU).
     ramp_step_samples: int = 0
-    max_model_len: int = 2048
+    # Prompt and audio tokens a segment's row holds (its KV pages). -1 = auto: 2048, or the
+    # model's positions where it has fewer (ProgramModel.max_positions, as vLLM takes the
+    # model's own length); a value the model cannot hold is the model's to refuse at start-up.
+    max_model_len: int = -1
     enable_cuda_graphs: bool = True
     # fp8 options (CUDA only, bf16 models; engine.llm.fp8): "fp8" stores the KV pages as
     # float8_e4m3fn (half the bytes per page), resp. the decoder layers' linear weights as fp8
@@ -205,8 +208,8 @@ class EngineConfig:
             raise ValueError("prefill_batch_seqs must be -1 (auto), 0 or a prompt count")
         if not 0 <= self.ramp_step_samples <= 8192:
             raise ValueError("ramp_step_samples must be 0 (auto) or in [1, 8192]")
-        if self.max_model_len < 64:
-            raise ValueError("max_model_len must be >= 64")
+        if self.max_model_len != -1 and self.max_model_len < 64:
+            raise ValueError("max_model_len must be -1 (auto) or >= 64")
         if self.hibari_threads < 1:
             raise ValueError("hibari_threads must be >= 1")
         if self.max_message_bytes * 2 > self.queue_capacity_bytes:

@@ -295,7 +295,8 @@ def _add_serve_args(sp: argparse.ArgumentParser) -> None:
                           "engine admits no more streams than it has slots "
                           "(docs/scheduling.md, 'The job slots')")
     gpu.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len, metavar="TOKENS",
-                     help="prompt and audio tokens per segment")
+                     help="prompt and audio tokens a segment's row holds (-1 auto: 2048, or the "
+                          "model's positions where it has fewer)")
     gpu.add_argument("--quantization", default=EngineConfig.quantization, choices=["none", "fp8"],
                      help="fp8: decoder linear weights in fp8 with per-channel scales, row-wise "
                           "fp8 GEMMs (CUDA, compute capability >= 8.9)")

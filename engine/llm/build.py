@@ -16,7 +16,7 @@ from typing import Any
 from engine.llm.backend import LMBackend
 from engine.llm.kernels import check_kernel, resolve_kernel
 from engine.llm.model_runner import ModelRunner
-from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
+from engine.llm.program import DEFAULT_MAX_MODEL_LEN, LoadContext, ProgramModel, ServingDefaults
 from engine.llm.sampler import Sampler
 from engine.llm.scheduler import LIGHT_SLACK_S, Scheduler
 
@@ -280,7 +280,10 @@ def build_lm_backend(
     dtype_name = pick(dtype, "dtype", "auto")
     utilization = pick(gpu_memory_utilization, "gpu_memory_utilization", 0.85)
     max_num_seqs = pick(max_num_seqs, "max_num_seqs", 256)
-    max_model_len = pick(max_model_len, "max_model_len", 2048)
+    max_model_len = pick(max_model_len, "max_model_len", -1)
+    len_auto = max_model_len == -1
+    if len_auto:
+        max_model_len = DEFAULT_MAX_MODEL_LEN
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
@@ -323,7 +326,7 @@ def build_lm_backend(
     loaded = load(LoadContext(
         model_id=str(model_path_or_id), device=device, dtype=torch_dtype, load_format=load_format,
         max_num_seqs=max_num_seqs, max_model_len=max_model_len, quantise_fp8=quantise_fp8,
-        use_graphs=use_graphs, setting=setting,
+        use_graphs=use_graphs, setting=setting, max_model_len_auto=len_auto,
     ))
     check_codec_device(setting("codec_device", None), device, loaded.codec_device, str(model_path_or_id))
     unknown = sorted(set(overrides) - asked)
@@ -332,6 +335,12 @@ def build_lm_backend(
         raise ValueError(f"--model-setting {', '.join(unknown)}: not a setting of {model_path_or_id} "
                          f"(its settings: {known})")
     program, shape, defaults = loaded.program, loaded.kv_shape, loaded.defaults
+    if loaded.max_model_len is not None and loaded.max_model_len != max_model_len:
+        if not 2 <= loaded.max_model_len < max_model_len:
+            raise ValueError(f"{model_path_or_id}: its load returned max_model_len={loaded.max_model_len}, "
+                             f"not in [2, {max_model_len})")
+        log.info("max_model_len %d: the model's positions (--max-model-len auto)", loaded.max_model_len)
+        max_model_len = loaded.max_model_len
     if kernel_asked == "auto":  # (before any graph captures a draw)
         Sampler.kernel = _auto_sampler_kernel(defaults, device)
     # "auto": the program's kernels on CUDA where Triton imports (before the runner writes a key),

@@ -159,10 +159,28 @@ class LoadContext:
     dtype: torch.dtype
     load_format: str  # "auto" | "dummy"
     max_num_seqs: int
-    max_model_len: int
+    max_model_len: int  # tokens a row holds: --max-model-len, or DEFAULT_MAX_MODEL_LEN when that is auto
     quantise_fp8: bool  # quantise the decoder's linears to fp8 (engine.llm.fp8) before graph_forward is built
     use_graphs: bool  # the CUDA-graph runner will serve (CUDA, FlashInfer, graphs enabled)
     setting: Callable[[str, Any], Any]  # a program-specific setting: keyword override, then EngineConfig, then default
+    max_model_len_auto: bool = False  # no --max-model-len given: a model with fewer positions serves those (model_len)
+
+
+DEFAULT_MAX_MODEL_LEN = 2048  # --max-model-len auto, where the model has at least these positions
+
+
+def model_len(ctx: LoadContext, positions: int, *, extendable: bool = False) -> int:
+    """The tokens a row holds for a model trained on (or with a RoPE table of) ``positions``:
+    with ``--max-model-len`` auto the fewer of ``ctx.max_model_len`` and ``positions`` (as vLLM
+    takes the model's own length); a length asked beyond ``positions`` is a ValueError naming
+    the flag, unless ``extendable`` (the model runs past them; a warning is the program's).
+    A program that serves fewer than ``ctx.max_model_len`` returns it as ``ProgramModel.max_model_len``."""
+    if ctx.max_model_len <= positions or extendable and not ctx.max_model_len_auto:
+        return ctx.max_model_len
+    if ctx.max_model_len_auto:
+        return positions
+    raise ValueError(f"--max-model-len {ctx.max_model_len} exceeds the model's {positions} positions: "
+                     f"pass {positions} or less, or leave it out (auto: the model's length)")
 
 
 @dataclass(frozen=True)
@@ -211,3 +229,6 @@ class ProgramModel:
     # The device the program put its codec on, when it honours the ``codec_device`` setting
     # (None: it does not, the codec is on the LM's device; the runtime then refuses the setting).
     codec_device: str | None = None
+    # The tokens a row holds when the program serves fewer than ``ctx.max_model_len`` (its
+    # ``model_len``: --max-model-len auto and a model with fewer positions); None: ctx's.
+    max_model_len: int | None = None

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from engine.llm.backend import LMBackend
-from engine.llm.program import KVShape, LoadContext, ProgramModel, ServingDefaults, codec_dtype as program_codec_dtype
+from engine.llm.program import KVShape, LoadContext, ProgramModel, ServingDefaults, codec_dtype as program_codec_dtype, model_len
 
 __all__ = ["CSM_DEFAULTS", "build_csm_backend", "load"]
 
@@ -36,22 +36,24 @@ def load(ctx: LoadContext) -> ProgramModel:
     loaded = load_csm(ctx.model_id, device=ctx.device, dtype=ctx.dtype, codec_dtype=codec_dtype,
                       load_format=ctx.load_format, max_seq_len=ctx.max_model_len)
     model, config = loaded.model, loaded.config
-    if ctx.max_model_len > config.backbone.max_position_embeddings:
+    row_len = model_len(ctx, config.backbone.max_position_embeddings, extendable=True)
+    if row_len > config.backbone.max_position_embeddings:
         log.warning("max_model_len %d exceeds the %d positions CSM was trained on: longer conversations run "
-                    "past them", ctx.max_model_len, config.backbone.max_position_embeddings)
+                    "past them", row_len, config.backbone.max_position_embeddings)
     pool = FramePool(frames, config.num_codebooks, ctx.device)
     slots = CsmSlots(model, ctx.max_num_seqs, pool.table, ctx.device)
     codec = MimiDecodeStream(loaded.mimi, ctx.max_num_seqs, num_codebooks=config.num_codebooks, device=ctx.device,
                              dtype=codec_dtype, attention=mimi_attention_setting(ctx))
     program = CsmProgram(model, config, loaded.tokenizer or StandInTokenizer(), slots=slots, voices=VoiceCache(pool),
-                         mimi=loaded.mimi, codec_stream=codec, max_model_len=ctx.max_model_len,
+                         mimi=loaded.mimi, codec_stream=codec, max_model_len=row_len,
                          model_name=ctx.model_id)
     if ctx.use_graphs:
         program.codec.capture(ctx.max_num_seqs, desc="mimi codec graphs")
     b = config.backbone
     shape = KVShape(b.num_hidden_layers, b.num_attention_heads, b.num_key_value_heads, b.head_dim, b.vocab_size)
     return ProgramModel(program=program, model=CsmForward(model, slots), kv_shape=shape, head=CsmHead(model, slots),
-                        uses_token_rows=True, supports_mixed_graphs=False, defaults=CSM_DEFAULTS)
+                        uses_token_rows=True, supports_mixed_graphs=False, defaults=CSM_DEFAULTS,
+                        max_model_len=row_len)
 
 
 def build_csm_backend(model_path_or_id: str, **kwargs: Any) -> LMBackend:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from engine.llm.backend import LMBackend
-from engine.llm.program import LoadContext, ProgramModel, ServingDefaults
+from engine.llm.program import LoadContext, ProgramModel, ServingDefaults, model_len
 
 __all__ = ["VAE_BUCKETS", "VOXCPM2_DEFAULTS", "build_voxcpm2_backend", "load"]
 
@@ -72,10 +72,7 @@ def load(ctx: LoadContext) -> ProgramModel:
                           vae_decoder_dtype=_dtype(ctx, "vae_decoder_dtype", "bfloat16"), load_format=ctx.load_format,
                           lora=ctx.setting("lora", None), lora_alpha=ctx.setting("lora_alpha", None))
     model, config = loaded.model, loaded.config
-    if ctx.max_model_len > config.lm.max_position_embeddings:
-        raise ValueError(f"max_model_len {ctx.max_model_len} exceeds the backbone's RoPE table of "
-                         f"{config.lm.max_position_embeddings} positions: pass --max-model-len "
-                         f"{config.lm.max_position_embeddings} or less")
+    row_len = model_len(ctx, config.lm.max_position_embeddings)  # (its RoPE table; refused past it)
     if ctx.quantise_fp8:
         from engine.llm.fp8 import quantise_decoder_linears_
 
@@ -91,7 +88,7 @@ def load(ctx: LoadContext) -> ProgramModel:
                            first_chunk_patches=first)
     tokenizer = loaded.tokenizer or StandInTokenizer(config.lm.vocab_size)
     program = VoxCPM2Program(model, loaded.vae, config, tokenizer, head=head, feats=feats, decoder=decoder,
-                             max_model_len=ctx.max_model_len, model_name=ctx.model_id)
+                             max_model_len=row_len, model_name=ctx.model_id)
     if ctx.use_graphs:
         program.make_vae_graphs([b for b in VAE_BUCKETS if b <= min(ctx.max_num_seqs, vae_max_batch)] or [1])
     lm = config.lm
@@ -99,7 +96,7 @@ def load(ctx: LoadContext) -> ProgramModel:
                             num_key_value_heads=lm.num_key_value_heads, head_dim=lm.head_dim,
                             vocab_size=lm.vocab_size)
     return ProgramModel(program=program, model=model, kv_shape=shape, head=head, uses_token_rows=True,
-                        supports_mixed_graphs=False, defaults=VOXCPM2_DEFAULTS)
+                        supports_mixed_graphs=False, defaults=VOXCPM2_DEFAULTS, max_model_len=row_len)
 
 
 def build_voxcpm2_backend(model_path_or_id: str, **kwargs: Any) -> LMBackend:

@@ -61,10 +61,10 @@ def test_the_vae_decoder_dtype_is_its_own() -> None:
 
 
 def test_settings_refused_at_load() -> None:
-    """A row longer than the RoPE table, a zero chunk size or step count: refused naming them."""
+    """A row asked longer than the RoPE table, a zero chunk size or step count: refused naming them."""
     from tests.models.voxcpm2.voxcpm2_serving import backend
 
-    with pytest.raises(ValueError, match="RoPE table of 1024 positions: pass --max-model-len 1024 or less"):
+    with pytest.raises(ValueError, match="--max-model-len 2048 exceeds the model's 1024 positions: pass 1024 or less"):
         backend(max_model_len=2048, max_num_seqs=1)
     for name in ("stream_chunk_patches", "max_flow_steps"):
         with pytest.raises(ValueError, match=name):
@@ -98,3 +98,13 @@ def test_a_model_setting_flag_reaches_the_program_and_a_wrong_one_is_named() -> 
         build_backend(config("stream_chunk_patches=two"))
     with pytest.raises(SystemExit):
         build_parser().parse_args(base + ["--model-setting", "stream_chunk_patches"])
+
+
+def test_max_model_len_auto_serves_the_rope_table() -> None:
+    """With --max-model-len auto (-1, the default) the tiny model's 1,024-position table sets the
+    rows: the runtime's scheduler and the program's too_long check both hold 1,024, not 2,048."""
+    from tests.models.voxcpm2.voxcpm2_serving import backend
+
+    b = backend(max_model_len=-1, max_num_seqs=1)
+    assert b.scheduler.config.max_model_len == 1024 and b.program.max_model_len == 1024
+    assert EngineConfig().max_model_len == -1
