@@ -15,6 +15,7 @@ __all__ = [
     "JobError",
     "JobOutput",
     "Backend",
+    "ModelUnavailable",
     "OptionError",
 ]
 
@@ -66,6 +67,12 @@ class OptionError(ValueError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class ModelUnavailable(RuntimeError):
+    """A model's files cannot be had here (not on disk, not in the hub cache, no network); the
+    message says how to get them. The engine logs it without a traceback, as a setting refused
+    at start-up (a ValueError) or a missing file."""
 
 
 class Backend(Protocol):

@@ -13,7 +13,7 @@ import traceback
 
 from engine import messages as m
 from engine.step_time import StepSampler
-from engine.backend import Backend
+from engine.backend import Backend, ModelUnavailable
 from engine.config import EngineConfig
 from engine.device_info import describe_device
 from engine.core import EngineCore
@@ -30,6 +30,9 @@ HEARTBEAT_INTERVAL_S = 1.0
 _SLOW_STEP_S = 2.0
 _HUNG_STEP_S = 30.0
 _SEND_TIMEOUT_S = 30.0
+# Start-up errors whose message is the whole story: a setting refused, a file missing, a model
+# not to be had offline.
+_SAID_ERRORS = (ValueError, FileNotFoundError, ModelUnavailable)
 # A paced backend (``next_due_s``) whose next output is not yet due lets the loop sleep at
 # least this long, so that outputs due close together leave in one step and one Batch (at
 # 25,000 chunks/s spread over time, one step per chunk would cost a wake-up and a record each).
@@ -260,7 +263,12 @@ def engine_main(config: EngineConfig, inbox: ShmQueue, outbox: ShmQueue, log_lev
     try:
         backend = build_backend(config)
     except Exception as exc:
-        log.error("the model failed to load:\n%s", traceback.format_exc())
+        if isinstance(exc, _SAID_ERRORS):  # the message says what to change: no traceback unless asked
+            log.error("the model failed to load: %s: %s (--log-level DEBUG for the traceback)",
+                      type(exc).__name__, exc)
+            log.debug("the model failed to load:\n%s", traceback.format_exc())
+        else:
+            log.error("the model failed to load:\n%s", traceback.format_exc())
         outbox.put(m.encode(m.Error(None, "load_failed", f"{type(exc).__name__}: {exc}", False)),
                    timeout_s=_SEND_TIMEOUT_S)
         return

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from engine.backend import ModelUnavailable
 from models.orpheus.config import PRESETS, LlamaConfig
 from models.orpheus.llama import LlamaModel
 
@@ -96,7 +97,7 @@ def resolve_dir(path_or_hub_id: str | os.PathLike, *, allow_patterns: list[str],
     try:
         return Path(snapshot_download(s, allow_patterns=allow_patterns, cache_dir=cache_dir))
     except Exception as e:
-        raise RuntimeError(
+        raise ModelUnavailable(
             f"{what}: cannot download hub id {s!r} and it is not in the local hub cache "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Fix: go online, "
             f"or download it elsewhere (hf download {s}) and pass the local "

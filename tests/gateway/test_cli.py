@@ -262,6 +262,36 @@ def test_a_port_in_use_is_one_line_and_exit_1_before_the_engine_starts() -> None
     assert "Traceback" not in out and "starting the engine" not in out
 
 
+@pytest.mark.slow
+def test_a_setting_the_model_refuses_is_its_message_without_a_traceback() -> None:
+    """A start-up error whose message says what to change (here a row longer than the tiny
+    VoxCPM2's RoPE table) is logged as that message, the traceback only at DEBUG; exit 1."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--model", "voxcpm2-tiny", "--load-format", "dummy",
+         "--device", "cpu", "--max-model-len", "4096", "--port", "0"], cwd=ROOT, capture_output=True, text=True,
+        timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert ("voxgate: error: the model failed to load: ValueError: --max-model-len 4096 exceeds the model's "
+            "1024 positions: pass 1024 or less") in out
+    assert "Traceback" not in out and "--log-level DEBUG for the traceback" in out
+
+
+def test_a_hub_id_not_to_be_had_is_model_unavailable_naming_the_fixes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    from engine.backend import ModelUnavailable
+    from models.orpheus.loader import resolve_dir
+
+    def offline(*args: Any, **kwargs: Any) -> None:
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(ModelUnavailable, match=r"cannot download hub id 'nobody/nothing'.*hf download nobody/nothing"
+                                               r".*--load-format dummy"):
+        resolve_dir("nobody/nothing", allow_patterns=["*.json"], what="a model")
+
+
 async def _stream_until_first_audio(client: VoxgateClient, text: str) -> tuple[Any, int]:
     """A stream speaking ``text`` (flushed, not ended) and the samples of its first chunk."""
     stream = await client.start()
