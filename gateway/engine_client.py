@@ -398,10 +398,12 @@ class EngineSupervisor:
             return
         if isinstance(msg, em.Error) and msg.key is None:
             self.last_error = f"{msg.code}: {msg.message}"
-            log.error("engine error: %s", self.last_error)
             if self._hello_waiter is not None and not self._hello_waiter.done():
+                # (said once, by whoever awaits the start: serve's error line, a restart's log)
                 self._hello_waiter.set_exception(EngineStartError(
                     f"the model failed to load: {msg.message}"))
+            else:
+                log.error("engine error: %s", self.last_error)
             return
         try:
             self._on_message(msg)
