@@ -172,6 +172,17 @@ def check_codec_device(asked: str | None, lm_device: str, placed: str | None, mo
                          f"({lm_device}) only; models that can move it: orpheus")
 
 
+def check_flashinfer_head_dim(model: str, head_dim: int, uses_flashinfer: bool) -> None:
+    """Refuse at once, naming the way out, a model whose head size FlashInfer's kernels are not
+    built for (they would fail inside the first graph capture, a minute into the start)."""
+    from engine.llm.flashinfer_attention import HEAD_DIMS
+
+    if uses_flashinfer and head_dim not in HEAD_DIMS:
+        raise ValueError(f"{model}: head_dim {head_dim}, and FlashInfer's attention (CUDA) takes "
+                         f"{', '.join(map(str, HEAD_DIMS))}: serve it with --device cpu (the tiny test "
+                         "models' 16 is one)")
+
+
 def build_lm_backend(
     load: ProgramLoader,
     model_path_or_id: str,
@@ -335,6 +346,8 @@ def build_lm_backend(
         raise ValueError(f"--model-setting {', '.join(unknown)}: not a setting of {model_path_or_id} "
                          f"(its settings: {known})")
     program, shape, defaults = loaded.program, loaded.kv_shape, loaded.defaults
+    check_flashinfer_head_dim(str(model_path_or_id), shape.head_dim, device == "cuda" and has_flashinfer
+                              and runner_factory is None and (enable_graphs or attention_backend_factory is None))
     if loaded.max_model_len is not None and loaded.max_model_len != max_model_len:
         if not 2 <= loaded.max_model_len < max_model_len:
             raise ValueError(f"{model_path_or_id}: its load returned max_model_len={loaded.max_model_len}, "

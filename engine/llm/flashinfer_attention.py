@@ -17,6 +17,9 @@ from engine.llm.fp8 import is_fp8
 __all__ = ["FlashInferAttention", "GraphDecodeAttention", "slot_to_page_offset"]
 
 _WORKSPACE_BYTES = 128 * 1024 * 1024
+# The head sizes FlashInfer's kernels are built for (its DISPATCH_HEAD_DIM); others fail inside
+# its first plan or run ("Unsupported head_dim"), so the build refuses them at once.
+HEAD_DIMS = (64, 128, 256, 512)
 
 
 def slot_to_page_offset(slot_mapping: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:

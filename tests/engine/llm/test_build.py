@@ -367,3 +367,16 @@ def test_sampler_kernel_auto_is_the_programs_default_on_cuda_where_triton_import
         build_mod._auto_sampler_kernel(ServingDefaults(sampler_kernel="radix"), "cuda")
     monkeypatch.setattr(sample_triton, "triton", None)
     assert build_mod._auto_sampler_kernel(QWEN3_DEFAULTS, "cuda") == "torch"
+
+
+def test_a_head_size_flashinfer_lacks_is_refused_naming_the_cpu() -> None:
+    """On CUDA with FlashInfer, head_dim 16 (the tiny models') is refused at once, naming --device
+    cpu; FlashInfer's sizes pass, and so does any size where FlashInfer does not serve."""
+    from engine.llm.build import check_flashinfer_head_dim
+
+    with pytest.raises(ValueError, match=r"kyutai-tts-tiny: head_dim 16, and FlashInfer's attention \(CUDA\) "
+                                         r"takes 64, 128, 256, 512: serve it with --device cpu"):
+        check_flashinfer_head_dim("kyutai-tts-tiny", 16, True)
+    for head_dim in (64, 128):
+        check_flashinfer_head_dim("m", head_dim, True)
+    check_flashinfer_head_dim("m", 16, False)
