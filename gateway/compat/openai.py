@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import uuid
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +76,15 @@ class SpeechRoute:
         self.voices = VoiceNames(gateway)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        """The speech, or an OpenAI error; either carries an ``x-request-id`` as OpenAI's do (its
+        SDK reads it, LiveKit's plugin logs a warning without it)."""
+        request_id = "req_" + uuid.uuid4().hex
+        response = await self._handle(request, request_id)
+        if not response.prepared:  # (a streamed speech was sent with it)
+            response.headers["x-request-id"] = request_id
+        return response
+
+    async def _handle(self, request: web.Request, request_id: str) -> web.StreamResponse:
         gw = self.gateway
         limit = gw.config.max_frame_bytes
         if request.content_length is not None and request.content_length > limit:
@@ -95,7 +105,7 @@ class SpeechRoute:
             req = self._parse(body)
         except CompatError as exc:
             return openai_error(400, exc.message, param=exc.field, code=exc.code)
-        return await self._speak(request, *req)
+        return await self._speak(request, request_id, *req)
 
     def _parse(self, body: Any) -> tuple[str, str | None, str, bool, dict[str, Any]]:
         if not isinstance(body, dict):
@@ -146,7 +156,7 @@ class SpeechRoute:
         options = {k: v for k, v in options.items() if k in declared}  # others: not this model's
         return text, voice, fmt, stream_format == "sse", options
 
-    async def _speak(self, request: web.Request, text: str, voice: str | None, fmt: str,
+    async def _speak(self, request: web.Request, request_id: str, text: str, voice: str | None, fmt: str,
                      is_sse: bool, options: dict[str, Any]) -> web.StreamResponse:
         hello = self.gateway.engine.hello
         rate = hello.sample_rate if hello is not None else 24000
@@ -155,7 +165,7 @@ class SpeechRoute:
         speech = Speech(text=text, voice=voice, options=options,
                         fmt=OutputFormat(encoding, 24000 if fmt == "pcm" else rate),
                         content_type="text/event-stream" if is_sse else ctype,
-                        error=_native_error, refuse=rewrite_error)
+                        error=_native_error, refuse=rewrite_error, headers={"x-request-id": request_id})
         if is_sse:
             speech.frame = lambda msg, data: _sse({
                 "type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}) \

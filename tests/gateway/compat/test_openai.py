@@ -86,6 +86,22 @@ def test_bad_requests_get_openai_errors_naming_the_field(compat_server: VoxgateS
     assert info.value.body["param"] == "input"
 
 
+def test_each_answer_carries_a_request_id_the_client_reads(compat_server: VoxgateServer) -> None:
+    """A speech and an error each carry their own ``x-request-id`` (OpenAI's header; the SDK's
+    ``request_id``), streamed or not."""
+    client = _client(compat_server)
+    with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input="Hello.", response_format="pcm") as r:
+        first = r.request_id
+        r.read()
+    second = client.audio.speech.with_raw_response.create(model="tts-1", voice="alloy", input="Hello.",
+                                                          response_format="wav").request_id
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.speech.create(model="tts-1", voice="alloy", input="Hello.", speed=9.0)
+    ids = [first, second, info.value.request_id]
+    assert all(i and i.startswith("req_") for i in ids) and len(set(ids)) == 3, ids
+
+
 def test_keys_are_checked_in_openai_form(compat_server: VoxgateServer) -> None:
     """A wrong key is 403 permission_error through the client; no key is 401 authentication_error."""
     with pytest.raises(openai.PermissionDeniedError) as info:
