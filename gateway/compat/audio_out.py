@@ -13,7 +13,7 @@ import numpy as np
 
 from gateway.resample import Resampler, pcm_bytes, to_s16
 
-__all__ = ["ENCODINGS", "OutputFormat", "AudioEncoder", "FormatError"]
+__all__ = ["ENCODINGS", "OutputFormat", "AudioEncoder", "FormatError", "engine_sample_bytes"]
 
 # encoding -> (PyAV codec, container format or None for raw packets)
 _CODECS: dict[str, tuple[str, str | None]] = {
@@ -78,6 +78,16 @@ class _Sink(io.RawIOBase):
         return out
 
 
+def _is_passthrough(fmt: OutputFormat, input_rate: int) -> bool:
+    return fmt.encoding == "pcm_s16le" and fmt.sample_rate == input_rate
+
+
+def engine_sample_bytes(fmt: OutputFormat, input_rate: int) -> int:
+    """Bytes a sample of the engine's PCM takes in a stream encoded to ``fmt`` (2: s16 passed
+    through; 4: f32 for the encoder), to count a native audio message's samples."""
+    return 2 if _is_passthrough(fmt, input_rate) else 4
+
+
 class AudioEncoder:
     """One stream's conversion from the engine's PCM to ``fmt``. Not thread-safe."""
 
@@ -85,7 +95,7 @@ class AudioEncoder:
         self.fmt = fmt
         self.input_rate = input_rate
         # 24 kHz s16 out of a 24 kHz engine: bytes pass through untouched
-        self.is_passthrough = fmt.encoding == "pcm_s16le" and fmt.sample_rate == input_rate
+        self.is_passthrough = _is_passthrough(fmt, input_rate)
         self._resampler = (Resampler(input_rate, fmt.sample_rate)
                            if fmt.sample_rate != input_rate else None)
         self._codec: Any = None

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from aiohttp import web
 
 from gateway import protocol as p
-from gateway.compat.audio_out import AudioEncoder, FormatError, OutputFormat
+from gateway.compat.audio_out import AudioEncoder, FormatError, OutputFormat, engine_sample_bytes
 from gateway.compat.base import (HTTP_STATUS, CompatConnection, CompatError, StreamOut,
                                  VoiceNames, drive, is_one_of, load_json, native_refusal, read_body, retry_headers,
                                  serve_adapter, speech_options)
@@ -213,9 +213,8 @@ class _Route:
         hello = self.gateway.engine.hello
         rate = hello.sample_rate if hello is not None else 24000
         context_id = body.get("context_id") if isinstance(body.get("context_id"), str) else None
-        # the engine's samples: s16 when they pass straight through, else f32 (AudioEncoder)
-        is_s16 = speech.fmt.encoding == "pcm_s16le" and speech.fmt.sample_rate == rate
-        words = _Words(rate, 2 if is_s16 else 4) if body.get("add_timestamps") is True else None
+        words = (_Words(rate, engine_sample_bytes(speech.fmt, rate)) if body.get("add_timestamps") is True
+                 else None)
         if words is not None:
             words.add_text(speech.text)
 

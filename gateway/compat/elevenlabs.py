@@ -1,6 +1,7 @@
 """ElevenLabs' text to speech over a ``Session``: the WebSockets
 ``/v1/text-to-speech/{voice_id}/stream-input`` and ``/multi-stream-input`` and the REST routes
-``POST /v1/text-to-speech/{voice_id}`` and ``.../stream``; docs/compat.md has the protocol.
+``POST /v1/text-to-speech/{voice_id}``, ``.../stream`` and their ``/with-timestamps`` forms;
+docs/compat.md has the protocol.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from aiohttp import web
 
 from gateway import protocol as p
-from gateway.compat.audio_out import AudioEncoder, FormatError, OutputFormat
+from gateway.compat.audio_out import AudioEncoder, FormatError, OutputFormat, engine_sample_bytes
 from gateway.compat.base import (HTTP_STATUS, CompatConnection, CompatError, StreamOut,
                                  VoiceNames, drive, load_json, native_refusal, read_body, retry_headers,
                                  serve_adapter, speech_options)
@@ -42,6 +43,8 @@ def add_routes(router: web.UrlDispatcher, gateway: Gateway, executor: Executor) 
     router.add_get(PREFIX + "{voice_id}/multi-stream-input", route.multi_stream_input)
     router.add_post(PREFIX + "{voice_id}", route.rest)
     router.add_post(PREFIX + "{voice_id}/stream", route.rest)
+    router.add_post(PREFIX + "{voice_id}/with-timestamps", route.rest_with_timestamps)
+    router.add_post(PREFIX + "{voice_id}/stream/with-timestamps", route.rest_with_timestamps)
 
 
 def parse_output_format(name: str) -> OutputFormat:
@@ -134,6 +137,24 @@ class _Route:
         return _Query(fmt, voice, options, timeout_s)
 
     async def rest(self, request: web.Request) -> web.StreamResponse:
+        speech = await self._rest_speech(request)
+        if isinstance(speech, web.StreamResponse):
+            return speech
+        return await speak(self.gateway, request, self.executor, speech)
+
+    async def rest_with_timestamps(self, request: web.Request) -> web.StreamResponse:
+        """The audio as base64 in JSON with each character's start and end, in seconds from the
+        start of the audio: one object, or (``/stream/with-timestamps``) one a line as it is made."""
+        speech = await self._rest_speech(request)
+        if isinstance(speech, web.StreamResponse):
+            return speech
+        hello = self.gateway.engine.hello
+        _with_timestamps(speech, hello.sample_rate if hello is not None else 24000,
+                         is_streamed=request.path.endswith("/stream/with-timestamps"))
+        return await speak(self.gateway, request, self.executor, speech)
+
+    async def _rest_speech(self, request: web.Request) -> Speech | web.StreamResponse:
+        """The request as a ``Speech``, or the ElevenLabs error that refuses it."""
         gw = self.gateway
         try:
             query = self._query(request)
@@ -157,10 +178,9 @@ class _Route:
             code = getattr(exc, "code", "unsupported_format")
             status = HTTP_STATUS.get(code, 400)
             return elevenlabs_error(status, str(exc), code=code)
-        return await speak(gw, request, self.executor, Speech(
-            text=text, voice=query.voice, fmt=query.fmt, options=options,
-            content_type=_CONTENT_TYPES.get(query.fmt.encoding, "application/octet-stream"),
-            error=_from_native, refuse=rewrite_error))
+        return Speech(text=text, voice=query.voice, fmt=query.fmt, options=options,
+                      content_type=_CONTENT_TYPES.get(query.fmt.encoding, "application/octet-stream"),
+                      error=_from_native, refuse=rewrite_error)
 
     async def stream_input(self, request: web.Request) -> web.StreamResponse:
         return await self._socket(request, is_multi=False)
@@ -182,6 +202,52 @@ class _Route:
                                        426, "this is a WebSocket endpoint: send an Upgrade request",
                                        code="upgrade_required"),
                                    idle_timeout_s=query.inactivity_timeout_s)
+
+
+def _with_timestamps(speech: Speech, engine_rate: int, *, is_streamed: bool) -> None:
+    """Frame ``speech`` as ElevenLabs' with-timestamps answers: ``{"audio_base64", "alignment",
+    "normalized_alignment"}`` (the same: voxgate does not normalise), the alignment's
+    ``characters`` with their ``character_start_times_seconds`` / ``..._end_times_seconds``
+    counted from the start of the request's audio; streamed, one such object a line."""
+    aligner = Aligner(engine_rate)
+    aligner.set_text(speech.text)
+    sample_bytes = engine_sample_bytes(speech.fmt, engine_rate)
+    timed: list[CharTiming] = []  # characters not yet sent
+    audio = bytearray()  # the whole answer's audio
+
+    def on_audio(msg: dict[str, Any]) -> None:
+        span = msg.get("span")
+        timed.extend(aligner.on_chunk(tuple(span) if span else None, len(msg["pcm"]) // sample_bytes))
+
+    def answer(data: bytes | bytearray) -> bytes:
+        chars = timed[:]
+        timed.clear()
+        alignment = None if not chars else {
+            "characters": [c.char for c in chars],
+            "character_start_times_seconds": [round(c.start / engine_rate, 3) for c in chars],
+            "character_end_times_seconds": [round((c.start + c.duration) / engine_rate, 3) for c in chars]}
+        return json.dumps({"audio_base64": base64.b64encode(data).decode(), "alignment": alignment,
+                           "normalized_alignment": alignment}).encode()
+
+    def frame(msg: dict[str, Any], data: bytes) -> bytes:
+        on_audio(msg)
+        if not is_streamed:
+            audio.extend(data)
+            return b""  # (the answer, and its status, at the end)
+        return answer(data) + b"\n" if data else b""  # (characters wait for their audio)
+
+    def tail(data: bytes) -> bytes:
+        timed.extend(aligner.finish())
+        if not is_streamed:
+            return answer(audio + data)
+        return answer(data) + b"\n" if data or timed else b""
+
+    def mid_error(msg: dict[str, Any]) -> bytes:
+        return json.dumps({"detail": {"status": str(msg.get("code") or "internal"),
+                                      "message": str(msg.get("message"))}}).encode() + b"\n"
+
+    speech.content_type = "application/json"
+    speech.frame, speech.tail, speech.mid_error = frame, tail, mid_error
 
 
 @dataclass

@@ -160,6 +160,10 @@ _REST = {
         "model_id": hostile_values, "voice_settings": _voice_settings}),
     "/v1/text-to-speech/x?output_format=mp3_44100_128": st.fixed_dictionaries({"text": _text}, optional={
         "model_id": hostile_values, "voice_settings": _voice_settings}),
+    "/v1/text-to-speech/x/with-timestamps?output_format=mp3_22050_32": st.fixed_dictionaries(
+        {"text": _text}, optional={"voice_settings": _voice_settings, "previous_text": hostile_values}),
+    "/v1/text-to-speech/x/stream/with-timestamps?output_format=pcm_22050": st.fixed_dictionaries(
+        {"text": _text}, optional={"voice_settings": _voice_settings, "previous_text": hostile_values}),
     "/tts/bytes": CARTESIA,
     "/tts/sse": CARTESIA,
     "/v1/speak?encoding=linear16&sample_rate=16000": st.fixed_dictionaries(

@@ -145,3 +145,37 @@ def test_rest_stream_and_convert(compat_server: VoxgateServer) -> None:
     audio, rate = decode(mp3)
     assert rate == 44100
     assert_intelligible(audio, rate, TEXT)
+
+
+def _check_alignment(chars: list[str], starts: list[float], ends: list[float], seconds: float) -> None:
+    """Every character of the text, in order, each within the audio, starts never going back."""
+    assert "".join(chars) == TEXT
+    assert len(starts) == len(ends) == len(chars)
+    assert all(a <= b for a, b in zip(starts, starts[1:])), starts
+    assert all(0 <= s <= e <= seconds + 1e-3 for s, e in zip(starts, ends)), (starts, ends, seconds)
+    assert ends[-1] > seconds / 2  # spread over the speech, not bunched at its start
+
+
+def test_rest_with_timestamps_whole_and_streamed(compat_server: VoxgateServer) -> None:
+    """convert_with_timestamps: one JSON answer, the audio (pcm_16000) says the text and the
+    alignment times each character in seconds; stream_with_timestamps: a chunk a line as it is
+    made, the same in pieces (ElevenLabs' normalized alignment is the same: no normalising)."""
+    client = _client(compat_server.base_url.rstrip("/"))
+    whole = client.text_to_speech.convert_with_timestamps(VOICE, text=TEXT, output_format="pcm_16000")
+    pcm = base64.b64decode(whole.audio_base_64)
+    a = whole.alignment
+    assert a is not None and whole.normalized_alignment == a
+    _check_alignment(a.characters, a.character_start_times_seconds, a.character_end_times_seconds,
+                     len(pcm) / 2 / 16000)
+    assert_intelligible(s16(pcm), 16000, TEXT)
+    chunks = list(client.text_to_speech.stream_with_timestamps(VOICE, text=TEXT, output_format="pcm_16000"))
+    assert len(chunks) > 2
+    pcm = b"".join(base64.b64decode(c.audio_base_64) for c in chunks)
+    timed = [c.alignment for c in chunks if c.alignment is not None]
+    _check_alignment([x for t in timed for x in t.characters],
+                     [x for t in timed for x in t.character_start_times_seconds],
+                     [x for t in timed for x in t.character_end_times_seconds], len(pcm) / 2 / 16000)
+    assert_intelligible(s16(pcm), 16000, TEXT)
+    with pytest.raises(ApiError) as api:  # refusals keep ElevenLabs' form
+        client.text_to_speech.convert_with_timestamps(VOICE, text="Hi.", output_format="pcm_11025")
+    assert api.value.status_code == 400 and api.value.body["detail"]["status"] == "unsupported_format"

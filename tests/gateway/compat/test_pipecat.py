@@ -1,10 +1,11 @@
-"""pipecat's OpenAI, Deepgram, Cartesia and ElevenLabs TTS services, unmodified, in a minimal pipeline (no audio device) against the real server."""
+"""pipecat's OpenAI, Deepgram, Cartesia and ElevenLabs (WebSocket and HTTP) TTS services, unmodified, in a minimal pipeline (no audio device) against the real server."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 from pipecat.frames import frames as pipecat_frames
@@ -36,8 +37,13 @@ class _Collect(FrameProcessor):
         await self.push_frame(frame, direction)
 
 
-def _service(kind: str, port: int) -> Any:
+def _service(kind: str, port: int, session: aiohttp.ClientSession) -> Any:
     """Each service as docs/compat.md configures it: only its URL points at voxgate."""
+    if kind == "elevenlabs-http":  # the REST stream with timestamps
+        from pipecat.services.elevenlabs.tts import ElevenLabsHttpTTSService
+
+        return ElevenLabsHttpTTSService(api_key=API_KEY, base_url=f"http://127.0.0.1:{port}",
+                                        voice_id="21m00Tcm4TlvDq8ikWAM", aiohttp_session=session)
     if kind == "openai":
         from pipecat.services.openai.tts import OpenAITTSService
 
@@ -61,15 +67,16 @@ def _service(kind: str, port: int) -> Any:
 
 async def _speak(kind: str, port: int, rate: int) -> list[Any]:
     collect = _Collect()
-    task = PipelineTask(Pipeline([_service(kind, port), collect]),
-                        params=PipelineParams(audio_out_sample_rate=rate))
-    await task.queue_frames([*(pipecat_frames.TTSSpeakFrame(s) for s in SENTENCES),
-                             pipecat_frames.EndFrame()])
-    await asyncio.wait_for(PipelineRunner(handle_sigint=False).run(task), 120)
+    async with aiohttp.ClientSession() as session:
+        task = PipelineTask(Pipeline([_service(kind, port, session), collect]),
+                            params=PipelineParams(audio_out_sample_rate=rate))
+        await task.queue_frames([*(pipecat_frames.TTSSpeakFrame(s) for s in SENTENCES),
+                                 pipecat_frames.EndFrame()])
+        await asyncio.wait_for(PipelineRunner(handle_sigint=False).run(task), 120)
     return collect.frames
 
 
-@pytest.mark.parametrize("kind", ["openai", "deepgram", "cartesia", "elevenlabs"])
+@pytest.mark.parametrize("kind", ["openai", "deepgram", "cartesia", "elevenlabs", "elevenlabs-http"])
 def test_pipecat_service_speaks_each_sentence(compat_server: VoxgateServer, kind: str) -> None:
     """Two TTSSpeakFrames through the service: audio at the pipeline's rate that says them, one TTSStoppedFrame each, no ErrorFrame."""
     rate = 24000 if kind == "openai" else 16000  # OpenAI's speech is 24 kHz only
