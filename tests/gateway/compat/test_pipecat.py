@@ -22,18 +22,24 @@ pytestmark = pytest.mark.slow
 
 
 SENTENCES = INTELLIGIBILITY_SENTENCES[0:2]
+LONG = " ".join(INTELLIGIBILITY_SENTENCES[3:9])
+_LONG_S = 14.0  # about what the embedded voice takes to say LONG (14.7 s measured)
+SHORT = INTELLIGIBILITY_SENTENCES[1]
 
 
 class _Collect(FrameProcessor):
-    """Keeps every frame that reaches the end of the pipeline."""
+    """Keeps every frame that reaches the end of the pipeline; ``heard`` is set at the first audio."""
 
     def __init__(self) -> None:
         super().__init__()
         self.frames: list[Any] = []
+        self.heard = asyncio.Event()
 
     async def process_frame(self, frame: Any, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
         self.frames.append(frame)
+        if isinstance(frame, pipecat_frames.TTSAudioRawFrame):
+            self.heard.set()
         await self.push_frame(frame, direction)
 
 
@@ -88,3 +94,36 @@ def test_pipecat_service_speaks_each_sentence(compat_server: VoxgateServer, kind
     assert sum(isinstance(x, f.TTSStoppedFrame) for x in frames) == len(SENTENCES)
     pcm = np.frombuffer(b"".join(x.audio for x in audio), "<i2").astype(np.float32) / 32767
     assert_intelligible(pcm, rate, " ".join(SENTENCES))
+
+
+async def _interrupt(kind: str, port: int, rate: int) -> list[Any]:
+    """A long reply interrupted once its first audio arrives (pipecat's InterruptionFrame, as
+    when the user starts speaking), then a short one spoken whole."""
+    collect = _Collect()
+    async with aiohttp.ClientSession() as session:
+        task = PipelineTask(Pipeline([_service(kind, port, session), collect]),
+                            params=PipelineParams(audio_out_sample_rate=rate))
+        running = asyncio.create_task(PipelineRunner(handle_sigint=False).run(task))
+        await task.queue_frame(pipecat_frames.TTSSpeakFrame(LONG))
+        await asyncio.wait_for(collect.heard.wait(), 60)
+        await task.queue_frame(pipecat_frames.InterruptionFrame())
+        await task.queue_frames([pipecat_frames.TTSSpeakFrame(SHORT), pipecat_frames.EndFrame()])
+        await asyncio.wait_for(running, 120)
+    return collect.frames
+
+
+@pytest.mark.parametrize("kind", ["deepgram", "cartesia", "elevenlabs", "elevenlabs-http", "openai"])
+def test_an_interruption_stops_the_reply_and_the_next_is_whole(compat_server: VoxgateServer, kind: str) -> None:
+    """Barge-in through the service: the interrupted reply's audio stops well short of its
+    length, the next reply's audio says its sentence, no ErrorFrame."""
+    rate = 24000 if kind == "openai" else 16000
+    frames = asyncio.run(_interrupt(kind, compat_server.port, rate))
+    f = pipecat_frames
+    assert not [x for x in frames if isinstance(x, f.ErrorFrame)]
+    audio = [x for x in frames if isinstance(x, f.TTSAudioRawFrame)]
+    first = audio[0].context_id
+    cut = sum(len(x.audio) for x in audio if x.context_id == first) / 2 / rate
+    assert cut < 0.5 * _LONG_S, f"{cut:.2f} s of the interrupted reply's {_LONG_S} s"
+    rest = [x for x in audio if x.context_id != first]
+    pcm = np.frombuffer(b"".join(x.audio for x in rest), "<i2").astype(np.float32) / 32767
+    assert_intelligible(pcm, rate, SHORT)
