@@ -120,7 +120,7 @@ class EngineConfig:
     # 1024 always on the CPU).
     ramp_step_samples: int = 0
     # Prompt and audio tokens a segment's row holds (its KV pages). -1 = auto: 2048, or the
-    # model's positions where it has fewer (ProgramModel.max_positions, as vLLM takes the
+    # model's positions where it has fewer (engine.llm.program.model_len, as vLLM takes the
     # model's own length); a value the model cannot hold is the model's to refuse at start-up.
     max_model_len: int = -1
     enable_cuda_graphs: bool = True

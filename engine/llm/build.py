@@ -173,8 +173,8 @@ def check_codec_device(asked: str | None, lm_device: str, placed: str | None, mo
 
 
 def check_flashinfer_head_dim(model: str, head_dim: int, uses_flashinfer: bool) -> None:
-    """Refuse at once, naming the way out, a model whose head size FlashInfer's kernels are not
-    built for (they would fail inside the first graph capture, a minute into the start)."""
+    """Refuse, naming the way out, a model whose head size FlashInfer's kernels are not built
+    for, right after its load (FlashInfer's own error came from inside the first capture)."""
     from engine.llm.flashinfer_attention import HEAD_DIMS
 
     if uses_flashinfer and head_dim not in HEAD_DIMS:
