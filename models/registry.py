@@ -37,6 +37,9 @@ class ModelEntry:
     architectures: tuple[str, ...] = ()  # config.json "architectures" entries / "model_type"
     requires: tuple[str, ...] = ()  # importable modules the program needs
     extra: str | None = None  # the pip extra that installs them
+    # Model ids (presets) that run on the CPU only: the tiny test models, whose head size (16)
+    # FlashInfer's kernels do not take; --device auto serves them on the CPU.
+    cpu_ids: tuple[str, ...] = ()
 
 
 ENTRIES: tuple[ModelEntry, ...] = (
@@ -50,7 +53,8 @@ ENTRIES: tuple[ModelEntry, ...] = (
                "(--load-format dummy) for tests and CPU runs", "gpu",
                default_id="canopylabs/orpheus-3b-0.1-ft", aliases={"tiny": "tiny", "orpheus-3b": "orpheus-3b"},
                hub_prefixes=("canopylabs/orpheus",), architectures=("LlamaForCausalLM",),
-               requires=("torch", "transformers", "snac", "safetensors", "tokenizers"), extra="orpheus"),
+               requires=("torch", "transformers", "snac", "safetensors", "tokenizers"), extra="orpheus",
+               cpu_ids=("tiny",)),
     ModelEntry("qwen3-tts", "lm", "models.qwen3_tts.build:load",
                "Qwen3-TTS 12 Hz (1.7B / 0.6B; CustomVoice speakers, Base for cloned voices), text taken "
                "word by word while it speaks; 'qwen3-tts-tiny' is a tiny random one (--load-format dummy)", "gpu",
@@ -61,26 +65,26 @@ ENTRIES: tuple[ModelEntry, ...] = (
                         "qwen3-tts-0.6b": "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice",
                         "qwen3-tts-0.6b-base": "Qwen/Qwen3-TTS-12Hz-0.6B-Base"},
                hub_prefixes=("qwen/qwen3-tts",), architectures=("Qwen3TTSForConditionalGeneration", "qwen3_tts"),
-               requires=("torch", "safetensors", "tokenizers"), extra="qwen3-tts"),
+               requires=("torch", "safetensors", "tokenizers"), extra="qwen3-tts", cpu_ids=("tiny", "tiny-base")),
     ModelEntry("kyutai-tts", "lm", "models.kyutai_tts.build:load",
                "Kyutai TTS 1.6B en/fr (delayed streams + Mimi), takes each word when it asks for it; needs "
                "voice_dir (kyutai/tts-voices); 'kyutai-tts-tiny' is a tiny random one (--load-format dummy)", "gpu",
                default_id="kyutai/tts-1.6b-en_fr", aliases={"kyutai-tts-tiny": "tiny"},
                hub_prefixes=("kyutai/tts",), architectures=("tts",),
-               requires=("torch", "safetensors", "sentencepiece"), extra="kyutai-tts"),
+               requires=("torch", "safetensors", "sentencepiece"), extra="kyutai-tts", cpu_ids=("tiny",)),
     ModelEntry("csm", "lm", "models.csm.build:load",
                "Sesame CSM-1B (Llama-3.2-1B backbone + depth decoder, 32 Mimi codebooks), speakers 0-9, "
                "registered voices and earlier turns as context; 'csm-tiny' is a tiny random one "
                "(--load-format dummy)", "gpu",
                default_id="sesame/csm-1b", aliases={"csm-tiny": "tiny", "csm-1b": "sesame/csm-1b"},
                hub_prefixes=("sesame/csm",), architectures=("CsmForConditionalGeneration", "csm"),
-               requires=("torch", "safetensors", "tokenizers"), extra="csm"),
+               requires=("torch", "safetensors", "tokenizers"), extra="csm", cpu_ids=("tiny",)),
     ModelEntry("voxcpm2", "lm", "models.voxcpm2.build:load",
                "VoxCPM2 (MiniCPM4 + flow-matching patches, AudioVAE 48 kHz; zero-shot and cloned voices, "
                "--lora folded at load); 'voxcpm2-tiny' is a tiny random one (--load-format dummy)", "gpu",
                default_id="openbmb/VoxCPM2", aliases={"voxcpm2-tiny": "tiny"},
                hub_prefixes=("openbmb/voxcpm",), architectures=("voxcpm2",),
-               requires=("torch", "safetensors", "tokenizers"), extra="voxcpm2"),
+               requires=("torch", "safetensors", "tokenizers"), extra="voxcpm2", cpu_ids=("tiny",)),
 )
 
 
@@ -88,6 +92,11 @@ ENTRIES: tuple[ModelEntry, ...] = (
 class Resolved:
     entry: ModelEntry
     model_id: str  # what the program loads: a hub id, a preset name or a local path
+
+    @property
+    def is_cpu_only(self) -> bool:
+        """It runs on the CPU only (a CPU backend, or a tiny test model of a GPU program)."""
+        return self.entry.device == "cpu" or self.model_id in self.entry.cpu_ids
 
 
 def _names() -> list[str]:

@@ -152,7 +152,7 @@ def test_device_cuda_without_a_gpu_is_a_one_line_error(
         no_serving: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """An Orpheus model with `--device cuda` where torch sees no GPU exits 2 before any engine starts."""
     monkeypatch.setattr(cli, "probe_cuda", lambda: "--device cuda: torch sees no CUDA GPU; use --device cpu")
-    argv = ["serve", "--model", "tiny", "--load-format", "dummy", "--device", "cuda"]
+    argv = ["serve", "--model", "orpheus", "--load-format", "dummy", "--device", "cuda"]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["voxgate serve: error: --device cuda: torch sees no CUDA GPU; use --device cpu"]

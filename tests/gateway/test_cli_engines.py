@@ -32,7 +32,7 @@ def test_no_flag_is_one_engine_as_before() -> None:
 
 def test_gpus_0_is_one_engine_on_gpu_0() -> None:
     """--gpus 0: the one-engine server, pinned to GPU 0, with the GPU to itself."""
-    gateway, engine = _configs("--model", "tiny", "--gpus", "0")
+    gateway, engine = _configs("--model", "orpheus", "--gpus", "0")
     assert (gateway.gpus, gateway.num_engines, engine.gpu_memory_share) == (("0",), 1, 1)
     assert engine.device == "cuda"
     assert [(s.gpu, s.env) for s in engine_specs(gateway)] == [("0", {"CUDA_VISIBLE_DEVICES": "0"})]
@@ -40,7 +40,7 @@ def test_gpus_0_is_one_engine_on_gpu_0() -> None:
 
 def test_one_engine_per_gpu_listed() -> None:
     """--gpus 0,1: two engines, each seeing only its GPU and named by its index."""
-    gateway, engine = _configs("--model", "tiny", "--gpus", "0, 1")
+    gateway, engine = _configs("--model", "orpheus", "--gpus", "0, 1")
     assert (gateway.num_engines, engine.gpu_memory_share) == (2, 1)
     assert [s.env for s in engine_specs(gateway)] == [
         {"CUDA_VISIBLE_DEVICES": "0", "VOXGATE_ENGINE_INDEX": "0"},
@@ -50,7 +50,7 @@ def test_one_engine_per_gpu_listed() -> None:
 def test_several_engines_share_a_gpu_and_split_its_memory() -> None:
     """--gpus 0 --engines 2: both engines on GPU 0, each sizing its cache to half of
     --gpu-memory-utilization."""
-    gateway, engine = _configs("--model", "tiny", "--gpus", "0", "--engines", "2",
+    gateway, engine = _configs("--model", "orpheus", "--gpus", "0", "--engines", "2",
                                "--gpu-memory-utilization", "0.8")
     assert (gateway.num_engines, gateway.num_engines_per_gpu) == (2, 2)
     assert (engine.gpu_memory_utilization, engine.gpu_memory_share) == (0.8, 2)
@@ -59,7 +59,7 @@ def test_several_engines_share_a_gpu_and_split_its_memory() -> None:
 
 def test_engines_go_round_the_gpus() -> None:
     """--gpus 0,1 --engines 4: engine i on GPU i % 2, so consecutive engines differ."""
-    gateway, engine = _configs("--model", "tiny", "--gpus", "0,1", "--engines", "4")
+    gateway, engine = _configs("--model", "orpheus", "--gpus", "0,1", "--engines", "4")
     assert [s.gpu for s in engine_specs(gateway)] == ["0", "1", "0", "1"]
     assert engine.gpu_memory_share == 2
 
@@ -72,20 +72,20 @@ def test_engines_without_gpus_are_cpu_engines() -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--model", "tiny", "--gpus", "0", "--device", "cpu"],
+    (["--model", "orpheus", "--gpus", "0", "--device", "cpu"],
      "--gpus runs engines on GPUs; it does not go with --device cpu"),
-    (["--model", "tiny", "--gpus", "0,1,0"],
+    (["--model", "orpheus", "--gpus", "0,1,0"],
      "--gpus 0,1,0 lists GPU 0 more than once; for several engines on one GPU use --gpus 0 "
      "--engines N"),
-    (["--model", "tiny", "--gpus", "0,1", "--engines", "3"],
+    (["--model", "orpheus", "--gpus", "0,1", "--engines", "3"],
      "--engines 3 with --gpus 0,1: every GPU gets as many engines, so --engines must be a "
      "multiple of 2"),
-    (["--model", "tiny", "--gpus", "0,1", "--engines", "1"], "must be a multiple of 2"),
-    (["--model", "tiny", "--engines", "2", "--device", "cuda"],
+    (["--model", "orpheus", "--gpus", "0,1", "--engines", "1"], "must be a multiple of 2"),
+    (["--model", "orpheus", "--engines", "2", "--device", "cuda"],
      "--engines 2 without --gpus runs CPU engines; on a GPU use --gpus 0 --engines 2"),
     (["--model", "synthetic", "--engines", "-1"], "--engines must be 0"),
     (["--model", "synthetic", "--engines", "65"], "--engines 65: at most 64 engines per server"),
-    (["--model", "tiny", "--gpus", "cuda:0"], "gpus: 'cuda:0' is not a GPU index"),
+    (["--model", "orpheus", "--gpus", "cuda:0"], "gpus: 'cuda:0' is not a GPU index"),
     (["--model", "hibari", "--gpus", "0"],
      "--gpus runs engines on GPUs, and --model hibari runs on the CPU only"),
     (["--gpus", "0"], "--model hibari runs on the CPU only"),  # the default model
@@ -112,7 +112,7 @@ def test_gpus_the_probe_cannot_see_are_a_one_line_error(
         return "torch sees 1 of the 2 GPUs of --gpus 0,1 (nvidia-smi -L lists them)"
 
     monkeypatch.setattr(cli, "probe_cuda", probe)
-    assert cli.main(["serve", "--model", "tiny", "--gpus", "0,1", "--engines", "4"]) == 2
+    assert cli.main(["serve", "--model", "orpheus", "--gpus", "0,1", "--engines", "4"]) == 2
     assert asked == [("0", "1")]
     assert capsys.readouterr().err.strip() == (
         "voxgate serve: error: torch sees 1 of the 2 GPUs of --gpus 0,1 (nvidia-smi -L lists them)")

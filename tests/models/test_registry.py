@@ -74,6 +74,20 @@ def test_engine_config_refuses_a_bad_model_and_cuda_for_a_cpu_model() -> None:
         EngineConfig(model="hibari", device="cuda")
 
 
+@pytest.mark.parametrize("model", ["tiny", "qwen3-tts-tiny", "qwen3-tts-tiny-base", "kyutai-tts-tiny", "csm-tiny",
+                                   "voxcpm2-tiny"])
+def test_a_tiny_test_model_runs_on_the_cpu(model: str) -> None:
+    """The tiny presets (head size 16, which FlashInfer does not take): --device auto serves
+    them on the CPU, --device cuda is refused in one line; the full models keep auto."""
+    from engine.config import EngineConfig
+
+    assert EngineConfig(model=model).device == "cpu"
+    with pytest.raises(ValueError, match=rf"--device cuda does not apply to --model {model}: it runs on the "
+                                         r"CPU only \(a tiny test model"):
+        EngineConfig(model=model, device="cuda")
+    assert EngineConfig(model="orpheus").device == "auto" and EngineConfig().device == "auto"
+
+
 def test_describe_lists_every_entry() -> None:
     """The help text's list has one line per served model."""
     text = registry.describe()
