@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import random
-import shlex
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from websockets.asyncio.client import connect
 
 from benchmark.bench.metrics import percentile
 from benchmark.ipc import machine_description
-from benchmark.serve_process import ServeProcess
+from benchmark.serve_process import served
 from benchmark.soak import _http, _settled_counters, read_counters
 
 __all__ = ["Cut", "run", "main"]
@@ -193,18 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--after-ms must be MS or LOW,HIGH with 0 <= LOW <= HIGH")
     if args.streams < 1 or args.rounds < 1:
         ap.error("--streams and --rounds must be at least 1")
-    server = None
-    url = args.url
-    if url is None:
-        server = ServeProcess(shlex.split(args.serve_args) + ["--max-connections", str(args.streams + 16)],
-                              args.start_timeout_s)
-        url = server.url
-    try:
+    with served(args.url, args.serve_args, connections=args.streams, start_timeout_s=args.start_timeout_s) as (url, _):
         result = asyncio.run(run(url, num_streams=args.streams, rounds=args.rounds,
                                  after_s=(bounds[0], bounds[1]), fmt=args.format, seed=args.seed))
-    finally:
-        if server is not None:
-            server.stop()
     result["serve_args"] = args.serve_args if args.url is None else None
     print(_report(result))
     if args.json is not None:

@@ -3,14 +3,17 @@ output kept, its WebSocket URL read from the line it prints once it serves."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["ServeProcess"]
+__all__ = ["ServeProcess", "served"]
 
 ROOT = Path(__file__).resolve().parent.parent
 _URL = re.compile(r"serving on http://([\d.]+):(\d+)/")
@@ -54,3 +57,19 @@ class ServeProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@contextlib.contextmanager
+def served(url: str | None, serve_args: str, *, connections: int, start_timeout_s: float,
+           gateway_pid: int | None = None) -> Iterator[tuple[str, int | None]]:
+    """A tool's server: ``url`` as given (a running one, ``gateway_pid`` its gateway's), or
+    ``voxgate serve SERVE_ARGS`` started for the run with room for ``connections`` (stopped
+    after). Yields the WebSocket URL and the gateway's pid."""
+    if url is not None:
+        yield url, gateway_pid
+        return
+    server = ServeProcess(shlex.split(serve_args) + ["--max-connections", str(connections + 16)], start_timeout_s)
+    try:
+        yield server.url, server.proc.pid
+    finally:
+        server.stop()

@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import platform
-import shlex
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -28,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from benchmark.bench.server_stats import metrics_url, parse_totals
-from benchmark.serve_process import ServeProcess
+from benchmark.serve_process import served
 
 __all__ = ["ClientTally", "Counters", "Accounting", "account", "read_counters", "main"]
 
@@ -308,19 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.0 <= args.cancel_fraction <= 1.0:
         ap.error("--cancel-fraction must be in [0, 1]")
     cancel_every = round(1 / args.cancel_fraction) if args.cancel_fraction > 0 else 0
-    server = None
-    url, gateway_pid = args.url, args.gateway_pid
-    if url is None:
-        server = ServeProcess(shlex.split(args.serve_args) + ["--max-connections", str(args.streams + 16)],
-                              args.start_timeout_s)
-        url, gateway_pid = server.url, server.proc.pid
-    try:
+    with served(args.url, args.serve_args, connections=args.streams, start_timeout_s=args.start_timeout_s,
+                gateway_pid=args.gateway_pid) as (url, gateway_pid):
         result = asyncio.run(run(url, num_streams=args.streams, seconds=args.minutes * 60,
                                  cancel_every=cancel_every, gateway_pid=gateway_pid,
                                  rss_every_s=args.rss_every_s))
-    finally:
-        if server is not None:
-            server.stop()
     result["serve_args"] = args.serve_args if args.url is None else None
     print(_report(result))
     if args.json is not None:
