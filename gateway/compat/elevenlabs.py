@@ -35,6 +35,9 @@ _FORMAT = re.compile(r"^(pcm|ulaw|alaw|mp3|opus)_(\d+)(?:_(\d+))?$")
 _CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "mulaw": "audio/basic",
                   "alaw": "audio/x-alaw-basic", "pcm_s16le": "audio/pcm"}
 _DEFAULT_CONTEXT = ""
+# .../with-timestamps answers in one JSON object, so it holds the audio until the end: about five
+# minutes of speech at most (the streamed form has the connection's limits).
+_WHOLE_MAX_CHARS = 5_000
 
 
 def add_routes(router: web.UrlDispatcher, gateway: Gateway, executor: Executor) -> None:
@@ -148,9 +151,12 @@ class _Route:
         speech = await self._rest_speech(request)
         if isinstance(speech, web.StreamResponse):
             return speech
+        is_streamed = request.path.endswith("/stream/with-timestamps")
+        if not is_streamed and len(speech.text) > _WHOLE_MAX_CHARS:  # (its audio is held until the end)
+            return elevenlabs_error(400, f"'text' is longer than {_WHOLE_MAX_CHARS} characters for an answer "
+                                    "in one piece: use .../stream/with-timestamps", code="text_too_long")
         hello = self.gateway.engine.hello
-        _with_timestamps(speech, hello.sample_rate if hello is not None else 24000,
-                         is_streamed=request.path.endswith("/stream/with-timestamps"))
+        _with_timestamps(speech, hello.sample_rate if hello is not None else 24000, is_streamed=is_streamed)
         return await speak(self.gateway, request, self.executor, speech)
 
     async def _rest_speech(self, request: web.Request) -> Speech | web.StreamResponse:

@@ -179,3 +179,7 @@ def test_rest_with_timestamps_whole_and_streamed(compat_server: VoxgateServer) -
     with pytest.raises(ApiError) as api:  # refusals keep ElevenLabs' form
         client.text_to_speech.convert_with_timestamps(VOICE, text="Hi.", output_format="pcm_11025")
     assert api.value.status_code == 400 and api.value.body["detail"]["status"] == "unsupported_format"
+    with pytest.raises(ApiError) as api:  # the answer in one piece holds its audio: a bounded text
+        client.text_to_speech.convert_with_timestamps(VOICE, text="Hello there. " * 400)
+    assert api.value.status_code == 400 and api.value.body["detail"]["status"] == "text_too_long"
+    assert "stream/with-timestamps" in api.value.body["detail"]["message"]
